@@ -1,0 +1,49 @@
+"""compatshim: keeps PyTorch distributed training scripts working across framework releases.
+
+Importing this package is cheap: it imports no framework and no adapter until used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._registry import install, status, uninstall
+
+__version__ = "0.1.0"
+__all__ = [
+    "__version__",
+    "clone_module",
+    "dist",
+    "ema",
+    "find_unpicklable",
+    "install",
+    "master",
+    "rng",
+    "status",
+    "uninstall",
+]
+
+if TYPE_CHECKING:
+    from . import dist, ema, master, rng
+    from .cloning import clone_module
+    from .pickling import find_unpicklable
+
+_LAZY = {
+    "clone_module": ("compatshim.cloning", "clone_module"),
+    "find_unpicklable": ("compatshim.pickling", "find_unpicklable"),
+}
+_SUBMODULES = {"dist", "ema", "master", "rng"}
+
+
+def __getattr__(name: str) -> Any:
+    from importlib import import_module
+
+    if name in _LAZY:
+        module_name, attr = _LAZY[name]
+        value = getattr(import_module(module_name), attr)
+    elif name in _SUBMODULES:
+        value = import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value

@@ -1,0 +1,223 @@
+"""The patch registry: version-gated, probe-confirmed, reversible import-time patches.
+
+A patch is declared in its own module under ``compatshim.patches`` as a
+:class:`Patch`. ``install()`` only arms post-import hooks (cheap; nothing is
+imported). When a target module is imported, the registry reads the installed
+version from metadata, runs the patch's probe against the live module, and
+applies the fix only when the defect is really there. After applying, the
+probe runs again to confirm the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from types import ModuleType
+from typing import Any, Callable, Iterable
+
+from . import _import_hooks
+from ._patching import Patcher
+from ._versions import installed_version, range_position
+
+Probe = Callable[[ModuleType], bool]
+Apply = Callable[[ModuleType, Patcher], None]
+
+
+class Patch:
+    """A declared fix for one upstream defect.
+
+    ``probe(module)`` returns True while the defect is present in ``module``;
+    ``apply(module, patcher)`` makes every change through ``patcher`` so that
+    revert is exact. Both are called once per target module, after it is
+    imported. ``specifier`` is the tested version range of ``distribution``;
+    on a release newer than it the probe alone decides, on an older one the
+    patch stays off.
+    """
+
+    __slots__ = ("apply", "description", "distribution", "name", "probe", "specifier", "targets")
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        distribution: str,
+        specifier: str,
+        targets: tuple[str, ...],
+        probe: Probe,
+        apply: Apply,
+        description: str,
+    ) -> None:
+        self.name = name
+        self.distribution = distribution
+        self.specifier = specifier
+        self.targets = targets
+        self.probe = probe
+        self.apply = apply
+        self.description = description
+
+
+class _State:
+    """What the registry knows about one patch in this process."""
+
+    def __init__(self, patch: Patch) -> None:
+        self.patch = patch
+        self.armed = False
+        self.patcher = Patcher()
+        self.applied_targets: list[str] = []
+        self.defect: dict[str, bool] = {}  # target -> present before the fix
+        self.fixed: dict[str, bool] = {}  # target -> probe passes after the fix
+        self.error: str | None = None
+        self.hooks: dict[str, Callable[[ModuleType], None]] = {}
+
+
+_lock = threading.RLock()
+_states: dict[str, _State] = {}
+
+
+def _load() -> dict[str, _State]:
+    with _lock:
+        if not _states:
+            from .patches import all_patches
+
+            for patch in all_patches():
+                _states[patch.name] = _State(patch)
+        return _states
+
+
+def _select(names: Iterable[str] | None, include: bool = True) -> list[_State]:
+    states = _load()
+    if names is None:
+        return list(states.values())
+    if isinstance(names, str):
+        names = [names]
+    unknown = sorted(set(names) - set(states))
+    if unknown:
+        raise ValueError(f"unknown patch name(s) {unknown}; known: {sorted(states)}")
+    return [states[n] for n in names]
+
+
+def _disabled_by_env() -> set[str]:
+    raw = os.environ.get("COMPATSHIM_DISABLE", "")
+    return {part.strip() for part in raw.split(",") if part.strip()}
+
+
+def _on_import(state: _State, target: str, module: ModuleType) -> None:
+    with _lock:
+        if not state.armed or target in state.applied_targets or target in state.defect:
+            return
+        patch = state.patch
+        version = installed_version(patch.distribution)
+        if version is not None and range_position(version, patch.specifier) == "below":
+            return
+        try:
+            present = bool(patch.probe(module))
+        except Exception as exc:  # a probe that cannot decide leaves the module alone
+            state.error = f"probe failed on {target}: {type(exc).__name__}: {exc}"
+            return
+        state.defect[target] = present
+        if not present:
+            return
+        patcher = Patcher()
+        try:
+            patch.apply(module, patcher)
+            state.fixed[target] = not patch.probe(module)
+        except Exception as exc:
+            patcher.revert()
+            state.error = f"apply failed on {target}: {type(exc).__name__}: {exc}"
+            warnings.warn(
+                f"compatshim: patch {patch.name!r} could not be applied to {target} "
+                f"({patch.distribution} {version}): {exc}; the module is left unchanged",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return
+        state.patcher.on_revert(patcher.revert)
+        state.applied_targets.append(target)
+
+
+def install(
+    include: Iterable[str] | None = None, exclude: Iterable[str] | None = None
+) -> list[str]:
+    """Arm every selected patch; return the names armed.
+
+    Nothing is imported: each patch applies when its target module is imported
+    (at once if it already is). Installing twice is installing once.
+    ``COMPATSHIM_DISABLE=name,name`` removes patches from the selection.
+    """
+    excluded = set(exclude or ()) | _disabled_by_env()
+    armed: list[str] = []
+    with _lock:
+        selected = _select(include)
+        _select(excluded - _disabled_by_env())  # validate explicit names
+        for state in selected:
+            if state.patch.name in excluded:
+                continue
+            armed.append(state.patch.name)
+            if state.armed:
+                continue
+            state.armed = True
+            for target in state.patch.targets:
+
+                def hook(module: ModuleType, state: _State = state, target: str = target) -> None:
+                    _on_import(state, target, module)
+
+                state.hooks[target] = hook
+                _import_hooks.when_imported(target, hook)
+    return armed
+
+
+def uninstall(names: Iterable[str] | None = None) -> list[str]:
+    """Disarm patches and restore the original objects exactly; return the names undone."""
+    undone: list[str] = []
+    with _lock:
+        for state in _select(names):
+            if not state.armed:
+                continue
+            for target, hook in state.hooks.items():
+                _import_hooks.discard(target, hook)
+            state.hooks.clear()
+            state.patcher.revert()
+            state.armed = False
+            state.applied_targets.clear()
+            state.defect.clear()
+            state.fixed.clear()
+            undone.append(state.patch.name)
+    return undone
+
+
+def status() -> list[dict[str, Any]]:
+    """Per patch: target distribution and version, range, defect, applied, fixed."""
+    import sys
+
+    rows: list[dict[str, Any]] = []
+    with _lock:
+        for state in _load().values():
+            patch = state.patch
+            version = installed_version(patch.distribution)
+            position = range_position(version, patch.specifier) if version else None
+            imported = [t for t in patch.targets if t in sys.modules]
+            if state.defect:
+                defect = "present" if any(state.defect.values()) else "absent"
+            else:
+                defect = "not probed"
+            rows.append(
+                {
+                    "name": patch.name,
+                    "description": patch.description,
+                    "distribution": patch.distribution,
+                    "installed_version": version,
+                    "specifier": patch.specifier,
+                    "in_range": position == "in",
+                    "range_position": position,
+                    "armed": state.armed,
+                    "targets": list(patch.targets),
+                    "targets_imported": imported,
+                    "defect": defect,
+                    "applied": bool(state.applied_targets),
+                    "applied_targets": list(state.applied_targets),
+                    "fixed": (all(state.fixed.values()) if state.fixed else None),
+                    "error": state.error,
+                }
+            )
+    return rows
