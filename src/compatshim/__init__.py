@@ -5,8 +5,6 @@ Importing this package is cheap: it imports no framework and no adapter until us
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from ._registry import install, status, uninstall
 
 __version__ = "0.1.0"
@@ -23,7 +21,10 @@ __all__ = [
     "uninstall",
 ]
 
+TYPE_CHECKING = False  # no ``typing`` import at run time: importing compatshim stays cheap
 if TYPE_CHECKING:
+    from typing import Any
+
     from . import dist, ema, master, rng
     from .cloning import clone_module
     from .pickling import find_unpicklable

@@ -11,26 +11,30 @@ tell a hook was there.
 from __future__ import annotations
 
 import sys
-import threading
-from importlib.abc import Loader, MetaPathFinder
-from importlib.machinery import ModuleSpec
-from types import ModuleType
-from typing import Callable, Sequence
+from _thread import RLock, _local
 
-Callback = Callable[[ModuleType], None]
+TYPE_CHECKING = False  # no ``typing`` import at run time: this module is on the start-up path
+if TYPE_CHECKING:
+    from importlib.abc import Loader
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Callable, Sequence
 
-_lock = threading.RLock()
+    Callback = Callable[[ModuleType], None]
+
+_lock = RLock()
 _callbacks: dict[str, list[Callback]] = {}
-_finding = threading.local()
+_finding = _local()
 
 
-class _HookedLoader(Loader):
+class _HookedLoader:
+    """Delegates to the real loader; runs the callbacks after the module body."""
+
     def __init__(self, name: str, real: Loader) -> None:
         self._name = name
         self._real = real
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
-        spec.loader = self._real
         return self._real.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
@@ -44,7 +48,9 @@ class _HookedLoader(Loader):
         return getattr(self._real, item)
 
 
-class _Watcher(MetaPathFinder):
+class _Watcher:
+    """A ``sys.meta_path`` finder that only ever answers for watched names."""
+
     def find_spec(
         self,
         fullname: str,
@@ -72,7 +78,7 @@ class _Watcher(MetaPathFinder):
         loader = spec.loader
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
-        spec.loader = _HookedLoader(fullname, loader)
+        spec.loader = _HookedLoader(fullname, loader)  # type: ignore[assignment]
         return spec
 
 

@@ -6,7 +6,9 @@ there"), so reverting restores the original objects, not equal copies.
 
 from __future__ import annotations
 
-from typing import Any, Callable, MutableMapping
+TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
+if TYPE_CHECKING:
+    from typing import Any, Callable, MutableMapping
 
 _MISSING: Any = object()
 

@@ -11,17 +11,19 @@ probe runs again to confirm the fix.
 from __future__ import annotations
 
 import os
-import threading
-import warnings
-from types import ModuleType
-from typing import Any, Callable, Iterable
+from _thread import RLock
 
 from . import _import_hooks
 from ._patching import Patcher
 from ._versions import installed_version, range_position
 
-Probe = Callable[[ModuleType], bool]
-Apply = Callable[[ModuleType, Patcher], None]
+TYPE_CHECKING = False  # no ``typing`` import at run time: ``import compatshim.auto`` stays cheap
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any, Callable, Iterable
+
+    Probe = Callable[[ModuleType], bool]
+    Apply = Callable[[ModuleType, Patcher], None]
 
 
 class Patch:
@@ -71,21 +73,41 @@ class _State:
         self.hooks: dict[str, Callable[[ModuleType], None]] = {}
 
 
-_lock = threading.RLock()
+_lock = RLock()
 _states: dict[str, _State] = {}
+_catalogue_loaded = False
 
 
 def _load() -> dict[str, _State]:
+    global _catalogue_loaded
     with _lock:
-        if not _states:
+        if not _catalogue_loaded:
             from .patches import all_patches
 
             for patch in all_patches():
-                _states[patch.name] = _State(patch)
+                _states.setdefault(patch.name, _State(patch))
+            _catalogue_loaded = True
         return _states
 
 
-def _select(names: Iterable[str] | None, include: bool = True) -> list[_State]:
+def register(patch: Patch) -> None:
+    """Add a patch to the catalogue (the built-in ones come from ``compatshim.patches``)."""
+    with _lock:
+        states = _load()
+        if patch.name in states and states[patch.name].patch is not patch:
+            raise ValueError(f"a different patch named {patch.name!r} is already registered")
+        states.setdefault(patch.name, _State(patch))
+
+
+def unregister(name: str) -> None:
+    """Uninstall and drop a patch from the catalogue."""
+    with _lock:
+        if name in _load():
+            uninstall([name])
+            del _states[name]
+
+
+def _select(names: Iterable[str] | None) -> list[_State]:
     states = _load()
     if names is None:
         return list(states.values())
@@ -125,6 +147,8 @@ def _on_import(state: _State, target: str, module: ModuleType) -> None:
         except Exception as exc:
             patcher.revert()
             state.error = f"apply failed on {target}: {type(exc).__name__}: {exc}"
+            import warnings
+
             warnings.warn(
                 f"compatshim: patch {patch.name!r} could not be applied to {target} "
                 f"({patch.distribution} {version}): {exc}; the module is left unchanged",

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+_cache: dict[str, str | None] = {}
 
 
-@lru_cache(maxsize=None)
 def installed_version(distribution: str) -> str | None:
     """The installed version of ``distribution``, or None when it is not installed."""
-    from importlib import metadata
+    if distribution not in _cache:
+        from importlib import metadata
 
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
+        try:
+            _cache[distribution] = metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            _cache[distribution] = None
+    return _cache[distribution]
 
 
 def range_position(version: str, specifier: str) -> str:

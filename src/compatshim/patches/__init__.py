@@ -7,8 +7,8 @@ Each module defines ``PATCH``. To support a new release, edit that one module
 from __future__ import annotations
 
 from importlib import import_module
-from typing import TYPE_CHECKING
 
+TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
 if TYPE_CHECKING:
     from .._registry import Patch
 

@@ -1,0 +1,112 @@
+"""The part of ``compatshim doctor`` that imports frameworks, run in a child process.
+
+It installs every patch, imports each patch's target modules whose distribution
+is installed (so the probes run against the live code), asks each adapter for
+its rows, and prints one JSON document on stdout. Running it in a child keeps
+the doctor's own process clean and lets a slow or crashing framework import
+time out instead of taking the doctor down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+import time
+import traceback
+from importlib import import_module
+from typing import Any
+
+from . import _registry
+from ._versions import installed_version
+
+ADAPTER_PROVIDERS = ("compatshim.cloning", "compatshim.rng", "compatshim.master", "compatshim.dist")
+
+
+def _devices() -> dict[str, Any]:
+    if installed_version("torch") is None:
+        return {}
+    import torch
+
+    info: dict[str, Any] = {
+        "cuda_available": bool(torch.cuda.is_available()),
+        "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "torch_cuda_build": torch.version.cuda,
+    }
+    mps = getattr(torch.backends, "mps", None)
+    info["mps_available"] = bool(mps and mps.is_available())
+    xpu = getattr(torch, "xpu", None)
+    info["xpu_devices"] = xpu.device_count() if xpu is not None and xpu.is_available() else 0
+    return info
+
+
+def _import_targets() -> list[dict[str, str]]:
+    problems = []
+    for row in _registry.status():
+        if row["installed_version"] is None or row["range_position"] == "below":
+            continue
+        for target in row["targets"]:
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    import_module(target)
+            except Exception as exc:
+                problems.append({"patch": row["name"], "target": target, "error": repr(exc)})
+    return problems
+
+
+def _adapter_rows() -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for provider in ADAPTER_PROVIDERS:
+        started = time.perf_counter()
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                module = import_module(provider)
+                doctor_rows = getattr(module, "doctor_rows", None)
+                found = list(doctor_rows()) if doctor_rows is not None else []
+        except ModuleNotFoundError as exc:
+            if exc.name == provider:
+                continue
+            found = [_error_row(provider, exc)]
+        except Exception as exc:
+            found = [_error_row(provider, exc)]
+        for row in found:
+            row.setdefault("provider", provider)
+            row.setdefault("seconds", round(time.perf_counter() - started, 2))
+        rows.extend(found)
+    return rows
+
+
+def _error_row(provider: str, exc: BaseException) -> dict[str, Any]:
+    return {
+        "name": provider,
+        "kind": "adapter",
+        "applies": True,
+        "present": None,
+        "fixed": False,
+        "detail": f"doctor check crashed: {type(exc).__name__}: {exc}",
+        "traceback": traceback.format_exc(limit=5),
+    }
+
+
+def main() -> int:
+    _registry.install()
+    report = {
+        "devices": _safe(_devices, {}),
+        "import_problems": _import_targets(),
+        "patches": _registry.status(),
+        "adapters": _adapter_rows(),
+    }
+    json.dump(report, sys.stdout, default=str)
+    return 0
+
+
+def _safe(fn: Any, default: Any) -> Any:
+    try:
+        return fn()
+    except Exception as exc:
+        return {"error": repr(exc)} if isinstance(default, dict) else default
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

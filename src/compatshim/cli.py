@@ -1,0 +1,23 @@
+"""Command line: ``compatshim doctor`` (also ``python -m compatshim doctor``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="compatshim", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    doctor = commands.add_parser(
+        "doctor", help="report installed frameworks, known breakages and whether they are fixed"
+    )
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument(
+        "--timeout", type=float, default=None, help="seconds allowed for the live probes"
+    )
+    args = parser.parse_args(argv)
+    from . import doctor as doctor_module
+
+    timeout = args.timeout if args.timeout is not None else doctor_module.PROBE_TIMEOUT_S
+    return doctor_module.main(as_json=args.json, timeout=timeout)

@@ -1,0 +1,146 @@
+"""``compatshim doctor``: what is installed, which known breakages apply, and whether they are fixed.
+
+Versions come from metadata (fast, imports nothing). The live probes import
+frameworks, so they run in a child process with a time limit
+(:mod:`compatshim._doctor_probe`). The exit code is 0 only when every
+breakage that applies to this install is fixed; otherwise 1 with a one-line
+reason, so CI and scripts can gate on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from typing import Any
+
+from ._versions import installed_version
+
+DISTRIBUTIONS = (
+    "torch",
+    "numpy",
+    "colossalai",
+    "nuscenes-devkit",
+    "lightning",
+    "lightning-fabric",
+    "transformers",
+    "accelerate",
+)
+PROBE_TIMEOUT_S = float(os.environ.get("COMPATSHIM_DOCTOR_TIMEOUT", "300"))
+
+
+def versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    found.update({name: installed_version(name) for name in DISTRIBUTIONS})
+    return found
+
+
+def run_probes(timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
+    """Run the live probes in a child interpreter; never raises."""
+    env = dict(os.environ)
+    env.pop("COMPATSHIM_AUTO", None)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "compatshim._doctor_probe"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"live probes did not finish within {timeout:.0f}s"}
+    try:
+        report: dict[str, Any] = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        return {"error": f"live probes exited {done.returncode}: " + " | ".join(tail)}
+    return report
+
+
+def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One uniform row per patch and adapter check."""
+    out: list[dict[str, Any]] = []
+    for patch in report.get("patches", []):
+        version = patch["installed_version"]
+        applies = version is not None and patch["range_position"] != "below"
+        present = {"present": True, "absent": False}.get(patch["defect"])
+        if not applies:
+            detail = f"{patch['distribution']} not installed" if version is None else "older than supported"
+        elif present is None:
+            detail = patch.get("error") or "target not imported, not probed"
+        elif not present:
+            detail = f"{patch['distribution']} {version}: defect absent, nothing to do"
+        else:
+            note = "" if patch["in_range"] else " (newer than the tested range; the probe decided)"
+            detail = f"{patch['distribution']} {version}: {patch['description']}{note}"
+        out.append(
+            {
+                "name": patch["name"],
+                "kind": "patch",
+                "applies": applies,
+                "present": present,
+                "fixed": patch["fixed"] if present else None,
+                "detail": detail,
+            }
+        )
+    out.extend(report.get("adapters", []))
+    return out
+
+
+def verdict(table: list[dict[str, Any]], report: dict[str, Any]) -> tuple[int, str]:
+    if "error" in report:
+        return 2, f"could not run the live probes: {report['error']}"
+    unfixed = [r for r in table if r["applies"] and r["present"] and not r["fixed"]]
+    unknown = [r for r in table if r["applies"] and r["present"] is None and r["kind"] == "patch"]
+    if unfixed:
+        names = ", ".join(r["name"] for r in unfixed)
+        return 1, f"{len(unfixed)} applicable breakage(s) not fixed: {names}"
+    if unknown:
+        names = ", ".join(r["name"] for r in unknown)
+        return 1, f"could not probe: {names}"
+    present = sum(1 for r in table if r["applies"] and r["present"])
+    return 0, f"ok: {present} breakage(s) present in this install, all fixed by compatshim"
+
+
+def _mark(value: Any) -> str:
+    return {True: "yes", False: "no", None: "-"}.get(value, str(value))
+
+
+def render(ver: dict[str, str | None], report: dict[str, Any], table: list[dict[str, Any]]) -> str:
+    lines = ["compatshim doctor", "", "Installed (from metadata):"]
+    width = max(len(k) for k in ver)
+    lines += [f"  {name:<{width}}  {version or 'not installed'}" for name, version in ver.items()]
+    devices = report.get("devices") or {}
+    if devices:
+        lines += ["", "Devices:"]
+        lines += [f"  {key}: {value}" for key, value in devices.items()]
+    header = ("check", "kind", "applies", "present", "fixed", "detail")
+    body = [
+        (r["name"], r["kind"], _mark(r["applies"]), _mark(r["present"]), _mark(r["fixed"]), r["detail"])
+        for r in table
+    ]
+    widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(5)]
+    lines += ["", "Breakages and adapters:"]
+    for row in [header, *body]:
+        cells = [str(cell).ljust(widths[i]) for i, cell in enumerate(row[:5])]
+        lines.append("  " + "  ".join(cells) + "  " + str(row[5]))
+    for problem in report.get("import_problems", []):
+        lines.append(f"  note: importing {problem['target']} failed: {problem['error']}")
+    return "\n".join(lines)
+
+
+def main(as_json: bool = False, timeout: float = PROBE_TIMEOUT_S) -> int:
+    ver = versions()
+    report = run_probes(timeout)
+    table = rows(report)
+    code, reason = verdict(table, report)
+    if as_json:
+        payload = {"versions": ver, "report": report, "checks": table, "exit": code, "reason": reason}
+        print(json.dumps(payload, indent=2, default=str))
+    else:
+        print(render(ver, report, table))
+        print()
+        print(reason)
+    return code

@@ -1,0 +1,253 @@
+"""The patch registry's own contract: version gating, probe-decided apply, exact revert,
+idempotence, thread safety, post-import arming, COMPATSHIM_DISABLE and status().
+
+The target here is a small module this test writes, because what is under test is
+compatshim's mechanism, not a framework; the framework patches have their own tests.
+"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Iterator
+
+import pytest
+
+import compatshim
+from compatshim import _import_hooks, _registry
+from compatshim._patching import Patcher
+from compatshim._registry import Patch
+
+TARGET = "cs_registry_target"
+
+
+def _fixed_method(self: object) -> str:
+    return "fixed"
+
+
+def _probe(module: ModuleType) -> bool:
+    return bool(module.Thing().method() == "broken")
+
+
+def _apply(module: ModuleType, patcher: Patcher) -> None:
+    patcher.setattr(module.Thing, "method", _fixed_method)
+    patcher.setattr(module, "ADDED", True)
+
+
+def _make_patch(name: str, specifier: str = ">=1", distribution: str = "packaging") -> Patch:
+    return Patch(
+        name=name,
+        distribution=distribution,
+        specifier=specifier,
+        targets=(TARGET,),
+        probe=_probe,
+        apply=_apply,
+        description="test patch",
+    )
+
+
+@pytest.fixture
+def target_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    (tmp_path / f"{TARGET}.py").write_text(
+        textwrap.dedent(
+            """
+            class Thing:
+                def method(self):
+                    return "broken"
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop(TARGET, None)
+    yield tmp_path
+    sys.modules.pop(TARGET, None)
+
+
+@pytest.fixture
+def patch_name(request: pytest.FixtureRequest) -> Iterator[str]:
+    name = f"test-{request.node.name}"[:60]
+    _registry.register(_make_patch(name))
+    yield name
+    _registry.unregister(name)
+
+
+def _row(name: str) -> dict[str, object]:
+    return next(r for r in compatshim.status() if r["name"] == name)
+
+
+def test_arms_before_import_and_applies_on_import(target_dir: Path, patch_name: str) -> None:
+    assert compatshim.install(include=[patch_name]) == [patch_name]
+    assert TARGET not in sys.modules, "install() must not import the target"
+    row = _row(patch_name)
+    assert row["armed"] and row["defect"] == "not probed" and not row["applied"]
+    module = importlib.import_module(TARGET)
+    assert module.Thing().method() == "fixed"
+    assert module.__loader__.__class__.__name__ != "_HookedLoader"
+    row = _row(patch_name)
+    assert row["defect"] == "present" and row["applied"] and row["fixed"] is True
+
+
+def test_already_imported_target_is_patched_at_once(target_dir: Path, patch_name: str) -> None:
+    module = importlib.import_module(TARGET)
+    compatshim.install(include=[patch_name])
+    assert module.Thing().method() == "fixed"
+
+
+def test_uninstall_restores_exact_objects(target_dir: Path, patch_name: str) -> None:
+    module = importlib.import_module(TARGET)
+    original = module.Thing.__dict__["method"]
+    compatshim.install(include=[patch_name])
+    assert module.Thing.__dict__["method"] is _fixed_method
+    assert compatshim.uninstall([patch_name]) == [patch_name]
+    assert module.Thing.__dict__["method"] is original
+    assert not hasattr(module, "ADDED"), "attributes the patch added must be removed"
+    assert TARGET not in _import_hooks.watched()
+    assert not _row(patch_name)["applied"]
+
+
+def test_install_twice_is_install_once(target_dir: Path, patch_name: str) -> None:
+    compatshim.install(include=[patch_name])
+    compatshim.install(include=[patch_name])
+    module = importlib.import_module(TARGET)
+    assert module.Thing().method() == "fixed"
+    compatshim.uninstall([patch_name])
+    assert module.Thing().method() == "broken"
+
+
+def test_concurrent_install_uninstall_is_consistent(target_dir: Path, patch_name: str) -> None:
+    module = importlib.import_module(TARGET)
+    original = module.Thing.__dict__["method"]
+    errors: list[BaseException] = []
+
+    def churn() -> None:
+        try:
+            for _ in range(200):
+                compatshim.install(include=[patch_name])
+                compatshim.uninstall([patch_name])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=churn) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert module.Thing.__dict__["method"] is original
+    compatshim.install(include=[patch_name])
+    assert module.Thing().method() == "fixed"
+
+
+def test_probe_decides_when_defect_absent(target_dir: Path, patch_name: str) -> None:
+    module = importlib.import_module(TARGET)
+    module.Thing.method = _fixed_method  # an upstream release that fixed the bug itself
+    compatshim.install(include=[patch_name])
+    row = _row(patch_name)
+    assert row["defect"] == "absent" and not row["applied"]
+
+
+def test_version_below_range_is_left_alone(target_dir: Path) -> None:
+    name = "test-below-range"
+    _registry.register(_make_patch(name, specifier=">=999"))
+    try:
+        module = importlib.import_module(TARGET)
+        compatshim.install(include=[name])
+        assert module.Thing().method() == "broken"
+        row = _row(name)
+        assert row["range_position"] == "below" and not row["applied"]
+    finally:
+        _registry.unregister(name)
+
+
+def test_version_above_range_lets_probe_decide(target_dir: Path) -> None:
+    name = "test-above-range"
+    _registry.register(_make_patch(name, specifier="<1"))
+    try:
+        module = importlib.import_module(TARGET)
+        compatshim.install(include=[name])
+        assert module.Thing().method() == "fixed"
+        row = _row(name)
+        assert row["range_position"] == "above" and row["applied"] and not row["in_range"]
+    finally:
+        _registry.unregister(name)
+
+
+def test_failed_apply_leaves_module_unchanged(target_dir: Path) -> None:
+    def bad_apply(module: ModuleType, patcher: Patcher) -> None:
+        patcher.setattr(module.Thing, "method", _fixed_method)
+        raise RuntimeError("layout changed")
+
+    name = "test-bad-apply"
+    _registry.register(
+        Patch(
+            name=name,
+            distribution="packaging",
+            specifier=">=1",
+            targets=(TARGET,),
+            probe=_probe,
+            apply=bad_apply,
+            description="",
+        )
+    )
+    try:
+        module = importlib.import_module(TARGET)
+        original = module.Thing.__dict__["method"]
+        with pytest.warns(RuntimeWarning, match="layout changed"):
+            compatshim.install(include=[name])
+        assert module.Thing.__dict__["method"] is original
+        assert "layout changed" in str(_row(name)["error"])
+    finally:
+        _registry.unregister(name)
+
+
+def test_exclude_and_env_disable(
+    target_dir: Path, patch_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert patch_name not in compatshim.install(include=[patch_name], exclude=[patch_name])
+    monkeypatch.setenv("COMPATSHIM_DISABLE", f"other, {patch_name}")
+    assert compatshim.install(include=[patch_name]) == []
+    module = importlib.import_module(TARGET)
+    assert module.Thing().method() == "broken"
+
+
+def test_unknown_names_are_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown patch"):
+        compatshim.install(include=["no-such-patch"])
+
+
+def test_status_reads_versions_without_importing() -> None:
+    code = (
+        "import sys, compatshim; rows = compatshim.status(); "
+        "heavy = [m for m in ('torch', 'numpy', 'nuscenes', 'lightning', 'colossalai') "
+        "if m in sys.modules]; print(heavy); assert not heavy, heavy; "
+        "assert all('installed_version' in r for r in rows)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_import_compatshim_auto_imports_no_framework() -> None:
+    code = (
+        "import sys, compatshim.auto, compatshim; "
+        "heavy = [m for m in ('torch', 'numpy', 'nuscenes', 'lightning', 'colossalai', 'packaging') "
+        "if m in sys.modules]; assert not heavy, heavy; "
+        "assert all(r['armed'] for r in compatshim.status())"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("value,armed", [("1", True), ("0", False), ("", False)])
+def test_startup_hook_honours_compatshim_auto(value: str, armed: bool) -> None:
+    """The wheel ships compatshim_auto.pth: processes we don't write get the patches."""
+    import os
+
+    env = dict(os.environ, COMPATSHIM_AUTO=value)
+    code = "import sys; print('compatshim.auto' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.strip() == str(armed)
