@@ -15,7 +15,11 @@ from pathlib import Path
 
 def _pip_find_links() -> list[str]:
     found = os.environ.get("PIP_FIND_LINKS", "").split()
-    for conf in (Path("/etc/pip.conf"), Path.home() / ".config/pip/pip.conf", Path.home() / ".pip/pip.conf"):
+    for conf in (
+        Path("/etc/pip.conf"),
+        Path.home() / ".config/pip/pip.conf",
+        Path.home() / ".pip/pip.conf",
+    ):
         parser = configparser.ConfigParser()
         try:
             parser.read(conf)

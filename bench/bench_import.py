@@ -47,19 +47,35 @@ def _child(armed: bool, target: str) -> dict[str, float]:
 def main(repeats: int = 15) -> dict[str, float]:
     auto = [_child(True, "")["auto"] for _ in range(repeats)]
     leaked = _child(True, "")["torch_loaded_by_auto"]
-    has_torch = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
+    has_torch = (
+        subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
+    )
     torch_plain: list[float] = []
     torch_armed: list[float] = []
     if has_torch:
         for _ in range(repeats):
             torch_plain.append(_child(False, "import torch")["target"])
             torch_armed.append(_child(True, "import torch")["target"])
-    rows = [["`import compatshim.auto` (added to a bare interpreter)", f"{median(auto) * 1e3:.2f} ms", "goal < 5 ms", f"torch imported: {bool(leaked)}"]]
+    rows = [
+        [
+            "`import compatshim.auto` (added to a bare interpreter)",
+            f"{median(auto) * 1e3:.2f} ms",
+            "goal < 5 ms",
+            f"torch imported: {bool(leaked)}",
+        ]
+    ]
     ratios = {"auto_import_ms": median(auto) * 1e3}
     if has_torch:
         ratio = median(torch_armed) / median(torch_plain)
         ratios["import_torch_armed_ratio"] = ratio
-        rows.append(["`import torch`, hooks armed / not armed", f"{ratio:.3f}x", "goal <= 1.02x", f"medians {median(torch_armed) * 1e3:.0f} ms / {median(torch_plain) * 1e3:.0f} ms"])
+        rows.append(
+            [
+                "`import torch`, hooks armed / not armed",
+                f"{ratio:.3f}x",
+                "goal <= 1.02x",
+                f"medians {median(torch_armed) * 1e3:.0f} ms / {median(torch_plain) * 1e3:.0f} ms",
+            ]
+        )
     print(f"### Import overhead ({repeats} fresh interpreters each, medians)\n")
     print(table(["measure", "result", "goal", "detail"], rows))
     return ratios

@@ -35,7 +35,8 @@ def machine() -> str:
     except ImportError:
         torch_line = "torch not installed"
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{cpu}; {os.cpu_count()} cores; {mem:.0f} GiB RAM; Python {platform.python_version()}; {torch_line}"
+    python = platform.python_version()
+    return f"{cpu}; {os.cpu_count()} cores; {mem:.0f} GiB RAM; Python {python}; {torch_line}"
 
 
 def main(argv: list[str]) -> int:

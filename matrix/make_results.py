@@ -70,7 +70,9 @@ def main(argv: list[str]) -> int:
     for env in envs:
         counts, _ = data[env]
         lines.append(
-            f"| {env} | " + " | ".join(cell(counts[m]) if m in counts else "" for m in modules) + " |"
+            f"| {env} | "
+            + " | ".join(cell(counts[m]) if m in counts else "" for m in modules)
+            + " |"
         )
     lines += ["", "## Skip reasons", ""]
     for env in envs:

@@ -15,8 +15,16 @@ from importlib import metadata
 import pytest
 
 RECORDED = (
-    "compatshim", "torch", "numpy", "colossalai", "nuscenes-devkit", "lightning",
-    "transformers", "accelerate", "timm", "pytest",
+    "compatshim",
+    "torch",
+    "numpy",
+    "colossalai",
+    "nuscenes-devkit",
+    "lightning",
+    "transformers",
+    "accelerate",
+    "timm",
+    "pytest",
 )
 
 
@@ -40,7 +48,10 @@ def main(argv: list[str]) -> int:
     record_versions(results[: -len(".xml")] + ".versions.json")
     code = int(pytest.main([*argv, f"--junitxml={results}", "-o", f"junit_suite_name={env}"]))
     if code == pytest.ExitCode.NO_TESTS_COLLECTED:
-        print(f"run_pytest: environment {env!r} collected no tests for {argv}: failing", file=sys.stderr)
+        print(
+            f"run_pytest: environment {env!r} collected no tests for {argv}: failing",
+            file=sys.stderr,
+        )
         return 1
     return code
 

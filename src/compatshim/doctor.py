@@ -1,4 +1,4 @@
-"""``compatshim doctor``: what is installed, which known breakages apply, and whether they are fixed.
+"""``compatshim doctor``: what is installed, which known breakages apply, and are they fixed.
 
 Versions come from metadata (fast, imports nothing). The live probes import
 frameworks, so they run in a child process with a time limit
@@ -67,7 +67,11 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
         applies = version is not None and patch["range_position"] != "below"
         present = {"present": True, "absent": False}.get(patch["defect"])
         if not applies:
-            detail = f"{patch['distribution']} not installed" if version is None else "older than supported"
+            detail = (
+                f"{patch['distribution']} not installed"
+                if version is None
+                else "older than supported"
+            )
         elif present is None:
             detail = patch.get("error") or "target not imported, not probed"
         elif not present:
@@ -118,7 +122,14 @@ def render(ver: dict[str, str | None], report: dict[str, Any], table: list[dict[
         lines += [f"  {key}: {value}" for key, value in devices.items()]
     header = ("check", "kind", "applies", "present", "fixed", "detail")
     body = [
-        (r["name"], r["kind"], _mark(r["applies"]), _mark(r["present"]), _mark(r["fixed"]), r["detail"])
+        (
+            r["name"],
+            r["kind"],
+            _mark(r["applies"]),
+            _mark(r["present"]),
+            _mark(r["fixed"]),
+            r["detail"],
+        )
         for r in table
     ]
     widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(5)]
@@ -137,7 +148,13 @@ def main(as_json: bool = False, timeout: float = PROBE_TIMEOUT_S) -> int:
     table = rows(report)
     code, reason = verdict(table, report)
     if as_json:
-        payload = {"versions": ver, "report": report, "checks": table, "exit": code, "reason": reason}
+        payload = {
+            "versions": ver,
+            "report": report,
+            "checks": table,
+            "exit": code,
+            "reason": reason,
+        }
         print(json.dumps(payload, indent=2, default=str))
     else:
         print(render(ver, report, table))

@@ -233,7 +233,8 @@ def test_status_reads_versions_without_importing() -> None:
 def test_import_compatshim_auto_imports_no_framework() -> None:
     code = (
         "import sys, compatshim.auto, compatshim; "
-        "heavy = [m for m in ('torch', 'numpy', 'nuscenes', 'lightning', 'colossalai', 'packaging') "
+        "heavy = [m for m in ('torch', 'numpy', 'nuscenes', 'lightning', 'colossalai', "
+        "'packaging') "
         "if m in sys.modules]; assert not heavy, heavy; "
         "assert all(r['armed'] for r in compatshim.status())"
     )
@@ -248,6 +249,11 @@ def test_startup_hook_honours_compatshim_auto(value: str, armed: bool) -> None:
     env = dict(os.environ, COMPATSHIM_AUTO=value)
     code = "import sys; print('compatshim.auto' in sys.modules)"
     out = subprocess.run(
-        [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.stdout.strip() == str(armed)
