@@ -20,6 +20,7 @@ from typing import Any
 
 from . import _registry
 from ._versions import installed_version
+from .patches import all_patches
 
 ADAPTER_PROVIDERS = ("compatshim.cloning", "compatshim.rng", "compatshim.master", "compatshim.dist")
 
@@ -53,6 +54,20 @@ def _import_targets() -> list[dict[str, str]]:
             except Exception as exc:
                 problems.append({"patch": row["name"], "target": target, "error": repr(exc)})
     return problems
+
+
+def _probe_disabled(rows: list[dict[str, Any]]) -> None:
+    """Probe patches the user switched off, so the doctor can say "present, not fixed"."""
+    catalogue = {patch.name: patch for patch in all_patches()}
+    for row in rows:
+        patch = catalogue.get(row["name"])
+        if row["armed"] or row["installed_version"] is None or patch is None:
+            continue
+        found = [bool(patch.probe(sys.modules[t])) for t in patch.targets if t in sys.modules]
+        row["disabled"] = True
+        if found:
+            row["defect"] = "present" if any(found) else "absent"
+            row["fixed"] = False
 
 
 def _adapter_rows() -> list[dict[str, Any]]:
@@ -91,10 +106,13 @@ def _error_row(provider: str, exc: BaseException) -> dict[str, Any]:
 
 def main() -> int:
     _registry.install()
+    import_problems = _import_targets()
+    patches = _registry.status()
+    _probe_disabled(patches)
     report = {
         "devices": _safe(_devices, {}),
-        "import_problems": _import_targets(),
-        "patches": _registry.status(),
+        "import_problems": import_problems,
+        "patches": patches,
         "adapters": _adapter_rows(),
     }
     json.dump(report, sys.stdout, default=str)

@@ -40,7 +40,9 @@ def versions() -> dict[str, str | None]:
 def run_probes(timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
     """Run the live probes in a child interpreter; never raises."""
     env = dict(os.environ)
-    env.pop("COMPATSHIM_AUTO", None)
+    env.pop(
+        "COMPATSHIM_AUTO", None
+    )  # the child installs explicitly; COMPATSHIM_DISABLE is honoured
     try:
         done = subprocess.run(
             [sys.executable, "-m", "compatshim._doctor_probe"],
@@ -71,6 +73,11 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 f"{patch['distribution']} not installed"
                 if version is None
                 else "older than supported"
+            )
+        elif patch.get("disabled"):
+            state = {True: "present", False: "absent", None: "not probed"}[present]
+            detail = (
+                f"{patch['distribution']} {version}: defect {state}; disabled by COMPATSHIM_DISABLE"
             )
         elif present is None:
             detail = patch.get("error") or "target not imported, not probed"
@@ -105,6 +112,8 @@ def verdict(table: list[dict[str, Any]], report: dict[str, Any]) -> tuple[int, s
         names = ", ".join(r["name"] for r in unknown)
         return 1, f"could not probe: {names}"
     present = sum(1 for r in table if r["applies"] and r["present"])
+    if not present:
+        return 0, "ok: no known breakage applies to this install"
     return 0, f"ok: {present} breakage(s) present in this install, all fixed by compatshim"
 
 

@@ -1,0 +1,76 @@
+"""``compatshim doctor`` against the real torch of this env: versions from metadata, live
+probes in a child process, and an exit code that says whether every applicable breakage
+is fixed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+
+def _doctor(*args: str, **env: str) -> tuple[int, str]:
+    full_env = {k: v for k, v in os.environ.items() if k != "COMPATSHIM_DISABLE"}
+    full_env.update(env)
+    done = subprocess.run(
+        [sys.executable, "-m", "compatshim", "doctor", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=300,
+    )
+    return done.returncode, done.stdout
+
+
+def _check(payload: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(row for row in payload["checks"] if row["name"] == name)
+
+
+def test_versions_come_from_metadata_without_imports() -> None:
+    code = (
+        "import sys; from compatshim import doctor; v = doctor.versions(); "
+        "assert v['torch'], v; assert 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_json_report_on_this_install() -> None:
+    import torch
+
+    code, out = _doctor("--json")
+    payload = json.loads(out)
+    assert payload["versions"]["torch"] == torch.__version__
+    assert payload["report"]["devices"]["cuda_devices"] == (
+        torch.cuda.device_count() if torch.cuda.is_available() else 0
+    )
+    row = _check(payload, "torch-processgroup-copy")
+    assert row["applies"] and row["present"] is True and row["fixed"] is True, row
+    assert code == payload["exit"] == (0 if "ok:" in payload["reason"] else 1)
+
+
+def test_terminal_table_and_exit_zero_when_fixed() -> None:
+    code, out = _doctor()
+    assert "torch-processgroup-copy" in out
+    assert out.strip().splitlines()[-1].startswith("ok:"), out
+    assert code == 0
+
+
+def test_disabled_patch_is_reported_present_and_unfixed() -> None:
+    code, out = _doctor("--json", COMPATSHIM_DISABLE="torch-processgroup-copy")
+    payload = json.loads(out)
+    row = _check(payload, "torch-processgroup-copy")
+    assert row["present"] is True and not row["fixed"]
+    assert "disabled" in row["detail"]
+    assert code == 1 and "torch-processgroup-copy" in payload["reason"]
+
+
+@pytest.mark.parametrize("argv", [["doctor", "--help"], ["--help"]])
+def test_cli_help(argv: list[str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "compatshim", *argv], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and "doctor" in done.stdout
