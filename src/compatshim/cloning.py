@@ -1,0 +1,210 @@
+"""``clone_module``: the deep copy EMA code needs, whether or not patches are installed.
+
+``copy.deepcopy(model)`` fails as soon as the model holds a communicator
+(a ``ProcessGroup``, e.g. inside ``nn.SyncBatchNorm``) or a lock, and would be
+wrong even where it succeeds for streams and events: those are handles to
+shared resources, not data. ``clone_module`` finds such handles first and
+pre-seeds the deepcopy memo with them, so ``deepcopy`` shares them by
+reference while it copies parameters, buffers, hooks and custom attributes as
+usual. Nothing global is edited, so other threads copying at the same time
+see plain ``deepcopy`` semantics.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import sys
+import threading
+import types
+from typing import Any, Iterable, TypeVar
+
+__all__ = ["clone_module", "doctor_rows", "shared_handle_types"]
+
+M = TypeVar("M")
+
+# Handles found on torch once it is imported; looked up by name, never imported here.
+_TORCH_HANDLES = (
+    "torch.Stream",
+    "torch.Event",
+    "torch.cuda.Stream",
+    "torch.cuda.Event",
+    "torch.cpu.Stream",
+    "torch.cpu.Event",
+    "torch.xpu.Stream",
+    "torch.xpu.Event",
+    "torch._C._distributed_c10d.ProcessGroup",
+    "torch._C._distributed_c10d.Backend",
+    "torch._C._distributed_c10d.Store",
+    "torch._C._distributed_c10d.Work",
+)
+
+# Values deepcopy treats as atomic or that cannot hold a handle worth sharing.
+_LEAVES = (
+    type(None),
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    type,
+    range,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.ModuleType,
+    types.CodeType,
+    property,
+)
+
+
+def _resolve(dotted: str) -> Any:
+    root, *parts = dotted.split(".")
+    obj: Any = sys.modules.get(root)
+    for part in parts:
+        if obj is None:
+            return None
+        if isinstance(obj, types.ModuleType):  # never trigger a lazy submodule import
+            obj = sys.modules.get(f"{obj.__name__}.{part}", vars(obj).get(part))
+        else:
+            obj = getattr(obj, part, None)
+    return obj
+
+
+def shared_handle_types() -> tuple[type, ...]:
+    """Types whose instances ``clone_module`` shares instead of copying."""
+    found: list[type] = [
+        type(threading.Lock()),
+        type(threading.RLock()),
+        threading.Condition,
+        threading.Semaphore,
+        threading.Event,
+        threading.Thread,
+        logging.Logger,
+        logging.LoggerAdapter,
+    ]
+    for dotted in _TORCH_HANDLES:
+        cls = _resolve(dotted)
+        if isinstance(cls, type):
+            found.append(cls)
+    unbound = _resolve("compatshim.patches.torch_processgroup_copy.UnboundProcessGroup")
+    if isinstance(unbound, type):
+        found.append(unbound)
+    return tuple(dict.fromkeys(found))
+
+
+def _children(obj: Any, tensor_type: type | None) -> Iterable[Any]:
+    """What ``deepcopy`` would descend into: containers, ``__dict__``, ``__slots__``."""
+    if isinstance(obj, dict):
+        yield from obj.keys()
+        yield from obj.values()
+        return
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        yield from obj
+        return
+    if isinstance(obj, types.MethodType):
+        yield obj.__self__
+        return
+    if isinstance(obj, functools.partial):
+        yield obj.func
+        yield from obj.args
+        yield from obj.keywords.values()
+        return
+    state = getattr(obj, "__dict__", None)
+    if isinstance(state, dict):
+        yield state
+    if tensor_type is not None and isinstance(obj, tensor_type):
+        return  # a tensor's data is copied by torch; only its __dict__ can hold a handle
+    for klass in type(obj).__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if slot not in ("__dict__", "__weakref__"):
+                value = getattr(obj, slot, None)
+                if value is not None:
+                    yield value
+
+
+def _find_handles(root: Any, handle_types: tuple[type, ...], shared_ids: set[int]) -> list[Any]:
+    tensor_type = _resolve("torch.Tensor")
+    found: list[Any] = []
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, _LEAVES):
+            continue
+        seen.add(id(obj))
+        if id(obj) in shared_ids or isinstance(obj, handle_types):
+            found.append(obj)
+            continue
+        stack.extend(_children(obj, tensor_type))
+    return found
+
+
+def clone_module(module: M, *, share: Iterable[Any] = ()) -> M:
+    """A deep copy of ``module`` that shares process groups and other non-data handles.
+
+    Parameters and buffers are copied (``requires_grad`` kept); hooks,
+    custom attributes and nested containers are deep-copied as ``deepcopy``
+    does. Shared by reference: ProcessGroups and c10d stores/backends,
+    streams and events, locks, conditions, threads and loggers, plus
+    anything in ``share`` (objects, or types whose instances to share).
+    Handles are found through containers, ``__dict__`` and ``__slots__``;
+    state produced only by a custom ``__getstate__`` is copied as usual.
+    """
+    extra = list(share)
+    handle_types = shared_handle_types() + tuple(x for x in extra if isinstance(x, type))
+    shared_ids = {id(x) for x in extra if not isinstance(x, type)}
+    memo: dict[int, Any] = {}
+    for handle in _find_handles(module, handle_types, shared_ids):
+        memo[id(handle)] = handle
+    return copy.deepcopy(module, memo)
+
+
+def doctor_rows() -> list[dict[str, Any]]:
+    """One row for ``compatshim doctor``: does deepcopy of a SyncBatchNorm model fail here?
+
+    Imports torch (inherently a framework import, about a second); needs no
+    process group: it builds a bare, unregistered one.
+    """
+    from ._versions import installed_version
+
+    version = installed_version("torch")
+    row: dict[str, Any] = {
+        "name": "clone_module",
+        "kind": "adapter",
+        "applies": version is not None,
+        "present": None,
+        "fixed": None,
+        "detail": "torch is not installed" if version is None else "",
+    }
+    if version is None:
+        return [row]
+    try:
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            row["detail"] = f"torch {version} is built without torch.distributed"
+            row["applies"] = False
+            return [row]
+        from .patches.torch_processgroup_copy import _bare_group
+
+        group = _bare_group(dist.ProcessGroup)
+        model = torch.nn.Sequential(torch.nn.SyncBatchNorm(2, process_group=group))
+        try:
+            copy.deepcopy(model)
+            row["present"] = False
+        except Exception:
+            row["present"] = True
+        clone = clone_module(model)
+        row["fixed"] = clone[0].process_group is group and clone[0].weight is not model[0].weight
+        row["detail"] = (
+            f"torch {version}: plain deepcopy of a SyncBatchNorm holding a ProcessGroup "
+            f"{'fails' if row['present'] else 'works'}; clone_module "
+            f"{'shares the group' if row['fixed'] else 'did NOT share the group'}"
+        )
+    except Exception as exc:
+        row["detail"] = f"torch {version}: check failed: {type(exc).__name__}: {exc}"
+    return [row]
