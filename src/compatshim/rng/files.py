@@ -1,0 +1,206 @@
+"""``save`` / ``read`` / ``load``: RNG files for every rank, written atomically, read safely.
+
+One file holds every rank's state: rank 0 gathers them and writes it, so a
+resume under any world size finds all saved ranks in one place. The file is
+written to a temporary name in the same folder, fsynced, then renamed over
+``path``: a crash mid-save leaves the previous file (or none), never a torn one.
+All ranks must see ``path`` (a shared filesystem), as with any checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Mapping, Union
+
+from .capture import capture, distributed_position
+from .errors import RNGStateError
+from .formats import merge_ranks, to_file
+from .plan import DevicePolicy, WorldSizePolicy
+from .report import RestoreReport
+from .restore import restore
+from .state import FILE_FORMAT, SCHEMA_VERSION, is_state
+
+PathLike = Union[str, "os.PathLike[str]"]
+_ZIP_MAGIC = b"PK\x03\x04"
+_PER_RANK = (
+    ("transformers", re.compile(r"rng_state_(\d+)\.pth$")),
+    ("accelerate", re.compile(r"random_states_(\d+)\.pkl$")),
+)
+_TORCH_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+
+
+def atomic_write(path: PathLike, write: Callable[[Any], None]) -> None:
+    """Call ``write(file)`` on a temporary file beside ``path``, then rename it into place."""
+    target = Path(path)
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    try:
+        directory = os.open(target.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(directory)
+    except OSError:
+        pass
+    finally:
+        os.close(directory)
+
+
+def _gather(state: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Every rank's state on rank 0 (None elsewhere); just ``[state]`` outside distributed runs."""
+    rank, world_size = distributed_position()
+    if rank is None or world_size is None or world_size == 1:
+        return [state]
+    import torch.distributed as dist
+
+    gathered: list[Any] | None = [None] * world_size if rank == 0 else None
+    dist.gather_object(state, gathered, dst=0)
+    return gathered
+
+
+def save(path: PathLike, *, state: Mapping[str, Any] | None = None) -> Path:
+    """Write this process's RNG state, or every rank's when distributed, to ``path``.
+
+    Collective when ``torch.distributed`` is initialised: every rank must call it;
+    rank 0 writes the file and all ranks return after it is in place.
+    """
+    import torch
+
+    own = dict(state) if state is not None else capture()
+    if not is_state(own):
+        raise RNGStateError("save(state=...) takes a state from compatshim.rng.capture()")
+    states = _gather(own)
+    if states is not None:
+        payload = {
+            "format": FILE_FORMAT,
+            "version": SCHEMA_VERSION,
+            "source": "compatshim",
+            "world_size": len(states),
+            "ranks": states,
+        }
+        atomic_write(path, lambda file: torch.save(payload, file))
+    rank, world_size = distributed_position()
+    if rank is not None and world_size is not None and world_size > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+    return Path(path)
+
+
+def _load_object(path: Path, trusted: bool) -> Any:
+    from . import safe_unpickler
+
+    with path.open("rb") as file:
+        head = file.read(4)
+        file.seek(0)
+        is_zip = head == _ZIP_MAGIC
+        if not is_zip:
+            try:
+                first = (
+                    __import__("pickle").load(file) if trusted else safe_unpickler.load(file)
+                )
+            except RNGStateError:
+                raise
+            except Exception as exc:
+                raise RNGStateError(f"{path} is not a pickle or torch file: {exc}") from None
+            if first != _TORCH_LEGACY_MAGIC:
+                return first
+    import torch
+
+    try:
+        if trusted:
+            return torch.load(path, map_location="cpu", weights_only=False)
+        return torch.load(path, map_location="cpu", weights_only=False, pickle_module=safe_unpickler)
+    except RNGStateError:
+        raise
+    except Exception as exc:
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, RNGStateError):
+            raise cause from None
+        raise RNGStateError(f"could not read {path}: {type(exc).__name__}: {exc}") from None
+
+
+def _rank_from_name(name: str) -> tuple[str, int] | None:
+    for source, pattern in _PER_RANK:
+        match = pattern.search(name)
+        if match:
+            return source, int(match.group(1))
+    return None
+
+
+def _read_directory(folder: Path, trusted: bool) -> dict[str, Any]:
+    for source, pattern in _PER_RANK:
+        indexed = {}
+        for child in folder.iterdir():
+            match = pattern.fullmatch(child.name)
+            if match:
+                indexed[int(match.group(1))] = child
+        if not indexed:
+            continue
+        missing = sorted(set(range(max(indexed) + 1)) - set(indexed))
+        if missing:
+            raise RNGStateError(f"{folder}: {source} rank files missing for ranks {missing}")
+        files = [read(indexed[r], trusted=trusted) for r in sorted(indexed)]
+        return merge_ranks(files, source)
+    single = folder / "rng_state.pth"
+    if single.is_file():
+        found = read(single, trusted=trusted)
+        return {**found, "world_size": 1}
+    raise RNGStateError(
+        f"{folder} has no RNG files: looked for rng_state_N.pth / rng_state.pth (transformers) "
+        "and random_states_N.pkl (accelerate); pass a file path for other layouts"
+    )
+
+
+def read(path: PathLike, trusted: bool = False) -> dict[str, Any]:
+    """Read an RNG file of any supported format into a compatshim file dict; restores nothing.
+
+    ``path`` is a compatshim file, a transformers / accelerate / Lightning / Sana
+    file or checkpoint, or a checkpoint folder of per-rank files. Without
+    ``trusted=True`` the file is unpickled by a restricted unpickler that runs
+    no code from it; ``trusted=True`` allows a full unpickle (only for files
+    you trust completely).
+    """
+    target = Path(path)
+    if target.is_dir():
+        return _read_directory(target, trusted)
+    if not target.is_file():
+        raise RNGStateError(f"no RNG file at {target}")
+    obj = _load_object(target, trusted)
+    per_rank = _rank_from_name(target.name)
+    found = to_file(obj, saved_rank=per_rank[1] if per_rank else None, what=str(target))
+    if per_rank is None and target.name == "rng_state.pth" and found.get("world_size") is None:
+        found["world_size"] = 1  # transformers writes rng_state.pth only for a single process
+    return found
+
+
+def load(
+    path: PathLike,
+    *,
+    trusted: bool = False,
+    rank: int | None = None,
+    world_size: int | None = None,
+    on_device_mismatch: DevicePolicy = "derive",
+    on_world_size_mismatch: WorldSizePolicy = "derive",
+    warn: bool = True,
+) -> RestoreReport:
+    """``read(path)`` then ``restore`` for this rank; returns what was restored and derived."""
+    return restore(
+        read(path, trusted=trusted),
+        rank=rank,
+        world_size=world_size,
+        on_device_mismatch=on_device_mismatch,
+        on_world_size_mismatch=on_world_size_mismatch,
+        warn=warn,
+    )

@@ -1,0 +1,50 @@
+"""What a restore did, generator by generator: the answer to "is my resume exact?"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RestoreReport:
+    """Returned by ``restore`` and ``load``.
+
+    ``restored`` generators continue the saved streams bit for bit; ``derived``
+    ones got a deterministic state derived from the saved material; ``skipped``
+    ones were left as they were (with the reason in brackets). ``exact`` is
+    True only when nothing was derived or skipped.
+    """
+
+    source: str
+    rank: int
+    world_size: int
+    saved_rank: int | None
+    saved_world_size: int | None
+    restored: tuple[str, ...]
+    derived: tuple[str, ...]
+    skipped: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def exact(self) -> bool:
+        return not self.derived and not self.skipped
+
+    def summary(self) -> str:
+        origin = f"{self.source} state"
+        if self.saved_rank is not None:
+            origin += f" of saved rank {self.saved_rank}"
+        if self.saved_world_size is not None:
+            origin += f"/{self.saved_world_size}"
+        lines = [f"rank {self.rank}/{self.world_size}: restored {origin}"]
+        lines += [f"  {note}" for note in self.notes]
+        for title, items in (
+            ("restored", self.restored),
+            ("derived", self.derived),
+            ("skipped", self.skipped),
+        ):
+            if items:
+                lines.append(f"  {title}: {', '.join(items)}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()

@@ -1,0 +1,249 @@
+"""``restore()``: plan every write first (pure, validated), then apply all or nothing."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from . import devices
+from .capture import GENERATOR_LOCK, distributed_position
+from .derive import derived_cuda, derived_parts, derived_seed, material_digest
+from .errors import RNGStateError, RNGStateWarning
+from .plan import DevicePolicy, WorldSizePolicy, plan_devices, plan_rank
+from .report import RestoreReport
+from .state import Parts, is_file, is_state, parse_state
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What the current process has: the only inputs planning takes from the machine."""
+
+    rank: int = 0
+    world_size: int = 1
+    cuda: int = 0
+    xpu: int = 0
+    mps: bool = False
+    numpy: bool = True
+
+    @classmethod
+    def current(cls, rank: int | None = None, world_size: int | None = None) -> Environment:
+        dist_rank, dist_world = distributed_position()
+        return cls(
+            rank=rank if rank is not None else (dist_rank or 0),
+            world_size=world_size if world_size is not None else (dist_world or 1),
+            cuda=devices.cuda_count(),
+            xpu=devices.xpu_count(),
+            mps=devices.mps_available(),
+            numpy=devices.numpy_available(),
+        )
+
+
+@dataclass
+class RestorePlan:
+    """Writes in order (label, value), and the report that applying them earns."""
+
+    writes: list[tuple[str, Any]] = field(default_factory=list)
+    report: RestoreReport | None = None
+
+
+def _select(
+    obj: Any, env: Environment, policy: WorldSizePolicy
+) -> tuple[Parts, str, int | None, int | None, list[str], bytes | None]:
+    """This rank's parts from a state or file; (parts, source, saved rank, saved world, notes, digest)."""
+    if is_state(obj):
+        parts = parse_state(obj)
+        saved_rank = parts.meta.get("rank")
+        return parts, "compatshim", saved_rank if isinstance(saved_rank, int) else None, None, [], None
+    if not is_file(obj):
+        from .formats import to_file
+
+        obj = to_file(obj)
+    source = str(obj.get("source", "compatshim"))
+    ranks = obj.get("ranks")
+    saved_world = obj.get("world_size")
+    if not isinstance(ranks, list) or not ranks:
+        raise RNGStateError("invalid RNG file: 'ranks' must be a non-empty list of states")
+    all_parts = [parse_state(entry, f"ranks[{i}]") for i, entry in enumerate(ranks)]
+    if saved_world is None:
+        if len(all_parts) != 1:
+            raise RNGStateError("invalid RNG file: several ranks but no world_size")
+        saved_rank = obj.get("saved_rank")
+        notes = []
+        if env.world_size > 1:
+            notes.append(
+                "the file holds one rank's state: every rank that loads it gets the same streams"
+            )
+        return all_parts[0], source, saved_rank, None, notes, None
+    if saved_world != len(all_parts):
+        raise RNGStateError(
+            f"invalid RNG file: world_size {saved_world!r} but {len(all_parts)} rank states"
+        )
+    rank_plan = plan_rank(saved_world, env.rank, env.world_size, policy)
+    notes = [rank_plan.reason] if saved_world != env.world_size else []
+    if rank_plan.saved_rank is not None:
+        return all_parts[rank_plan.saved_rank], source, rank_plan.saved_rank, saved_world, notes, None
+    digest = material_digest_all(all_parts)
+    parts = derived_parts(digest, f"rank:{env.rank}", all_parts[0], env.cuda)
+    return parts, source, None, saved_world, notes, digest
+
+
+def material_digest_all(all_parts: list[Parts]) -> bytes:
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=32)
+    for parts in all_parts:
+        digest.update(material_digest(parts))
+    return digest.digest()
+
+
+def build_plan(
+    obj: Any,
+    env: Environment,
+    *,
+    on_device_mismatch: DevicePolicy = "derive",
+    on_world_size_mismatch: WorldSizePolicy = "derive",
+) -> RestorePlan:
+    """Validate ``obj`` and decide every write for ``env``; touches no generator."""
+    parts, source, saved_rank, saved_world, notes, rank_digest = _select(
+        obj, env, on_world_size_mismatch
+    )
+    derived_rank = rank_digest is not None
+    plan = RestorePlan()
+    restored: list[str] = []
+    derived: list[str] = []
+    skipped: list[str] = []
+    target = derived if derived_rank else restored
+
+    def put(label: str, value: Any) -> None:
+        plan.writes.append((label, value))
+        target.append(label)
+
+    if parts.python is not None:
+        put("python", parts.python)
+    else:
+        skipped.append("python (not in the state)")
+    if parts.numpy is None:
+        if env.numpy:
+            skipped.append("numpy (not in the state)")
+    elif not env.numpy:
+        skipped.append("numpy (not installed here)")
+    else:
+        _check_numpy(parts)
+        put("numpy", parts.numpy)
+    if parts.torch_cpu is not None:
+        put("torch_cpu", parts.torch_cpu)
+    else:
+        skipped.append("torch_cpu (not in the state)")
+
+    cuda = plan_devices("cuda", len(parts.cuda), env.cuda, on_device_mismatch)
+    for index in cuda.restore:
+        put(f"cuda:{index}", parts.cuda[index])
+    device_digest = rank_digest or material_digest(parts)
+    for index in cuda.derive:
+        seed = derived_seed(device_digest, f"cuda:{index}")
+        plan.writes.append((f"cuda:{index}", derived_cuda(seed)))
+        derived.append(f"cuda:{index}")
+    skipped += [f"cuda:{i} (saved; no such device here)" for i in cuda.skip_saved]
+    if len(parts.cuda) != env.cuda:
+        notes.append(f"CUDA device count changed {len(parts.cuda)} -> {env.cuda}")
+
+    xpu = plan_devices("xpu", len(parts.xpu), env.xpu, on_device_mismatch)
+    for index in xpu.restore:
+        put(f"xpu:{index}", parts.xpu[index])
+    skipped += [f"xpu:{i} (no saved state; xpu states are not derived)" for i in xpu.derive]
+    skipped += [f"xpu:{i} (saved; no such device here)" for i in xpu.skip_saved]
+    if parts.mps is not None and env.mps:
+        put("mps", parts.mps)
+    elif parts.mps is not None:
+        skipped.append("mps (saved; no MPS device here)")
+    elif env.mps:
+        skipped.append("mps (not in the state)")
+
+    plan.report = RestoreReport(
+        source=source,
+        rank=env.rank,
+        world_size=env.world_size,
+        saved_rank=saved_rank,
+        saved_world_size=saved_world,
+        restored=tuple(restored),
+        derived=tuple(derived),
+        skipped=tuple(skipped),
+        notes=tuple(notes),
+    )
+    return plan
+
+
+def _check_numpy(parts: Parts) -> None:
+    import numpy as np
+
+    assert parts.numpy is not None
+    try:
+        np.random.RandomState().set_state(parts.numpy.as_numpy_tuple())
+    except (TypeError, ValueError) as exc:
+        raise RNGStateError(f"invalid RNG state at numpy: numpy refused it: {exc}") from None
+
+
+def _value_for(label: str, value: Any) -> Any:
+    if label == "numpy":
+        return value.as_numpy_tuple()
+    return value
+
+
+def apply_plan(plan: RestorePlan) -> None:
+    """Apply every write; if one fails, put back the ones already made and raise."""
+    with GENERATOR_LOCK:
+        undo: list[tuple[Any, Any]] = []
+        for label, value in plan.writes:
+            try:
+                get, set_ = devices.accessors(label)
+                previous = get()
+                set_(_value_for(label, value))
+            except Exception as exc:
+                for setter, old in reversed(undo):
+                    try:
+                        setter(old)
+                    except Exception:  # best effort: report the original failure
+                        pass
+                raise RNGStateError(
+                    f"restoring {label} failed ({type(exc).__name__}: {exc}); "
+                    "the generators set before it were put back"
+                ) from exc
+            undo.append((set_, previous))
+
+
+def restore(
+    state: Mapping[str, Any],
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    on_device_mismatch: DevicePolicy = "derive",
+    on_world_size_mismatch: WorldSizePolicy = "derive",
+    warn: bool = True,
+) -> RestoreReport:
+    """Restore ``state`` (from ``capture``, ``read``, or another framework's RNG dict).
+
+    Same world size and device count: every generator continues bit-identically.
+    Otherwise (``"derive"``, the default) ranks and devices present in the save
+    get their saved state and the others a deterministic state derived from the
+    saved material and their index, never another rank's or device's stream;
+    ``"error"`` raises :class:`RNGStateError` with both counts instead;
+    ``on_world_size_mismatch="derive_all"`` derives every rank after a resize.
+    Everything is validated before any generator is set: on bad input nothing
+    changes. One :class:`RNGStateWarning` is issued when the result is not exact.
+    """
+    plan = build_plan(
+        state,
+        Environment.current(rank, world_size),
+        on_device_mismatch=on_device_mismatch,
+        on_world_size_mismatch=on_world_size_mismatch,
+    )
+    apply_plan(plan)
+    assert plan.report is not None
+    if warn and not plan.report.exact:
+        warnings.warn(
+            "compatshim.rng: the restore is not bit-identical\n" + plan.report.summary(),
+            RNGStateWarning,
+            stacklevel=2,
+        )
+    return plan.report

@@ -1,0 +1,275 @@
+"""compatshim's own RNG state: the on-disk schema, and its validation into plain parts.
+
+The schema holds only what ``torch.load(weights_only=True)`` accepts on every
+torch 2.x release (dicts, lists, str, int, float, None and CPU tensors), so a
+state can live inside any user checkpoint. numpy's state is stored as an int64
+tensor, never as a numpy object: that is what keeps a file readable across the
+numpy 1.x / 2.x line (``numpy.core`` became ``numpy._core``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from .errors import RNGStateError
+
+STATE_FORMAT = "compatshim.rng.state"
+FILE_FORMAT = "compatshim.rng.file"
+SCHEMA_VERSION = 1
+
+PY_STATE_WORDS = 625  # random.getstate()[1]: 624 MT words + the position
+MT_WORDS = 624
+CUDA_STATE_BYTES = 16  # seed (uint64) + philox offset (int64), torch 2.1 and later
+LEGACY_CUDA_STATE_BYTES = 816  # torch 2.0: 800 unused bytes, then seed and offset
+_U32 = 2**32
+
+
+@dataclass(frozen=True)
+class NumpyMT:
+    """numpy's legacy global MT19937 state, as ``numpy.random.get_state()`` spells it."""
+
+    key: tuple[int, ...]
+    pos: int
+    has_gauss: int
+    cached_gaussian: float
+
+    def as_numpy_tuple(self) -> tuple[Any, ...]:
+        import numpy as np
+
+        key = np.array(self.key, dtype=np.uint32)
+        return ("MT19937", key, self.pos, self.has_gauss, self.cached_gaussian)
+
+
+PythonState = tuple[int, tuple[int, ...], Optional[float]]
+
+
+@dataclass
+class Parts:
+    """One process's generators, validated: what ``restore`` plans with."""
+
+    python: PythonState | None = None
+    numpy: NumpyMT | None = None
+    torch_cpu: Any = None  # uint8 CPU tensor
+    cuda: list[Any] = field(default_factory=list)  # one 16-byte uint8 tensor per device
+    xpu: list[Any] = field(default_factory=list)
+    mps: Any = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _fail(where: str, problem: str) -> RNGStateError:
+    return RNGStateError(f"invalid RNG state at {where}: {problem}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_in(value: Any, low: int, high: int, where: str) -> int:
+    if not _is_int(value) or not low <= value <= high:
+        raise _fail(where, f"expected an int in [{low}, {high}], got {value!r:.60}")
+    return int(value)
+
+
+def _float(value: Any, where: str, *, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _fail(where, f"expected a finite float, got {value!r:.60}")
+    return float(value)
+
+
+def _tensor(value: Any, where: str, dtype_name: str, numel: int | None = None) -> Any:
+    torch = _torch()
+    if not isinstance(value, torch.Tensor):
+        raise _fail(where, f"expected a torch tensor, got {type(value).__name__}")
+    if value.dtype != getattr(torch, dtype_name) or value.dim() != 1:
+        raise _fail(where, f"expected a 1-D {dtype_name} tensor, got {value.dtype} {tuple(value.shape)}")
+    if value.device.type != "cpu":
+        raise _fail(where, f"expected a CPU tensor, got one on {value.device}")
+    if numel is not None and value.numel() != numel:
+        raise _fail(where, f"expected {numel} elements, got {value.numel()}")
+    return value.detach().clone().contiguous()
+
+
+def words(values: Any, where: str, count: int) -> tuple[int, ...]:
+    """``count`` uint32 words from a tensor, list or tuple, range-checked."""
+    torch = _torch()
+    if isinstance(values, torch.Tensor):
+        if values.dtype.is_floating_point or values.dim() != 1:
+            raise _fail(where, f"expected a 1-D integer tensor, got {values.dtype} {tuple(values.shape)}")
+        values = values.tolist()
+    if not isinstance(values, (list, tuple)) or len(values) != count:
+        size = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
+        raise _fail(where, f"expected {count} words, got {size}")
+    for index, word in enumerate(values):
+        if not _is_int(word) or not 0 <= word < _U32:
+            raise _fail(f"{where}[{index}]", f"expected a uint32, got {word!r:.40}")
+    return tuple(int(w) for w in values)
+
+
+def python_state(value: Any, where: str) -> PythonState:
+    """Check ``random.getstate()`` output (version 3 only) by loading it into a scratch Random."""
+    import random
+
+    if not isinstance(value, (tuple, list)) or len(value) != 3:
+        raise _fail(where, "expected (version, internal state, gauss_next)")
+    version, internal, gauss = value
+    if version != 3:
+        raise _fail(where, f"unsupported random module state version {version!r:.20}")
+    internal_words = words(internal, f"{where}.internal", PY_STATE_WORDS)
+    _int_in(internal_words[-1], 0, MT_WORDS, f"{where}.internal[-1]")
+    state = (3, internal_words, _float(gauss, f"{where}.gauss_next", allow_none=True))
+    try:
+        random.Random().setstate(state)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise _fail(where, f"random.setstate refused it: {exc}") from None
+    return state
+
+
+def numpy_state(key: Any, pos: Any, has_gauss: Any, cached: Any, where: str) -> NumpyMT:
+    return NumpyMT(
+        key=words(key, f"{where}.key", MT_WORDS),
+        pos=_int_in(pos, 0, MT_WORDS, f"{where}.pos"),
+        has_gauss=_int_in(has_gauss, 0, 1, f"{where}.has_gauss"),
+        cached_gaussian=_float(cached, f"{where}.cached_gaussian") or 0.0,
+    )
+
+
+def cpu_state(value: Any, where: str) -> Any:
+    """A torch CPU generator state, checked by loading it into a scratch generator."""
+    torch = _torch()
+    tensor = _tensor(value, where, "uint8")
+    try:
+        torch.Generator().set_state(tensor)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise _fail(where, f"torch refused it as a CPU generator state: {exc}") from None
+    return tensor
+
+
+def cuda_state(value: Any, where: str) -> Any:
+    """A CUDA generator state; torch 2.0's 816-byte layout is converted to (seed, offset)."""
+    tensor = _tensor(value, where, "uint8")
+    if tensor.numel() == LEGACY_CUDA_STATE_BYTES:
+        tensor = tensor[-CUDA_STATE_BYTES:].clone()
+    if tensor.numel() != CUDA_STATE_BYTES:
+        raise _fail(
+            where,
+            f"a CUDA generator state is {CUDA_STATE_BYTES} bytes (torch >= 2.1) or "
+            f"{LEGACY_CUDA_STATE_BYTES} (torch 2.0), got {tensor.numel()}",
+        )
+    return tensor
+
+
+def _device_list(value: Any, where: str, check: Any) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        raise _fail(where, f"expected a list of per-device states, got {type(value).__name__}")
+    return [check(item, f"{where}[{index}]") for index, item in enumerate(value)]
+
+
+def _byte_state(value: Any, where: str) -> Any:
+    return _tensor(value, where, "uint8")
+
+
+def _require(state: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in state:
+        raise _fail(where, f"missing key {key!r}")
+    return state[key]
+
+
+def is_state(obj: Any) -> bool:
+    return isinstance(obj, Mapping) and obj.get("format") == STATE_FORMAT
+
+
+def is_file(obj: Any) -> bool:
+    return isinstance(obj, Mapping) and obj.get("format") == FILE_FORMAT
+
+
+def parse_state(obj: Any, where: str = "state") -> Parts:
+    """Validate a compatshim state dict into :class:`Parts`; raise RNGStateError on anything off."""
+    if not isinstance(obj, Mapping):
+        raise _fail(where, f"expected a dict, got {type(obj).__name__}")
+    if obj.get("format") != STATE_FORMAT:
+        raise _fail(where, f"format is {obj.get('format')!r:.40}, expected {STATE_FORMAT!r}")
+    if obj.get("version") != SCHEMA_VERSION:
+        raise _fail(where, f"schema version {obj.get('version')!r:.20} is not {SCHEMA_VERSION}")
+    parts = Parts()
+    py = _require(obj, "python", where)
+    if py is not None:
+        if not isinstance(py, Mapping):
+            raise _fail(f"{where}.python", "expected a dict or None")
+        parts.python = python_state(
+            (
+                _require(py, "version", f"{where}.python"),
+                _require(py, "internal", f"{where}.python"),
+                _require(py, "gauss_next", f"{where}.python"),
+            ),
+            f"{where}.python",
+        )
+    np_state = _require(obj, "numpy", where)
+    if np_state is not None:
+        w = f"{where}.numpy"
+        if not isinstance(np_state, Mapping):
+            raise _fail(w, "expected a dict or None")
+        if _require(np_state, "bit_generator", w) != "MT19937":
+            raise _fail(w, f"unsupported bit generator {np_state['bit_generator']!r:.40}")
+        parts.numpy = numpy_state(
+            _require(np_state, "key", w),
+            _require(np_state, "pos", w),
+            _require(np_state, "has_gauss", w),
+            _require(np_state, "cached_gaussian", w),
+            w,
+        )
+    cpu = _require(obj, "torch_cpu", where)
+    parts.torch_cpu = None if cpu is None else cpu_state(cpu, f"{where}.torch_cpu")
+    parts.cuda = _device_list(_require(obj, "cuda", where), f"{where}.cuda", cuda_state)
+    parts.xpu = _device_list(obj.get("xpu"), f"{where}.xpu", _byte_state)
+    mps = obj.get("mps")
+    parts.mps = None if mps is None else _byte_state(mps, f"{where}.mps")
+    meta = obj.get("meta", {})
+    if not isinstance(meta, Mapping):
+        raise _fail(f"{where}.meta", "expected a dict")
+    parts.meta = dict(meta)
+    return parts
+
+
+def to_state(parts: Parts) -> dict[str, Any]:
+    """The on-disk dict for ``parts`` (inverse of :func:`parse_state`)."""
+    torch = _torch()
+    python = None
+    if parts.python is not None:
+        version, internal, gauss = parts.python
+        python = {
+            "version": version,
+            "internal": torch.tensor(internal, dtype=torch.int64),
+            "gauss_next": gauss,
+        }
+    numpy = None
+    if parts.numpy is not None:
+        numpy = {
+            "bit_generator": "MT19937",
+            "key": torch.tensor(parts.numpy.key, dtype=torch.int64),
+            "pos": parts.numpy.pos,
+            "has_gauss": parts.numpy.has_gauss,
+            "cached_gaussian": parts.numpy.cached_gaussian,
+        }
+    return {
+        "format": STATE_FORMAT,
+        "version": SCHEMA_VERSION,
+        "python": python,
+        "numpy": numpy,
+        "torch_cpu": parts.torch_cpu,
+        "cuda": list(parts.cuda),
+        "xpu": list(parts.xpu),
+        "mps": parts.mps,
+        "meta": dict(parts.meta),
+    }
