@@ -113,6 +113,18 @@ def _group_ranks_registry() -> dict[Any, dict[int, int]]:
     )
 
 
+def _live_groups() -> dict[Any, dict[int, int]]:
+    """Groups this process is a member of (torch also files ``NON_GROUP_MEMBER``, an int)."""
+    c10d = _c10d()
+    if not c10d.is_initialized():
+        return {}
+    return {
+        group: mapping
+        for group, mapping in _group_ranks_registry().items()
+        if isinstance(group, c10d.ProcessGroup)
+    }
+
+
 def _group_names() -> dict[Any, str]:
     c10d = _c10d()
     for dotted in _NAME_LAYOUTS:
@@ -170,8 +182,7 @@ def rebind_process_group(
     creates one and never runs code from the file.
     """
     ranks = tuple(int(r) for r in ranks)
-    registry = _group_ranks_registry() if _c10d().is_initialized() else {}
-    candidates = [group for group, mapping in registry.items() if _global_ranks(mapping) == ranks]
+    candidates = [g for g, mapping in _live_groups().items() if _global_ranks(mapping) == ranks]
     if not candidates:
         return UnboundProcessGroup(ranks, backend, name)
     names = _group_names()
@@ -213,7 +224,7 @@ class UnboundProcessGroup:
         try:
             c10d = _c10d()
             if c10d.is_initialized():
-                existing = sorted({_global_ranks(m) for m in _group_ranks_registry().values()})
+                existing = sorted({_global_ranks(m) for m in _live_groups().values()})
                 here = (
                     f"this process is global rank {c10d.get_rank()} and its groups have ranks "
                     f"{', '.join(str(list(r)) for r in existing)}"
@@ -236,10 +247,11 @@ class UnboundProcessGroup:
         raise ProcessGroupUnavailableError(self._explain())
 
     def __repr__(self) -> str:
+        # torch's own errors quote this repr (e.g. "Process group <...> is not initialized").
+        ranks = list(self.ranks)
         return (
-            f"<UnboundProcessGroup ranks={list(self.ranks)} "
-            f"backend={object.__getattribute__(self, '_backend')}: "
-            "no group with these global ranks existed when it was loaded>"
+            f"<UnboundProcessGroup over global ranks {ranks}: no group with these ranks existed "
+            f"when it was loaded; create it (new_group(ranks={ranks})) before loading>"
         )
 
     def __copy__(self) -> UnboundProcessGroup:
