@@ -1,0 +1,114 @@
+"""Rank functions for tests/core/test_sync_point.py, run by ``harness.dist.run_ranks``.
+
+Each is module-level so spawned processes can import it. They use plain
+``torch.distributed`` over gloo, no Lightning, and report what they saw as
+plain data (strings, lists) the parent can assert on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from compatshim.dist import DesyncError, check_module_consistency, sync_point
+
+
+def same_tags(rank: int, world_size: int, rounds: int) -> list[str]:
+    """Every rank passes the same tags: each sync point returns."""
+    for step in range(rounds):
+        sync_point(f"step {step}", timeout=30)
+    return [f"rank {rank} passed {rounds} sync points"]
+
+
+def _catch(fn: Any) -> dict[str, Any]:
+    start = time.monotonic()
+    try:
+        fn()
+    except DesyncError as exc:
+        return {"raised": True, "report": exc.report, "ranks": sorted(exc.ranks), "elapsed": time.monotonic() - start}
+    return {"raised": False, "elapsed": time.monotonic() - start}
+
+
+def different_tags(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 0 at 'save', the others at 'eval': both raise naming both call sites."""
+    tag = "save" if rank == 0 else "eval"
+    return _catch(lambda: sync_point(tag, timeout=20))
+
+
+def one_rank_missing(rank: int, world_size: int, timeout: float) -> dict[str, Any]:
+    """Rank 1 never reaches the second sync point (it sleeps): rank 0 raises after ``timeout``."""
+    sync_point("start", timeout=30)
+    if rank == 1:
+        time.sleep(timeout + 6)
+        return {"raised": False, "elapsed": 0.0}
+    return _catch(lambda: sync_point("after start", timeout=timeout))
+
+
+def killed_mid_run(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 1 is killed with SIGKILL after the first sync point; rank 0 must not wait it out."""
+    sync_point("first", timeout=30)
+    if rank == 1:
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _catch(lambda: sync_point("second", timeout=60))
+
+
+def exits_early(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 1 returns (its process ends normally) while rank 0 goes on to another sync point."""
+    sync_point("first", timeout=30)
+    if rank == 1:
+        return {"raised": False, "elapsed": 0.0}
+    time.sleep(1.0)
+    return _catch(lambda: sync_point("second", timeout=60))
+
+
+def _model(width: int, frozen: bool = False) -> Any:
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.ReLU(), torch.nn.Linear(width, 2))
+    if frozen:
+        model[0].weight.requires_grad_(False)
+    return model
+
+
+def consistent_module(rank: int, world_size: int) -> dict[str, Any]:
+    return _catch(lambda: check_module_consistency(_model(8), timeout=30))
+
+
+def shapes_differ(rank: int, world_size: int) -> dict[str, Any]:
+    width = 8 if rank == 0 else 16
+    return _catch(lambda: check_module_consistency(_model(width), timeout=30))
+
+
+def requires_grad_differs(rank: int, world_size: int) -> dict[str, Any]:
+    return _catch(lambda: check_module_consistency(_model(8, frozen=rank == 1), timeout=30))
+
+
+def consistency_then_ddp(rank: int, world_size: int) -> list[float]:
+    """The check passes and DDP still works after it (the store keys do not disturb the group)."""
+    import torch
+
+    torch.manual_seed(rank)
+    model = _model(8)
+    check_module_consistency(model, timeout=30)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    out = ddp(torch.ones(3, 4)).sum()
+    out.backward()
+    return [float(p.grad.sum()) for p in ddp.parameters()]
+
+
+def watchdog_collective_hang(rank: int, world_size: int, timeout: float) -> str:
+    """Rank 0 waits in a barrier that rank 1 never joins; the watchdog ends both with stacks."""
+    import torch.distributed as dist
+
+    from compatshim.dist import watchdog
+
+    watchdog(timeout)
+    sync_point("armed", timeout=30)
+    if rank == 0:
+        dist.barrier()
+    else:
+        time.sleep(timeout * 4)  # the main thread is "stuck" too: a sleep that never ends
+    return "not reached"
