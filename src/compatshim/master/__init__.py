@@ -1,0 +1,121 @@
+"""One master-parameter API over every ColossalAI release (and plain torch optimizers).
+
+``working_to_master(optimizer)`` maps each working parameter (or its ``id()``)
+to its fp32 master; ``master_param(optimizer, param)`` returns one master;
+``master_shard_position`` says which slice of the flattened, padded parameter a
+ZeRO master shard is; ``gather_master_param`` reassembles the full fp32 tensor.
+A plain torch optimizer maps every parameter to itself, so the same EMA code
+runs with and without ZeRO. Unknown layouts raise ``UnknownLayoutError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from .errors import UnknownLayoutError
+from .resolve import PLAIN, layout_name, resolve
+from .shards import ShardPosition, gather_full, whole_param_position
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+__all__ = [
+    "MasterMap",
+    "ShardPosition",
+    "UnknownLayoutError",
+    "doctor_rows",
+    "gather_master_param",
+    "layout_name",
+    "master_param",
+    "master_shard_position",
+    "working_to_master",
+]
+
+
+class MasterMap(Mapping[Any, "Tensor"]):
+    """Read-only view: working param (object or ``id()``) -> master tensor.
+
+    Iterates over the working parameters. Reads through to the optimizer's own
+    dict, so it stays valid for the optimizer's lifetime.
+    """
+
+    def __init__(self, by_id: Mapping[int, Tensor], working: Mapping[int, Tensor]) -> None:
+        self._by_id = by_id
+        self._working = working
+
+    def __getitem__(self, key: Any) -> Tensor:
+        pid = key if isinstance(key, int) else id(key)
+        try:
+            return self._by_id[pid]
+        except KeyError:
+            raise KeyError(
+                "compatshim.master: this parameter has no master in the optimizer "
+                "(frozen, or not passed to it)"
+            ) from None
+
+    def __contains__(self, key: object) -> bool:
+        return (key if isinstance(key, int) else id(key)) in self._by_id
+
+    def __iter__(self) -> Iterator[Any]:
+        for pid, master in self._by_id.items():
+            yield self._working.get(id(master), pid)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+
+def _plain_map(optimizer: Any) -> MasterMap:
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    by_id = {id(p): p for p in params}
+    return MasterMap(by_id, by_id)
+
+
+def working_to_master(optimizer: Any) -> MasterMap:
+    """The working -> fp32 master map of ``optimizer``, whatever release built it."""
+    resolved = resolve(optimizer)
+    layout = resolved.layout
+    if layout is None:
+        return _plain_map(resolved.holder)
+    assert layout.master_by_id is not None
+    by_id = layout.master_by_id(resolved.holder)
+    working = layout.working_by_master_id(resolved.holder) if layout.working_by_master_id else None
+    return MasterMap(by_id, working or {})
+
+
+def master_param(optimizer: Any, param: Tensor) -> Tensor:
+    """The master of ``param``: this rank's fp32 shard under ZeRO, ``param`` itself without."""
+    return working_to_master(optimizer)[param]
+
+
+def master_shard_position(optimizer: Any, param: Tensor) -> ShardPosition:
+    """Offset, length and padding of ``param``'s master inside the flattened, padded param."""
+    resolved = resolve(optimizer)
+    if resolved.layout is None:
+        return whole_param_position(param.numel())
+    master = working_to_master(optimizer)[param]
+    assert resolved.layout.shard_position is not None
+    return resolved.layout.shard_position(resolved.holder, param, master)
+
+
+def gather_master_param(optimizer: Any, param: Tensor) -> Tensor:
+    """The full master of ``param`` (shaped like it), all-gathered over the ZeRO group.
+
+    A collective under ZeRO: every rank of the group must call it for the same param.
+    """
+    master = master_param(optimizer, param)
+    return gather_full(master, master_shard_position(optimizer, param), param.shape)
+
+
+def doctor_rows() -> list[dict[str, Any]]:
+    """``compatshim doctor`` rows: the installed colossalai and the layout compatshim expects.
+
+    Reads metadata and the installed source text only (no import of colossalai,
+    which takes 10-25 s): well under a second.
+    """
+    from .doctor import rows
+
+    return rows()
+
+
+_ = PLAIN, layout_name
