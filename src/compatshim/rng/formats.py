@@ -12,6 +12,7 @@ tests/rng/fixtures/README.md):
 * Lightning / Fabric ``_collect_rng_states()``: ``torch``, ``numpy``,
   ``python``, ``torch.cuda`` (list), anywhere inside a checkpoint.
 * Sana-style ``rng_state``: ``torch``, ``torch_cuda`` (list), ``numpy``, ``python``.
+* plain pickles of ``{"python": random.getstate(), "numpy": np.random.get_state()}``.
 
 numpy's entry is ``('MT19937', uint32[624], pos, has_gauss, cached_gaussian)``
 in every one of them (or a dict with those fields, as some projects store it).
@@ -49,6 +50,7 @@ LAYOUTS: dict[str, tuple[str, str, str, str, str, str]] = {
     ),
     "lightning": ("python", "numpy", "torch", "torch.cuda", "", ""),
     "sana": ("python", "numpy", "torch", "torch_cuda", "", ""),
+    "python-numpy": ("python", "numpy", "", "", "", ""),
 }
 _SEARCH_DEPTH = 4
 
@@ -64,6 +66,8 @@ def layout_of(obj: Mapping[str, Any]) -> str | None:
         return "sana"
     if "torch" in keys and keys & {"python", "numpy"}:
         return "lightning"
+    if {"python", "numpy"} <= keys:
+        return "python-numpy"
     return None
 
 
@@ -78,7 +82,7 @@ def _numpy_entry(value: Any, where: str) -> NumpyMT:
     else:
         raise RNGStateError(f"invalid RNG state at {where}: not a numpy MT19937 state")
     name, key, pos, has_gauss, cached = fields
-    if name != "MT19937":
+    if not (isinstance(name, str) and name == "MT19937"):
         raise RNGStateError(f"invalid RNG state at {where}: bit generator {name!r:.40} unsupported")
     if hasattr(key, "tolist") and not _is_tensor(key):
         key = key.tolist()  # a real ndarray (trusted load) or the safe loader's stand-in
@@ -112,16 +116,17 @@ def convert(obj: Mapping[str, Any], layout: str, where: str = "state") -> Parts:
     """Parts from a dict in one of :data:`LAYOUTS`."""
     py_key, np_key, cpu_key, cuda_key, xpu_key, mps_key = LAYOUTS[layout]
     parts = Parts(meta={"writer": layout})
-    if obj.get(py_key) is not None:
+    if py_key and obj.get(py_key) is not None:
         value = obj[py_key]
         if isinstance(value, (tuple, list)) and len(value) == 3 and _is_tensor(value[1]):
             value = (value[0], value[1].tolist(), value[2])
         parts.python = python_state(value, f"{where}.{py_key}")
-    if obj.get(np_key) is not None:
+    if np_key and obj.get(np_key) is not None:
         parts.numpy = _numpy_entry(obj[np_key], f"{where}.{np_key}")
-    if obj.get(cpu_key) is not None:
+    if cpu_key and obj.get(cpu_key) is not None:
         parts.torch_cpu = cpu_state(obj[cpu_key], f"{where}.{cpu_key}")
-    parts.cuda = _devices(obj.get(cuda_key), f"{where}.{cuda_key}")
+    if cuda_key:
+        parts.cuda = _devices(obj.get(cuda_key), f"{where}.{cuda_key}")
     if xpu_key and obj.get(xpu_key) is not None:
         value = obj[xpu_key]
         parts.xpu = list(value) if isinstance(value, (list, tuple)) else [value]

@@ -29,6 +29,11 @@ class RestoreReport:
     def exact(self) -> bool:
         return not self.derived and not self.skipped
 
+    @property
+    def mismatch(self) -> bool:
+        """True when the saved and current world size or devices differ, or streams are not exact."""
+        return bool(self.notes) or not self.exact
+
     def summary(self) -> str:
         origin = f"{self.source} state"
         if self.saved_rank is not None:

@@ -12,7 +12,7 @@ from .derive import derived_cuda, derived_parts, derived_seed, material_digest
 from .errors import RNGStateError, RNGStateWarning
 from .plan import DevicePolicy, WorldSizePolicy, plan_devices, plan_rank
 from .report import RestoreReport
-from .state import Parts, is_file, is_state, parse_state
+from .state import FILE_FORMAT, STATE_FORMAT, Parts, is_file, is_state, parse_state
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,11 @@ def _select(
         parts = parse_state(obj)
         saved_rank = parts.meta.get("rank")
         return parts, "compatshim", saved_rank if isinstance(saved_rank, int) else None, None, [], None
+    if isinstance(obj, Mapping) and "format" in obj and not is_file(obj):
+        raise RNGStateError(
+            f"format is {obj['format']!r:.60}; expected {STATE_FORMAT!r} (from capture) "
+            f"or {FILE_FORMAT!r} (from read)"
+        )
     if not is_file(obj):
         from .formats import to_file
 
@@ -230,7 +235,7 @@ def restore(
     ``"error"`` raises :class:`RNGStateError` with both counts instead;
     ``on_world_size_mismatch="derive_all"`` derives every rank after a resize.
     Everything is validated before any generator is set: on bad input nothing
-    changes. One :class:`RNGStateWarning` is issued when the result is not exact.
+    changes. One :class:`RNGStateWarning` is issued on any mismatch.
     """
     plan = build_plan(
         state,
@@ -240,9 +245,9 @@ def restore(
     )
     apply_plan(plan)
     assert plan.report is not None
-    if warn and not plan.report.exact:
+    if warn and plan.report.mismatch:
         warnings.warn(
-            "compatshim.rng: the restore is not bit-identical\n" + plan.report.summary(),
+            "compatshim.rng: the saved and current setup differ\n" + plan.report.summary(),
             RNGStateWarning,
             stacklevel=2,
         )

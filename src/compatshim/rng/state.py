@@ -68,6 +68,11 @@ def _fail(where: str, problem: str) -> RNGStateError:
     return RNGStateError(f"invalid RNG state at {where}: {problem}")
 
 
+def _same(value: Any, expected: str | int) -> bool:
+    """``value == expected`` for untrusted values (a tensor or array must not decide it)."""
+    return type(value) is type(expected) and value == expected
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -122,8 +127,8 @@ def python_state(value: Any, where: str) -> PythonState:
     if not isinstance(value, (tuple, list)) or len(value) != 3:
         raise _fail(where, "expected (version, internal state, gauss_next)")
     version, internal, gauss = value
-    if version != 3:
-        raise _fail(where, f"unsupported random module state version {version!r:.20}")
+    if not _same(version, 3):
+        raise _fail(where, f"unsupported random module state version {version!r:.40}")
     internal_words = words(internal, f"{where}.internal", PY_STATE_WORDS)
     _int_in(internal_words[-1], 0, MT_WORDS, f"{where}.internal[-1]")
     state = (3, internal_words, _float(gauss, f"{where}.gauss_next", allow_none=True))
@@ -187,20 +192,20 @@ def _require(state: Mapping[str, Any], key: str, where: str) -> Any:
 
 
 def is_state(obj: Any) -> bool:
-    return isinstance(obj, Mapping) and obj.get("format") == STATE_FORMAT
+    return isinstance(obj, Mapping) and _same(obj.get("format"), STATE_FORMAT)
 
 
 def is_file(obj: Any) -> bool:
-    return isinstance(obj, Mapping) and obj.get("format") == FILE_FORMAT
+    return isinstance(obj, Mapping) and _same(obj.get("format"), FILE_FORMAT)
 
 
 def parse_state(obj: Any, where: str = "state") -> Parts:
     """Validate a compatshim state dict into :class:`Parts`; raise RNGStateError on anything off."""
     if not isinstance(obj, Mapping):
         raise _fail(where, f"expected a dict, got {type(obj).__name__}")
-    if obj.get("format") != STATE_FORMAT:
+    if not _same(obj.get("format"), STATE_FORMAT):
         raise _fail(where, f"format is {obj.get('format')!r:.40}, expected {STATE_FORMAT!r}")
-    if obj.get("version") != SCHEMA_VERSION:
+    if not _same(obj.get("version"), SCHEMA_VERSION):
         raise _fail(where, f"schema version {obj.get('version')!r:.20} is not {SCHEMA_VERSION}")
     parts = Parts()
     py = _require(obj, "python", where)
@@ -220,7 +225,7 @@ def parse_state(obj: Any, where: str = "state") -> Parts:
         w = f"{where}.numpy"
         if not isinstance(np_state, Mapping):
             raise _fail(w, "expected a dict or None")
-        if _require(np_state, "bit_generator", w) != "MT19937":
+        if not _same(_require(np_state, "bit_generator", w), "MT19937"):
             raise _fail(w, f"unsupported bit generator {np_state['bit_generator']!r:.40}")
         parts.numpy = numpy_state(
             _require(np_state, "key", w),

@@ -1,0 +1,149 @@
+"""Corrupt states raise RNGStateError and change nothing: never a crash, never a partial restore."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import compatshim.rng as rng
+from compatshim.rng import devices
+from rng.workers import draws
+
+BASE = rng.capture()
+PATHS = [
+    ("python",),
+    ("python", "version"),
+    ("python", "internal"),
+    ("python", "gauss_next"),
+    ("numpy",),
+    ("numpy", "bit_generator"),
+    ("numpy", "key"),
+    ("numpy", "pos"),
+    ("numpy", "has_gauss"),
+    ("numpy", "cached_gaussian"),
+    ("torch_cpu",),
+    ("cuda",),
+    ("xpu",),
+    ("mps",),
+    ("meta",),
+    ("format",),
+    ("version",),
+]
+
+junk = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+    st.lists(st.integers(-3, 2**33), max_size=5),
+    st.builds(lambda n: torch.zeros(n, dtype=torch.uint8), st.integers(0, 40)),
+    st.builds(lambda n: torch.zeros(n, dtype=torch.float32), st.integers(0, 40)),
+    st.builds(lambda n: torch.full((n,), 2**33, dtype=torch.int64), st.integers(600, 630)),
+    st.just([torch.zeros(15, dtype=torch.uint8)]),
+    st.just({"a": 1}),
+)
+
+
+def mutate(state: dict[str, Any], path: tuple[str, ...], action: str, value: Any) -> dict[str, Any]:
+    broken = copy.deepcopy(state)
+    holder: Any = broken
+    for key in path[:-1]:
+        holder = holder[key]
+    key = path[-1]
+    if not isinstance(holder, dict):
+        return broken
+    if action == "delete":
+        holder.pop(key, None)
+    elif action == "truncate" and isinstance(holder.get(key), torch.Tensor):
+        holder[key] = holder[key][: max(0, holder[key].numel() - 1 - (hash(str(value)) % 7))]
+    elif action == "retype" and isinstance(holder.get(key), torch.Tensor):
+        holder[key] = holder[key].to(torch.float64)
+    else:
+        holder[key] = value
+    return broken
+
+
+def snapshot() -> list[Any]:
+    return [devices.accessors(label)[0]() for label in ("python", "numpy", "torch_cpu")]
+
+
+def same(a: list[Any], b: list[Any]) -> bool:
+    return (
+        a[0] == b[0]
+        and a[1][0] == b[1][0]
+        and bool((a[1][1] == b[1][1]).all())
+        and a[1][2:] == b[1][2:]
+        and torch.equal(a[2], b[2])
+    )
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    path=st.sampled_from(PATHS),
+    action=st.sampled_from(["replace", "delete", "truncate", "retype"]),
+    value=junk,
+)
+def test_fuzzed_corrupt_state_raises_and_changes_nothing(
+    path: tuple[str, ...], action: str, value: Any
+) -> None:
+    broken = mutate(BASE, path, action, value)
+    before = snapshot()
+    try:
+        rng.restore(broken, warn=False)
+    except rng.RNGStateError:
+        assert same(snapshot(), before), "a failed restore changed a generator"
+    # else: the mutation left a valid state (e.g. another finite cached_gaussian); fine
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("torch_cpu",), torch.zeros(100, dtype=torch.uint8), "torch_cpu"),
+        (("torch_cpu",), torch.zeros(5056, dtype=torch.int64), "uint8"),
+        (("numpy", "key"), torch.zeros(623, dtype=torch.int64), "624 words"),
+        (("numpy", "pos"), 625, r"\[0, 624\]"),
+        (("python", "internal"), [1, 2, 3], "625 words"),
+        (("cuda",), [torch.zeros(17, dtype=torch.uint8)], "16 bytes"),
+        (("format",), "something", "format"),
+    ],
+)
+def test_specific_corruptions_name_the_problem(path: tuple[str, ...], value: Any, message: str) -> None:
+    before = snapshot()
+    with pytest.raises(rng.RNGStateError, match=message):
+        rng.restore(mutate(BASE, path, "replace", value))
+    assert same(snapshot(), before)
+
+
+def test_missing_key_is_reported() -> None:
+    with pytest.raises(rng.RNGStateError, match="missing key 'torch_cpu'"):
+        rng.restore(mutate(BASE, ("torch_cpu",), "delete", None))
+
+
+def test_failure_while_setting_puts_back_what_was_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If a late write fails (a device error), the earlier writes are undone."""
+    state = rng.capture()
+    draws()  # move every generator on, so a partial restore would show
+    before = snapshot()
+    real = devices.accessors
+
+    def failing(label: str) -> Any:
+        get, set_ = real(label)
+        if label == "torch_cpu":
+            def broken(_: Any) -> None:
+                raise RuntimeError("device lost")
+
+            return get, broken
+        return get, set_
+
+    monkeypatch.setattr(devices, "accessors", failing)
+    with pytest.raises(rng.RNGStateError, match="restoring torch_cpu failed.*put back"):
+        rng.restore(state)
+    monkeypatch.undo()
+    assert same(snapshot(), before)

@@ -1,0 +1,118 @@
+"""Pure restore planning: device and world-size changes decided without touching a device.
+
+The 7-GPUs-saved case is checked here on CPU through ``build_plan`` with a
+stated environment (``Environment(cuda=1)``): the plan says which saved
+CUDA entry each current device gets, which are derived and which skipped.
+Nothing fakes CUDA; applying a CUDA plan is the GPU-marked test's job.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+
+import compatshim.rng as rng
+from compatshim.rng.plan import plan_devices, plan_rank
+from compatshim.rng.restore import Environment, build_plan
+from rng.fixtures.make_fixtures import cuda_states
+
+
+def state_with_cuda(count: int, legacy: bool = False) -> dict[str, object]:
+    state = rng.capture()
+    state["cuda"] = cuda_states(count, legacy=legacy)
+    return state
+
+
+def cuda_writes(plan: object) -> dict[str, torch.Tensor]:
+    return {label: value for label, value in plan.writes if label.startswith("cuda:")}  # type: ignore[attr-defined]
+
+
+def test_seven_saved_one_present_restores_device_zero_and_skips_the_rest() -> None:
+    state = state_with_cuda(7)
+    plan = build_plan(state, Environment(cuda=1))
+    writes = cuda_writes(plan)
+    assert list(writes) == ["cuda:0"]
+    assert torch.equal(writes["cuda:0"], state["cuda"][0])  # type: ignore[index]
+    assert plan.report is not None
+    assert plan.report.skipped == tuple(f"cuda:{i} (saved; no such device here)" for i in range(1, 7))
+    assert "CUDA device count changed 7 -> 1" in plan.report.notes
+    assert plan.report.mismatch and not plan.report.exact
+
+
+def test_strict_mode_names_both_counts() -> None:
+    with pytest.raises(rng.RNGStateError, match=r"7 cuda generator state\(s\).*1 cuda device"):
+        build_plan(state_with_cuda(7), Environment(cuda=1), on_device_mismatch="error")
+
+
+def test_more_devices_than_saved_derive_deterministic_distinct_states() -> None:
+    state = state_with_cuda(6)
+    first = cuda_writes(build_plan(state, Environment(cuda=8)))
+    again = cuda_writes(build_plan(state, Environment(cuda=8)))
+    assert list(first) == [f"cuda:{i}" for i in range(8)]
+    for index in range(6):
+        assert torch.equal(first[f"cuda:{index}"], state["cuda"][index])  # type: ignore[index]
+    for label in ("cuda:6", "cuda:7"):
+        assert torch.equal(first[label], again[label])
+    seeds = {struct.unpack("<QQ", bytes(t.tolist()))[0] for t in first.values()}
+    assert len(seeds) == 8  # no device replays another's stream
+    plan = build_plan(state, Environment(cuda=8))
+    assert plan.report is not None and plan.report.derived == ("cuda:6", "cuda:7")
+
+
+def test_torch_2_0_cuda_states_are_converted_not_rejected() -> None:
+    legacy = state_with_cuda(2, legacy=True)
+    modern = state_with_cuda(2)
+    assert legacy["cuda"][0].numel() == 816  # type: ignore[index]
+    got = cuda_writes(build_plan(legacy, Environment(cuda=2)))
+    want = cuda_writes(build_plan(modern, Environment(cuda=2)))
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_cpu_only_state_on_a_cpu_machine_plans_no_cuda() -> None:
+    plan = build_plan(rng.capture(), Environment(cuda=0))
+    assert not cuda_writes(plan)
+    assert plan.report is not None and plan.report.exact
+
+
+@pytest.mark.parametrize(
+    ("saved", "world", "rank", "expected"),
+    [(3, 3, 2, 2), (3, 2, 1, 1), (3, 4, 3, None), (7, 6, 5, 5), (3, 1, 0, 0), (2, 4, 2, None)],
+)
+def test_rank_plan(saved: int, world: int, rank: int, expected: int | None) -> None:
+    assert plan_rank(saved, rank, world, "derive").saved_rank == expected
+
+
+def test_rank_plan_policies() -> None:
+    assert plan_rank(3, 0, 2, "derive_all").saved_rank is None
+    assert plan_rank(3, 0, 3, "derive_all").saved_rank == 0  # same size: always exact
+    with pytest.raises(rng.RNGStateError, match="3 rank.*job has 4"):
+        plan_rank(3, 0, 4, "error")
+    with pytest.raises(ValueError, match="on_world_size_mismatch"):
+        plan_rank(3, 0, 4, "rank0")  # type: ignore[arg-type]
+
+
+def test_device_plan_shapes() -> None:
+    assert plan_devices("cuda", 7, 6, "derive").skip_saved == (6,)
+    assert plan_devices("cuda", 2, 4, "derive").derive == (2, 3)
+    assert plan_devices("cuda", 0, 0, "error").restore == ()
+
+
+def test_derived_rank_gets_every_generator_derived() -> None:
+    file = {
+        "format": "compatshim.rng.file",
+        "version": 1,
+        "source": "compatshim",
+        "world_size": 2,
+        "ranks": [state_with_cuda(2), state_with_cuda(2)],
+    }
+    plan = build_plan(file, Environment(rank=3, world_size=4, cuda=2))
+    assert plan.report is not None
+    assert plan.report.restored == ()
+    assert set(plan.report.derived) == {"python", "numpy", "torch_cpu", "cuda:0", "cuda:1"}
+    again = build_plan(file, Environment(rank=3, world_size=4, cuda=2))
+    other = build_plan(file, Environment(rank=2, world_size=4, cuda=2))
+    cpu = dict(plan.writes)["torch_cpu"]
+    assert torch.equal(cpu, dict(again.writes)["torch_cpu"])
+    assert not torch.equal(cpu, dict(other.writes)["torch_cpu"])

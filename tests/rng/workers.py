@@ -1,0 +1,45 @@
+"""Module-level functions the distributed RNG tests run on real gloo ranks."""
+
+from __future__ import annotations
+
+import random
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+import compatshim.rng as rng
+
+
+def draws(count: int = 4) -> dict[str, list[float]]:
+    """The next draws of every CPU generator (consumes them)."""
+    return {
+        "python": [random.random() for _ in range(count)],
+        "numpy": np.random.rand(count).tolist(),
+        "torch": torch.rand(count, dtype=torch.float64).tolist(),
+    }
+
+
+def save_then_draw(rank: int, world_size: int, path: str) -> dict[str, Any]:
+    """Seed per rank, advance, save every rank's state, then return the continuation draws."""
+    random.seed(100 + rank)
+    np.random.seed(200 + rank)
+    torch.manual_seed(300 + rank)
+    draws(3)
+    rng.save(path)
+    return draws()
+
+
+def load_then_draw(rank: int, world_size: int, path: str, policy: str) -> dict[str, Any]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = rng.load(path, on_world_size_mismatch=policy)  # type: ignore[arg-type]
+    return {
+        "draws": draws(),
+        "restored": list(report.restored),
+        "derived": list(report.derived),
+        "exact": report.exact,
+        "saved_rank": report.saved_rank,
+        "warnings": [str(w.message) for w in caught if issubclass(w.category, rng.RNGStateWarning)],
+    }
