@@ -195,29 +195,18 @@ def distributed_checks(rank: int, world_size: int) -> dict[str, Any]:
         assert loaded.module.group is sub and loaded.process_group is world
         _ddp_step_syncs(loaded, rank)
 
-    def other_ranks_group_is_unbound() -> None:
+    def other_ranks_group_fails_at_load() -> None:
         theirs: list[Any] = [None] * world_size
         dist.all_gather_object(theirs, _saved({"group": mine}))
         other = (rank + 1) % world_size
-        loaded = _loaded(theirs[other])["group"]
-        assert isinstance(loaded, patch_module.UnboundProcessGroup), loaded
-        assert loaded.ranks == (other,)
         try:
-            loaded.size()
+            _loaded(theirs[other])
         except patch_module.ProcessGroupUnavailableError as exc:
             text = str(exc)
             assert f"global ranks [{other}]" in text and f"global rank {rank}" in text, text
         else:
-            raise AssertionError("using an unbound group did not fail")
-        try:
-            dist.all_reduce(torch.ones(1), group=loaded)
-        except (patch_module.ProcessGroupUnavailableError, ValueError) as exc:
-            # torch's c10d logger may re-raise as ValueError quoting the group's repr
-            assert f"global ranks [{other}]" in str(exc), exc
-        else:
-            raise AssertionError("a collective on an unbound group did not fail")
-        assert copy.deepcopy(loaded) is loaded
-        assert pickle.loads(pickle.dumps(loaded)).ranks == (other,)
+            raise AssertionError("loading a group this rank is not in did not fail")
+        assert _loaded(theirs[rank])["group"] is mine
 
     def weights_only_load() -> None:
         data = _saved({"group": sub})
@@ -242,7 +231,7 @@ def distributed_checks(rank: int, world_size: int) -> dict[str, Any]:
     _check(results, "deepcopy_ddp", deepcopy_ddp)
     _check(results, "save_load_rebinds", save_load_rebinds)
     _check(results, "ddp_save_load", ddp_save_load)
-    _check(results, "other_ranks_group_is_unbound", other_ranks_group_is_unbound)
+    _check(results, "other_ranks_group_fails_at_load", other_ranks_group_fails_at_load)
     _check(results, "weights_only_load", weights_only_load)
     if rank == 0:
         results["saved_model"] = _saved(picklable)
@@ -251,7 +240,7 @@ def distributed_checks(rank: int, world_size: int) -> dict[str, Any]:
     return results
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def distributed_results() -> tuple[dict[str, Any], ...]:
     """The per-rank outcome of :func:`distributed_checks`, computed once per pytest process."""
     return tuple(run_ranks(distributed_checks, WORLD_SIZE, timeout=240))

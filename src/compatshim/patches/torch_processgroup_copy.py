@@ -30,13 +30,21 @@ The fix
     Re-binding happens **at load**: the loader returns the existing group of
     this process with the same global ranks (the same name wins a tie, then
     the same backend, then WORLD, then the oldest). When no such group
-    exists (torch.distributed not initialised, or this rank is not a member)
-    the load still succeeds and the attribute holds an
-    :class:`UnboundProcessGroup`; its **first use** raises
-    :class:`ProcessGroupUnavailableError` naming the ranks. So a checkpoint
-    of a whole model still loads in a single process for evaluation, and
-    nothing can communicate over the wrong group. Loading needs compatshim
-    importable, not installed.
+    exists, what happens depends on whether torch.distributed is initialised:
+
+    - initialised (this rank is not a member, or nobody made the group yet):
+      the load raises :class:`ProcessGroupUnavailableError` naming the ranks.
+      Raising here, not later, matters: torch's c10d logging wrapper
+      replaces errors from an unregistered group with an unrelated one
+      (torch 2.4: ``TypeError: Invariant encountered``).
+    - not initialised (evaluating a whole-model checkpoint in one process,
+      or unpickling ``mp.spawn`` arguments before ``init_process_group``):
+      the load succeeds and the attribute holds an
+      :class:`UnboundProcessGroup`; its **first use** raises
+      :class:`ProcessGroupUnavailableError` naming the ranks.
+
+    Either way nothing communicates over a wrong group. Loading needs
+    compatshim importable, not installed.
 
     Pickling a group torch.distributed does not know (not WORLD, not from
     ``new_group``) raises :class:`ProcessGroupPickleError`.
@@ -159,7 +167,7 @@ def _share(self: Any, memo: Any = None) -> Any:
 
 
 def _reduce_group(self: Any, protocol: int = 2) -> tuple[Any, tuple[Any, ...]]:
-    """``__reduce_ex__``: store global ranks, backend and name; :func:`rebind_process_group` loads."""
+    """``__reduce_ex__``: record global ranks, backend, name; :func:`rebind_process_group` loads."""
     mapping = _group_ranks_registry().get(self)
     if mapping is None:
         raise ProcessGroupPickleError(
@@ -176,7 +184,7 @@ def _reduce_group(self: Any, protocol: int = 2) -> tuple[Any, tuple[Any, ...]]:
 def rebind_process_group(
     ranks: tuple[int, ...], backend: str | None = None, name: str | None = None
 ) -> Any:
-    """Return this process's group over the same global ``ranks``, or an unbound stand-in.
+    """Return this process's group over the same global ``ranks`` (see the module docstring).
 
     Called by the unpickler. Looks only at groups that already exist; never
     creates one and never runs code from the file.
@@ -184,7 +192,10 @@ def rebind_process_group(
     ranks = tuple(int(r) for r in ranks)
     candidates = [g for g, mapping in _live_groups().items() if _global_ranks(mapping) == ranks]
     if not candidates:
-        return UnboundProcessGroup(ranks, backend, name)
+        unbound = UnboundProcessGroup(ranks, backend, name)
+        if _c10d().is_initialized():
+            raise ProcessGroupUnavailableError(unbound._explain())
+        return unbound
     names = _group_names()
     world = _default_group()
 
@@ -278,7 +289,7 @@ def _process_group_class(module: ModuleType) -> type | None:
 
 
 def _bare_group(cls: type) -> Any:
-    """An unregistered group: ``(rank, size)`` on newer torch, ``(store, rank, size[, options])``."""
+    """An unregistered group: ``(rank, size)`` on new torch, ``(store, rank, size[, options])``."""
     from torch._C import _distributed_c10d
 
     attempts: list[tuple[Any, ...]] = [(0, 1)]
