@@ -31,7 +31,7 @@ from typing import Any, Iterator, Optional, Tuple
 
 __all__ = ["Finding", "find_unpicklable"]
 
-_ATOMIC = (type(None), bool, int, float, complex, str, bytes, bytearray, type(Ellipsis))
+_ATOMIC = frozenset((type(None), bool, int, float, complex, str, bytes, bytearray, type(Ellipsis)))
 _SEQUENCES = (list, tuple)
 _SETS = (set, frozenset)
 _VIEW_TYPE_NAMES = frozenset(
@@ -71,11 +71,58 @@ def find_unpicklable(
     """Every innermost object in ``obj`` that ``pickle.dumps(obj, protocol)`` cannot handle.
 
     ``root`` names ``obj`` in the paths. ``limit`` stops after that many findings.
-    An empty list means pickle would get past every object (it does not write
-    anything, so a failure inside a custom ``__reduce__`` callable at load
-    time is out of reach).
+    An empty list means pickle gets past every object (a failure inside a
+    custom ``__reduce__`` callable at load time is out of reach).
+
+    A clean graph costs one pickling pass into a sink that discards the bytes
+    (tensor storages are stood in by a reference, as ``torch.save`` does, so
+    no tensor data is copied); only when that fails is the graph walked.
     """
+    if limit is not None and limit <= 0:
+        return []
+    if _pickles_cleanly(obj, protocol):
+        return []
     return _Walker(protocol, limit).run(obj, root)
+
+
+class _DiscardingSink:
+    """A write-only file that keeps nothing: the pickling pass costs no memory for output."""
+
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+class _StorageSkippingPickler(pickle.Pickler):
+    """Stands a reference in for tensor storages, so the clean-graph check copies no data."""
+
+    def __init__(self, protocol: int, storage_types: tuple[type, ...]) -> None:
+        super().__init__(_DiscardingSink(), protocol)  # type: ignore[arg-type]
+        self._storage_types = storage_types
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, self._storage_types):
+            return id(obj)
+        return None
+
+
+def _pickles_cleanly(obj: Any, protocol: int) -> bool:
+    torch = sys.modules.get("torch")
+    storage_types = tuple(
+        t
+        for t in (
+            getattr(torch, "UntypedStorage", None),
+            getattr(getattr(torch, "storage", None), "TypedStorage", None),
+        )
+        if isinstance(t, type)
+    )
+    try:
+        if storage_types:
+            _StorageSkippingPickler(protocol, storage_types).dump(obj)
+        else:
+            pickle.Pickler(_DiscardingSink(), protocol).dump(obj)  # type: ignore[arg-type]
+    except Exception:  # RecursionError included: the walk is iterative
+        return False
+    return True
 
 
 class _Walker:
@@ -84,7 +131,7 @@ class _Walker:
         self.limit = limit
         self.findings: list[Finding] = []
         self.seen: dict[int, Any] = {}  # id -> object, kept alive so ids are not reused
-        self.global_errors: dict[int, str | None] = {}
+        self.global_errors: dict[int, tuple[Any, str | None]] = {}  # id -> (kept alive, error)
         torch = sys.modules.get("torch")
         self.module_type: Any = getattr(getattr(torch, "nn", None), "Module", None)
         self.tensor_type: Any = getattr(torch, "Tensor", None)
@@ -113,9 +160,17 @@ class _Walker:
         if cls is dict:
             return self._dict_children(obj, path, owner)
         if cls in _SEQUENCES:
-            return [(value, (path, f"[{i}]"), owner) for i, value in enumerate(obj)]
+            return [
+                (value, (path, f"[{i}]"), owner)
+                for i, value in enumerate(obj)
+                if type(value) not in _ATOMIC
+            ]
         if cls in _SETS:
-            return [(value, (path, f"{{#{i}}}"), owner) for i, value in enumerate(obj)]
+            return [
+                (value, (path, f"{{#{i}}}"), owner)
+                for i, value in enumerate(obj)
+                if type(value) not in _ATOMIC
+            ]
         if cls is FunctionType or isinstance(obj, type):
             self._check_global(obj, obj, path, owner)
             return []
@@ -128,7 +183,8 @@ class _Walker:
         for i, (k, value) in enumerate(obj.items()):
             if type(k) not in _ATOMIC:
                 children.append((k, (path, f"<key #{i}>"), owner))
-            children.append((value, (path, _item_segment(k, i)), owner))
+            if type(value) not in _ATOMIC:
+                children.append((value, (path, _item_segment(k, i)), owner))
         return children
 
     def _reduced(self, obj: Any, path: _Path, owner: Any) -> list[tuple[Any, _Path, Any]]:
@@ -194,7 +250,9 @@ class _Walker:
                 if self.module_type is not None and isinstance(obj, self.module_type):
                     children += self._module_children(obj, part, path)
                 else:
-                    children += [(v, (path, f".{k}"), obj) for k, v in part.items()]
+                    children += [
+                        (v, (path, f".{k}"), obj) for k, v in part.items() if type(v) not in _ATOMIC
+                    ]
             else:
                 children.append((part, (path, "<state>"), obj))
         return children
@@ -234,9 +292,8 @@ class _Walker:
             return
         key = id(ref)
         if key not in self.global_errors:
-            self.seen.setdefault(key, ref)
-            self.global_errors[key] = _global_error(ref, self.protocol)
-        error = self.global_errors[key]
+            self.global_errors[key] = (ref, _global_error(ref, self.protocol))
+        error = self.global_errors[key][1]
         if error is not None:
             self._report(obj, path, owner, error)
 
