@@ -94,51 +94,75 @@ def shared_handle_types() -> tuple[type, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def _children(obj: Any, tensor_type: type | None) -> Iterable[Any]:
-    """What ``deepcopy`` would descend into: containers, ``__dict__``, ``__slots__``."""
-    if isinstance(obj, dict):
-        yield from obj.keys()
-        yield from obj.values()
-        return
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        yield from obj
-        return
-    if isinstance(obj, types.MethodType):
-        yield obj.__self__
-        return
-    if isinstance(obj, functools.partial):
-        yield obj.func
-        yield from obj.args
-        yield from obj.keywords.values()
-        return
-    state = getattr(obj, "__dict__", None)
-    if isinstance(state, dict):
-        yield state
-    if tensor_type is not None and isinstance(obj, tensor_type):
-        return  # a tensor's data is copied by torch; only its __dict__ can hold a handle
-    for klass in type(obj).__mro__:
-        slots = klass.__dict__.get("__slots__", ())
-        for slot in (slots,) if isinstance(slots, str) else slots:
+# How the walk treats each type: decided once per type, then looked up (isinstance
+# against torch's metaclasses runs Python code, too slow to repeat per object).
+_LEAF, _HANDLE, _MAPPING, _SEQUENCE, _METHOD, _PARTIAL, _TENSOR, _OBJECT = range(8)
+
+
+def _plan(
+    cls: type, handle_types: tuple[type, ...], tensor_type: Any
+) -> tuple[int, tuple[str, ...]]:
+    if issubclass(cls, handle_types):
+        return _HANDLE, ()
+    if issubclass(cls, _LEAVES):
+        return _LEAF, ()
+    if issubclass(cls, dict):
+        return _MAPPING, ()
+    if issubclass(cls, (list, tuple, set, frozenset)):
+        return _SEQUENCE, ()
+    if issubclass(cls, types.MethodType):
+        return _METHOD, ()
+    if issubclass(cls, functools.partial):
+        return _PARTIAL, ()
+    if isinstance(tensor_type, type) and issubclass(cls, tensor_type):
+        return _TENSOR, ()  # torch copies the data; only the tensor's __dict__ can hold a handle
+    slots: list[str] = []
+    for klass in cls.__mro__:
+        declared = klass.__dict__.get("__slots__", ())
+        for slot in (declared,) if isinstance(declared, str) else declared:
             if slot not in ("__dict__", "__weakref__"):
-                value = getattr(obj, slot, None)
-                if value is not None:
-                    yield value
+                slots.append(slot)
+    return _OBJECT, tuple(slots)
 
 
 def _find_handles(root: Any, handle_types: tuple[type, ...], shared_ids: set[int]) -> list[Any]:
+    """Handles reachable the way ``deepcopy`` descends: containers, ``__dict__``, slots."""
     tensor_type = _resolve("torch.Tensor")
+    plans: dict[type, tuple[int, tuple[str, ...]]] = {}
     found: list[Any] = []
     seen: set[int] = set()
     stack = [root]
+    push, extend, pop = stack.append, stack.extend, stack.pop
     while stack:
-        obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, _LEAVES):
+        obj = pop()
+        cls = type(obj)
+        plan = plans.get(cls)
+        if plan is None:
+            plan = plans[cls] = _plan(cls, handle_types, tensor_type)
+        kind = plan[0]
+        if kind == _LEAF and not shared_ids:
             continue
-        seen.add(id(obj))
-        if id(obj) in shared_ids or isinstance(obj, handle_types):
+        key = id(obj)
+        if key in seen:
+            continue
+        seen.add(key)
+        if kind == _HANDLE or key in shared_ids:
             found.append(obj)
-            continue
-        stack.extend(_children(obj, tensor_type))
+        elif kind == _MAPPING:
+            extend(obj)
+            extend(obj.values())
+        elif kind == _SEQUENCE:
+            extend(obj)
+        elif kind == _METHOD:
+            push(obj.__self__)
+        elif kind == _PARTIAL:
+            extend((obj.func, obj.args, obj.keywords))
+        elif kind in (_TENSOR, _OBJECT):
+            state = getattr(obj, "__dict__", None)
+            if state:
+                push(state)
+            for slot in plan[1]:
+                push(getattr(obj, slot, None))
     return found
 
 
