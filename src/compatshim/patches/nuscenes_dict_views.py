@@ -68,6 +68,7 @@ from typing import Any, Callable
 
 from .._patching import Patcher
 from .._registry import Patch
+from .._versions import installed_version
 
 __all__ = ["AFFECTED", "PATCH", "DictViewRef", "is_dict_view", "rebuild_dict_view"]
 
@@ -219,7 +220,10 @@ def _samples(module: ModuleType) -> list[Any]:
         if not isinstance(cls, type):
             continue
         builder = _SAMPLE_BUILDERS.get(class_name)
-        sample = builder(module) if builder is not None else _bare_sample(cls)
+        try:
+            sample = builder(module) if builder is not None else _bare_sample(cls)
+        except (TypeError, ValueError, AssertionError, AttributeError):
+            sample = _bare_sample(cls)  # constructor changed: fall back to the source scan
         if sample is not None:
             samples.append(sample)
     return samples
@@ -254,8 +258,9 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
             continue  # already fixed (installed twice through another path)
         if "__getstate__" in own or "__setstate__" in own:
             raise RuntimeError(
+                f"nuscenes-devkit {installed_version('nuscenes-devkit')}: "
                 f"{module.__name__}.{class_name} defines its own __getstate__/__setstate__; "
-                f"this layout is unknown to {PATCH.name} (known: neither defined)"
+                f"{PATCH.name} knows only classes that define neither (1.1.11, 1.2.0)"
             )
         patcher.setattr(cls, "__getstate__", _getstate)
         patcher.setattr(cls, "__setstate__", _setstate)
