@@ -60,10 +60,17 @@ class Patch:
 
 
 class _State:
-    """What the registry knows about one patch in this process."""
+    """What the registry knows about one patch in this process.
 
-    def __init__(self, patch: Patch) -> None:
-        self.patch = patch
+    The ``Patch`` itself is loaded on first need (a target was imported, or
+    ``status()`` was asked for): arming needs only the name and the targets.
+    """
+
+    def __init__(self, name: str, targets: tuple[str, ...], loader: Callable[[], Patch]) -> None:
+        self.name = name
+        self.targets = targets
+        self._loader = loader
+        self._patch: Patch | None = None
         self.armed = False
         self.patcher = Patcher()
         self.applied_targets: list[str] = []
@@ -71,6 +78,18 @@ class _State:
         self.fixed: dict[str, bool] = {}  # target -> probe passes after the fix
         self.error: str | None = None
         self.hooks: dict[str, Callable[[ModuleType], None]] = {}
+
+    @property
+    def patch(self) -> Patch:
+        if self._patch is None:
+            patch = self._loader()
+            if patch.name != self.name or tuple(patch.targets) != self.targets:
+                raise RuntimeError(
+                    f"compatshim: patch module for {self.name!r} declares name {patch.name!r} "
+                    f"and targets {patch.targets}, but the catalogue says {self.targets}"
+                )
+            self._patch = patch
+        return self._patch
 
 
 _lock = RLock()
@@ -82,10 +101,14 @@ def _load() -> dict[str, _State]:
     global _catalogue_loaded
     with _lock:
         if not _catalogue_loaded:
-            from .patches import all_patches
+            from .patches import CATALOGUE, load_patch
 
-            for patch in all_patches():
-                _states.setdefault(patch.name, _State(patch))
+            for name, (_, targets) in CATALOGUE.items():
+
+                def loader(name: str = name) -> Patch:
+                    return load_patch(name)
+
+                _states.setdefault(name, _State(name, targets, loader))
             _catalogue_loaded = True
         return _states
 
@@ -96,7 +119,7 @@ def register(patch: Patch) -> None:
         states = _load()
         if patch.name in states and states[patch.name].patch is not patch:
             raise ValueError(f"a different patch named {patch.name!r} is already registered")
-        states.setdefault(patch.name, _State(patch))
+        states.setdefault(patch.name, _State(patch.name, tuple(patch.targets), lambda: patch))
 
 
 def unregister(name: str) -> None:
@@ -124,11 +147,25 @@ def _disabled_by_env() -> set[str]:
     return {part.strip() for part in raw.split(",") if part.strip()}
 
 
+def _warn(message: str) -> None:
+    import warnings
+
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
 def _on_import(state: _State, target: str, module: ModuleType) -> None:
+    """Probe, apply, confirm. Runs inside the user's import: it never raises into it."""
     with _lock:
         if not state.armed or target in state.applied_targets or target in state.defect:
             return
-        patch = state.patch
+        try:
+            patch = state.patch
+        except Exception as exc:
+            state.error = f"patch module failed to load: {type(exc).__name__}: {exc}"
+            _warn(
+                f"compatshim: patch {state.name!r} is unusable ({state.error}); {target} unchanged"
+            )
+            return
         version = installed_version(patch.distribution)
         if version is not None and range_position(version, patch.specifier) == "below":
             return
@@ -147,13 +184,9 @@ def _on_import(state: _State, target: str, module: ModuleType) -> None:
         except Exception as exc:
             patcher.revert()
             state.error = f"apply failed on {target}: {type(exc).__name__}: {exc}"
-            import warnings
-
-            warnings.warn(
+            _warn(
                 f"compatshim: patch {patch.name!r} could not be applied to {target} "
-                f"({patch.distribution} {version}): {exc}; the module is left unchanged",
-                RuntimeWarning,
-                stacklevel=2,
+                f"({patch.distribution} {version}): {exc}; the module is left unchanged"
             )
             return
         state.patcher.on_revert(patcher.revert)
@@ -175,13 +208,13 @@ def install(
         selected = _select(include)
         _select(excluded - _disabled_by_env())  # validate explicit names
         for state in selected:
-            if state.patch.name in excluded:
+            if state.name in excluded:
                 continue
-            armed.append(state.patch.name)
+            armed.append(state.name)
             if state.armed:
                 continue
             state.armed = True
-            for target in state.patch.targets:
+            for target in state.targets:
 
                 def hook(module: ModuleType, state: _State = state, target: str = target) -> None:
                     _on_import(state, target, module)
@@ -206,7 +239,7 @@ def uninstall(names: Iterable[str] | None = None) -> list[str]:
             state.applied_targets.clear()
             state.defect.clear()
             state.fixed.clear()
-            undone.append(state.patch.name)
+            undone.append(state.name)
     return undone
 
 

@@ -257,3 +257,24 @@ def test_startup_hook_honours_compatshim_auto(value: str, armed: bool) -> None:
         timeout=60,
     )
     assert out.stdout.strip() == str(armed)
+
+
+def test_catalogue_agrees_with_patch_modules() -> None:
+    """install() arms from the catalogue table; each patch module must say the same."""
+    from compatshim.patches import CATALOGUE, load_patch
+
+    for name, (_, targets) in CATALOGUE.items():
+        patch = load_patch(name)
+        assert (patch.name, tuple(patch.targets)) == (name, targets)
+
+
+def test_auto_imports_no_patch_module_and_nothing_heavy() -> None:
+    """The start-up path stays cheap: patch modules load when their target is imported."""
+    code = (
+        "import sys; before = set(sys.modules); import compatshim.auto; "
+        "new = set(sys.modules) - before; "
+        "bad = sorted(m for m in new if m.startswith('compatshim.patches.') "
+        "or m in ('typing', 'pickle', 'copy', 'inspect', 'importlib.metadata', 'packaging')); "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
