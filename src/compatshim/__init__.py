@@ -25,7 +25,10 @@ TYPE_CHECKING = False  # no ``typing`` import at run time: importing compatshim 
 if TYPE_CHECKING:
     from typing import Any
 
-    from . import dist, ema, master, rng
+    from . import dist as dist
+    from . import ema as ema
+    from . import master as master
+    from . import rng as rng
     from .cloning import clone_module
     from .pickling import find_unpicklable
 
