@@ -31,10 +31,18 @@ def save_then_draw(rank: int, world_size: int, path: str) -> dict[str, Any]:
     return draws()
 
 
-def load_then_draw(rank: int, world_size: int, path: str, policy: str) -> dict[str, Any]:
+def load_then_draw(rank: int, world_size: int, path: str, policies: list[str]) -> list[Any]:
+    """For each policy: load the file on this rank, then the draws that follow (or the error)."""
+    return [load_once(path, policy) for policy in policies]
+
+
+def load_once(path: str, policy: str, **position: int) -> dict[str, Any]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        report = rng.load(path, on_world_size_mismatch=policy)  # type: ignore[arg-type]
+        try:
+            report = rng.load(path, on_world_size_mismatch=policy, **position)  # type: ignore[arg-type]
+        except rng.RNGStateError as exc:
+            return {"error": str(exc)}
     return {
         "draws": draws(),
         "restored": list(report.restored),

@@ -1,0 +1,66 @@
+"""3 real gloo ranks save; resume under 3, 2 and 4 ranks (each rank a real process).
+
+Four ``run_ranks`` calls in all (12 processes): the machine has 2 cores, so
+policies are compared inside one resume run rather than in one run each.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.dist import run_ranks
+from rng.workers import load_once, load_then_draw, save_then_draw
+
+pytestmark = pytest.mark.dist
+TIMEOUT = 240.0
+Saved = tuple[Path, list[dict[str, Any]]]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Saved:
+    path = tmp_path_factory.mktemp("rng") / "rng.pt"
+    continuation = run_ranks(save_then_draw, 3, args=(str(path),), timeout=TIMEOUT)
+    return path, continuation
+
+
+def resume(path: Path, world_size: int, *policies: str) -> list[list[dict[str, Any]]]:
+    return run_ranks(load_then_draw, world_size, args=(str(path), list(policies)), timeout=TIMEOUT)
+
+
+def test_same_world_size_is_bit_identical(saved: Saved) -> None:
+    path, continuation = saved
+    for rank, (result,) in enumerate(resume(path, 3, "derive")):
+        assert result["draws"] == continuation[rank]
+        assert result["exact"] and result["saved_rank"] == rank and not result["warnings"]
+
+
+def test_two_ranks_under_each_policy(saved: Saved) -> None:
+    path, continuation = saved
+    results = resume(path, 2, "derive", "derive_all", "error")
+    fresh = []
+    for rank, (derive, derive_all, error) in enumerate(results):
+        assert derive["draws"] == continuation[rank]  # rank r exists in the file: exact
+        assert len(derive["warnings"]) == 1 and "world size changed 3 -> 2" in derive["warnings"][0]
+        assert derive_all["saved_rank"] is None and "torch_cpu" in derive_all["derived"]
+        fresh.append(json.dumps(derive_all["draws"]))
+        assert "3 rank(s) but the job has 2" in error["error"]
+    assert len(set(fresh)) == 2
+    assert not set(fresh) & {json.dumps(c) for c in continuation}
+
+
+def test_four_ranks_deterministic_and_uncorrelated(saved: Saved) -> None:
+    path, continuation = saved
+    results = [r for (r,) in resume(path, 4, "derive")]
+    for rank in range(3):
+        assert results[rank]["draws"] == continuation[rank]
+    assert results[3]["saved_rank"] is None and "torch_cpu" in results[3]["derived"]
+    assert all(len(r["warnings"]) == 1 for r in results)
+    streams = {json.dumps(r["draws"]) for r in results} | {json.dumps(c) for c in continuation}
+    assert len(streams) == 4  # the derived rank replays none of the saved ranks
+    # A second, separate run (this process) derives the same state for rank 3.
+    again = load_once(str(path), "derive", rank=3, world_size=4)
+    assert again["draws"] == results[3]["draws"]

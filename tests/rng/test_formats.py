@@ -1,0 +1,122 @@
+"""Files written by real transformers, accelerate and Lightning releases (and Sana-style dicts)
+load safely and restore exactly; see fixtures/README.md for how and with what they were made."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from packaging.version import Version
+
+import compatshim.rng as rng
+from rng.workers import draws
+
+FIXTURES = Path(__file__).parent / "fixtures"
+WRITERS = ["np1", "np2"]  # numpy 1.26.4 and numpy 2.4.6 (see each folder's versions.json)
+
+
+def expected(writer: str) -> dict[str, Any]:
+    return dict(json.loads((FIXTURES / writer / "expected.json").read_text()))
+
+
+def cases() -> list[Any]:
+    return [
+        pytest.param(writer, name, id=f"{writer}/{name}")
+        for writer in WRITERS
+        for name in sorted(expected(writer))
+    ]
+
+
+def restore_quietly(state: Any, **kwargs: Any) -> tuple[rng.RestoreReport, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = rng.restore(state, **kwargs)
+    return report, [str(w.message) for w in caught if issubclass(w.category, rng.RNGStateWarning)]
+
+
+@pytest.mark.parametrize(("writer", "name"), cases())
+def test_fixture_reads_safely_and_continues_the_saved_streams(writer: str, name: str) -> None:
+    found = rng.read(FIXTURES / writer / name)  # restricted unpickler: trusted=False
+    report, warned = restore_quietly(found)
+    got, want = draws(), expected(writer)[name]
+    assert {"python", "numpy"} <= set(report.restored)
+    if "plain" in name:  # no torch state in a plain pickle: torch is reported, not restored
+        assert "torch_cpu (not in the state)" in report.skipped
+        got.pop("torch"), want.pop("torch")
+    else:
+        assert "torch_cpu" in report.restored
+    assert got == want
+    assert len(warned) <= 1  # at most one warning, and only for a real mismatch
+    assert bool(warned) == report.mismatch
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+@pytest.mark.parametrize("folder", ["transformers_dist", "accelerate"])
+def test_per_rank_checkpoint_folder_restores_each_rank(writer: str, folder: str) -> None:
+    found = rng.read(FIXTURES / writer / folder)
+    assert found["world_size"] == 3 and found["source"] == folder.split("_")[0]
+    for rank, file in enumerate(sorted((FIXTURES / writer / folder).iterdir())):
+        report, warned = restore_quietly(found, rank=rank, world_size=3)
+        assert report.exact and report.saved_rank == rank and not warned
+        assert draws() == expected(writer)[f"{folder}/{file.name}"]
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_per_rank_folder_resumed_on_more_ranks_derives_the_new_one(writer: str) -> None:
+    found = rng.read(FIXTURES / writer / "transformers_dist")
+    report, warned = restore_quietly(found, rank=3, world_size=4)
+    assert report.saved_rank is None and "torch_cpu" in report.derived
+    assert len(warned) == 1 and "world size changed 3 -> 4" in warned[0]
+    streams = {json.dumps(draws())}
+    for rank in range(3):
+        restore_quietly(found, rank=rank, world_size=4)
+        streams.add(json.dumps(draws()))
+    assert len(streams) == 4  # the derived rank replays no saved rank's stream
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_sana_seven_gpu_state_on_this_machine(writer: str) -> None:
+    """Sana issue 92: 7 CUDA states, fewer GPUs. Never IndexError; one warning; CPU exact."""
+    for name in ("sana_7gpu.pth", "sana_7gpu_torch2.0_layout.pth"):
+        found = rng.read(FIXTURES / writer / name)
+        cuda = found["ranks"][0]["cuda"]
+        assert len(cuda) == 7 and all(t.numel() == 16 for t in cuda)  # 2.0 layout converted
+        report, warned = restore_quietly(found)
+        assert draws() == expected(writer)[name]
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        assert len(report.skipped) == 7 - min(gpus, 7)
+        assert len(warned) == 1 and f"CUDA device count changed 7 -> {gpus}" in warned[0]
+        with pytest.raises(rng.RNGStateError, match="7 cuda generator state"):
+            rng.restore(found, on_device_mismatch="error")
+
+
+def test_transformers_single_cuda_tensor_becomes_device_zero(tmp_path: Path) -> None:
+    found = rng.read(FIXTURES / "np2" / "transformers_single" / "rng_state.pth")
+    state = found["ranks"][0]
+    raw = torch.load(FIXTURES / "np2" / "transformers_single" / "rng_state.pth", weights_only=False)
+    raw["cuda"] = torch.zeros(16, dtype=torch.uint8)  # what a one-GPU run stores
+    torch.save(raw, tmp_path / "rng_state.pth")
+    assert len(rng.read(tmp_path / "rng_state.pth")["ranks"][0]["cuda"]) == 1
+    assert state["cuda"] == []
+
+
+def test_lightning_state_is_found_inside_the_fabric_checkpoint() -> None:
+    found = rng.read(FIXTURES / "np2" / "lightning_fabric.ckpt")
+    assert found["source"] == "lightning"
+
+
+@pytest.mark.skipif(Version(torch.__version__.split("+")[0]) < Version("2.6"), reason="torch < 2.6")
+def test_hazard_is_real_weights_only_refuses_the_frameworks_numpy_state() -> None:
+    """Why read() exists: torch >= 2.6's default torch.load refuses these files."""
+    with pytest.raises(Exception, match="numpy"):
+        torch.load(FIXTURES / "np2" / "transformers_single" / "rng_state.pth")
+
+
+def test_unknown_layout_error_lists_the_known_ones(tmp_path: Path) -> None:
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "model.pt")
+    with pytest.raises(rng.RNGStateError, match="transformers:.*accelerate:.*lightning:.*sana:"):
+        rng.read(tmp_path / "model.pt")
