@@ -58,11 +58,7 @@ The revert
 
 from __future__ import annotations
 
-import ast
 import gc
-import inspect
-import pickle
-import textwrap
 from types import ModuleType
 from typing import Any, Callable
 
@@ -100,7 +96,7 @@ def _view_kind(value: Any) -> str | None:
 def rebuild_dict_view(kind: str, mapping: Any) -> Any:
     """Unpickling side: ``mapping.keys()`` (or ``values``/``items``) again."""
     if kind not in _VIEW_METHODS:
-        raise pickle.UnpicklingError(f"not a dict view kind: {kind!r}")
+        raise ValueError(f"not a dict view kind: {kind!r}")
     return getattr(mapping, kind)()
 
 
@@ -155,6 +151,10 @@ def _setstate(self: Any, state: dict[str, Any]) -> None:
 
 def _view_attributes_in_init(cls: type[Any]) -> tuple[str, ...]:
     """Attributes that ``cls.__init__`` assigns a ``.keys()``/``.values()``/``.items()`` call."""
+    import ast  # here, not at the top: ``import compatshim.auto`` loads this module
+    import inspect
+    import textwrap
+
     init = vars(cls).get("__init__")
     if init is None:
         return ()
@@ -230,6 +230,8 @@ def _samples(module: ModuleType) -> list[Any]:
 
 
 def _holds_unpicklable_view(sample: Any) -> bool:
+    import pickle
+
     if not any(is_dict_view(value) for value in vars(sample).values()):
         return False
     try:
