@@ -27,7 +27,12 @@ def _catch(fn: Any) -> dict[str, Any]:
     try:
         fn()
     except DesyncError as exc:
-        return {"raised": True, "report": exc.report, "ranks": sorted(exc.ranks), "elapsed": time.monotonic() - start}
+        return {
+            "raised": True,
+            "report": exc.report,
+            "ranks": sorted(exc.ranks),
+            "elapsed": time.monotonic() - start,
+        }
     return {"raised": False, "elapsed": time.monotonic() - start}
 
 
@@ -67,7 +72,9 @@ def exits_early(rank: int, world_size: int) -> dict[str, Any]:
 def _model(width: int, frozen: bool = False) -> Any:
     import torch
 
-    model = torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.ReLU(), torch.nn.Linear(width, 2))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, width), torch.nn.ReLU(), torch.nn.Linear(width, 2)
+    )
     if frozen:
         model[0].weight.requires_grad_(False)
     return model
@@ -99,16 +106,22 @@ def consistency_then_ddp(rank: int, world_size: int) -> list[float]:
     return [float(p.grad.sum()) for p in ddp.parameters()]
 
 
-def watchdog_collective_hang(rank: int, world_size: int, timeout: float) -> str:
-    """Rank 0 waits in a barrier that rank 1 never joins; the watchdog ends both with stacks."""
+def watchdog_collective_hang(rank: int, world_size: int, timeout: float, report_dir: str) -> str:
+    """Rank 0 waits in a barrier that rank 1 never joins; the watchdog ends both with stacks.
+
+    The watchdog prints to stderr, which is sent to ``report_dir/rank<N>.txt`` here.
+    """
+    import sys
+
     import torch.distributed as dist
 
     from compatshim.dist import watchdog
 
+    sys.stderr = open(os.path.join(report_dir, f"rank{rank}.txt"), "w")  # noqa: SIM115
     watchdog(timeout)
     sync_point("armed", timeout=30)
     if rank == 0:
-        dist.barrier()
+        dist.barrier()  # <- barrier-site
     else:
-        time.sleep(timeout * 4)  # the main thread is "stuck" too: a sleep that never ends
+        time.sleep(timeout * 4)  # <- sleep-site
     return "not reached"

@@ -67,7 +67,8 @@ def doctor_rows() -> list[dict[str, Any]]:
             "present": risky if debug == "DETAIL" else None,
             "fixed": False if risky else None,
             "detail": (
-                f"TORCH_DISTRIBUTED_DEBUG=DETAIL with torch {torch_version}: every DDP construction "
+                f"TORCH_DISTRIBUTED_DEBUG=DETAIL with torch {torch_version}: every DDP "
+                "construction "
                 "segfaults on 2.13.0+cpu (measured); unset it and rely on compatshim.dist"
                 if risky
                 else f"TORCH_DISTRIBUTED_DEBUG={debug or 'unset'}"

@@ -12,7 +12,6 @@ import os
 import sys
 import sysconfig
 from types import FrameType
-from typing import Optional, Union
 
 Site = tuple[str, int, str]
 
@@ -57,7 +56,7 @@ def is_internal(filename: str) -> bool:
 
 def user_frames(limit: int = 6) -> list[Site]:
     """Up to ``limit`` innermost user frames of the calling thread, innermost first."""
-    frame: Optional[FrameType] = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     sites: list[Site] = []
     while frame is not None and len(sites) < limit:
         code = frame.f_code
@@ -67,7 +66,7 @@ def user_frames(limit: int = 6) -> list[Site]:
     return sites
 
 
-def format_site(site: Union[Site, list[object], None]) -> str:
+def format_site(site: Site | list[object] | None) -> str:
     """``path/to/file.py:12 in fn``, the path relative to the working directory when shorter."""
     if not site:
         return "<unknown>"

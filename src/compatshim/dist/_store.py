@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import os
 import socket
-from typing import Any, Optional
+from typing import Any
 
 PREFIX = "compatshim/dist/"
 DEFAULT_TIMEOUT = 300.0
 TIMEOUT_ENV = "COMPATSHIM_DESYNC_TIMEOUT"
 
 
-def resolve_timeout(timeout: Optional[float]) -> float:
+def resolve_timeout(timeout: float | None) -> float:
     """The argument, else ``COMPATSHIM_DESYNC_TIMEOUT`` (seconds), else 5 minutes."""
     if timeout is None:
         raw = os.environ.get(TIMEOUT_ENV, "").strip()
@@ -69,7 +69,9 @@ class Meeting:
         return found
 
 
-def default_meeting(store: Any = None, rank: Optional[int] = None, world_size: Optional[int] = None) -> Optional[Meeting]:
+def default_meeting(
+    store: Any = None, rank: int | None = None, world_size: int | None = None
+) -> Meeting | None:
     """The meeting for the given store, else the default process group's; None in a 1-rank run.
 
     Raises when the environment says the run is distributed but no process group

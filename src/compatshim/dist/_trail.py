@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Optional
 
 from ._sites import Site, user_frames
 
@@ -17,47 +16,54 @@ from ._sites import Site, user_frames
 class Crumb:
     """One entered operation: its name, the user's call site and a short stack."""
 
-    __slots__ = ("op", "seq", "since", "stack")
+    __slots__ = ("collective", "op", "seq", "since", "stack")
 
-    def __init__(self, op: str, stack: list[Site], seq: int) -> None:
+    def __init__(self, op: str, stack: list[Site], seq: int, collective: bool) -> None:
         self.op = op
         self.stack = stack
         self.since = time.time()
         self.seq = seq
+        self.collective = collective  # a world-wide collective: blocks until every rank joins it
 
     def as_record(self) -> dict[str, object]:
-        return {"op": self.op, "stack": self.stack, "since": self.since, "seq": self.seq}
+        return {
+            "op": self.op,
+            "stack": self.stack,
+            "since": self.since,
+            "seq": self.seq,
+            "collective": self.collective,
+        }
 
 
 class Trail:
     """The operation this process is inside (``current``) and the last one it left."""
 
     def __init__(self) -> None:
-        self.current: Optional[Crumb] = None
-        self.last: Optional[Crumb] = None
+        self.current: Crumb | None = None
+        self.last: Crumb | None = None
         self.seq = 0
         self.syncing = 0  # >0 while a sync point waits (it keeps its own timeout)
         self._local = threading.local()
 
-    def enter(self, op: str) -> Optional[Crumb]:
+    def enter(self, op: str, collective: bool = False) -> Crumb | None:
         """Record entering ``op``; None when already inside a watched op on this thread."""
         if getattr(self._local, "depth", 0):
             self._local.depth += 1
             return None
         self._local.depth = 1
         self.seq += 1
-        crumb = Crumb(op, user_frames(limit=4), self.seq)
+        crumb = Crumb(op, user_frames(limit=4), self.seq, collective)
         self.current = crumb
         return crumb
 
-    def leave(self, crumb: Optional[Crumb]) -> None:
+    def leave(self, crumb: Crumb | None) -> None:
         self._local.depth -= 1
         if crumb is not None:
             self.last = crumb
             if self.current is crumb:
                 self.current = None
 
-    def where(self) -> Optional[Crumb]:
+    def where(self) -> Crumb | None:
         """The op this process is in, else the last one it left."""
         return self.current or self.last
 

@@ -9,7 +9,7 @@ first difference is named with the ranks on each side.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from .sync import meet
 
@@ -20,13 +20,15 @@ def module_summary(module: Any) -> list[Entry]:
     """Parameters then buffers, in registration order, as JSON-friendly lists."""
     entries: list[Entry] = []
     for name, param in module.named_parameters():
-        entries.append(["parameter", name, list(param.shape), str(param.dtype), bool(param.requires_grad)])
+        entries.append(
+            ["parameter", name, list(param.shape), str(param.dtype), bool(param.requires_grad)]
+        )
     for name, buffer in module.named_buffers():
         entries.append(["buffer", name, list(buffer.shape), str(buffer.dtype), False])
     return entries
 
 
-def _describe(entry: Optional[Entry]) -> str:
+def _describe(entry: Entry | None) -> str:
     if entry is None:
         return "nothing"
     kind, name, shape, dtype, grad = entry
@@ -49,19 +51,19 @@ def first_difference(summaries: dict[int, Any]) -> list[str]:
             sides = "; ".join(f"ranks {who} have {what}" for what, who in seen.items())
             return [f"modules differ at entry #{index}: {sides}"]
     counts = {rank: len(summaries[rank] or []) for rank in ranks}
-    if len(set(counts.values())) > 1 or not reference and longest:
+    if len(set(counts.values())) > 1 or (not reference and longest):
         return [f"modules hold different numbers of parameters and buffers: {counts}"]
     return []
 
 
 def check_module_consistency(
     module: Any,
-    timeout: Optional[float] = None,
+    timeout: float | None = None,
     *,
     tag: str = "check_module_consistency",
     store: Any = None,
-    rank: Optional[int] = None,
-    world_size: Optional[int] = None,
+    rank: int | None = None,
+    world_size: int | None = None,
 ) -> None:
     """Raise DesyncError unless every rank's ``module`` has the same parameter names, shapes,
     dtypes and ``requires_grad`` (and buffers), or when a rank never arrives within ``timeout``.

@@ -17,17 +17,18 @@ thread does what the main thread cannot:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
 import traceback
-import uuid
 from types import FrameType, TracebackType
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from . import _liveness
+from ._counters import forget_groups
 from ._sites import format_site
 from ._store import Meeting, resolve_timeout
 from ._trail import TRAIL
@@ -37,6 +38,7 @@ EXIT_CODE = 70  # EX_SOFTWARE: the process was ended after a desync/hang report
 INTERVAL = 0.5
 DESYNC_GRACE = 10.0  # seconds an unblocked rank gets to reach a sync point after a report
 STACKS_WAIT = 3.0
+START_UP_ALLOWANCE = 60.0  # extra seconds for ops that wait on other processes starting up
 
 
 def exit_description(code: int) -> str:
@@ -68,38 +70,44 @@ class Monitor:
     """State and loop of the per-process monitor thread (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.meeting: Optional[Meeting] = None
+        self.meeting: Meeting | None = None
         self.timeout = resolve_timeout(None)
         self.watch_ops = False  # end watched calls stuck past ``timeout`` (Lightning patch)
-        self.hang_timeout: Optional[float] = None  # public watchdog: main thread not moving
+        self.start_up_ops: set[str] = set()  # ops that get START_UP_ALLOWANCE on top
+        self.hang_timeout: float | None = None  # public watchdog: main thread not moving
         self.hang_action = "exit"
         self.children: list[tuple[int, Any]] = []  # (rank, subprocess.Popen)
-        self.launcher_children: Optional[Callable[[], list[tuple[int, Any]]]] = None
+        self.launcher_children: Callable[[], list[tuple[int, Any]]] | None = None
         self.child_exit_noticed: dict[int, float] = {}
         self.raised_desync = False
-        self.uncaught: Optional[str] = None
-        self._thread: Optional[threading.Thread] = None
+        self.uncaught: str | None = None
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._published: tuple[object, bool] = (None, False)
-        self._desync_seen_at: Optional[float] = None
-        self._answered_hangs: set[str] = set()
-        self._store_failing_since: Optional[float] = None
+        self._desync_seen_at: float | None = None
+        self._stacks_answered = 0
+        self._store_failing_since: float | None = None
         self._last_store_try = 0.0
         self._ppid = os.getppid()
         self._main_sample: tuple[int, int, float] = (0, 0, time.monotonic())
         self._ending = False
+        self._wake = threading.Event()
 
     # -- set-up ---------------------------------------------------------------------------
     def start(self) -> None:
         with self._lock:
             if self._thread is not None:
                 return
-            self._thread = threading.Thread(target=self._run, name="compatshim-dist-monitor", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, name="compatshim-dist-monitor", daemon=True
+            )
             self._thread.start()
             atexit.register(self._at_exit)
             previous = sys.excepthook
 
-            def hook(kind: type[BaseException], value: BaseException, tb: Optional[TracebackType]) -> None:
+            def hook(
+                kind: type[BaseException], value: BaseException, tb: TracebackType | None
+            ) -> None:
                 self.uncaught = f"uncaught {kind.__name__}"
                 previous(kind, value, tb)
 
@@ -114,7 +122,9 @@ class Monitor:
     # -- the loop ---------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._ending:
-            time.sleep(INTERVAL)
+            self._wake.wait(INTERVAL)
+            if self._ending:
+                break
             try:
                 self._tick()
             except Exception as exc:  # never let the monitor die silently
@@ -137,7 +147,9 @@ class Monitor:
         self._check_parent()
 
     def _beat(self, meeting: Meeting, now: float) -> None:
-        meeting.put(meeting.key("hb", meeting.rank), {"time": now, "pid": os.getpid(), "host": meeting.host})
+        meeting.put(
+            meeting.key("hb", meeting.rank), {"time": now, "pid": os.getpid(), "host": meeting.host}
+        )
 
     def _publish(self, meeting: Meeting, now: float) -> None:
         self._beat(meeting, now)
@@ -151,10 +163,7 @@ class Monitor:
 
     def _answer(self, meeting: Meeting, now: float) -> None:
         """React to another rank's desync report or stack request."""
-        hang = meeting.read(meeting.key("hang")) if meeting.has([meeting.key("hang")]) else None
-        if hang and hang["id"] not in self._answered_hangs:
-            self._answered_hangs.add(hang["id"])
-            meeting.put(meeting.key("stack", hang["id"], meeting.rank), thread_stacks())
+        self._answer_stack_requests(meeting)
         if not meeting.has([meeting.key("desync")]):
             return
         meeting.put(meeting.key("ack", meeting.rank), now)
@@ -177,27 +186,44 @@ class Monitor:
             report = (
                 f"{desync.get('report', '')}\n"
                 f"compatshim.dist: rank {meeting.rank} ({own}) received rank "
-                f"{desync.get('from')}'s report and ends now (exit code {EXIT_CODE}); a rank blocked "
+                f"{desync.get('from')}'s report and ends now (exit code {EXIT_CODE}); a rank "
+                "blocked "
                 "in a collective cannot raise, and would otherwise hang until torch's timeout."
             )
             self.terminate(report)
+
+    def _answer_stack_requests(self, meeting: Meeting) -> None:
+        """Post this process's stacks for every hang report asked for so far."""
+        asked = int(meeting.store.add(meeting.key("hangs"), 0))
+        for number in range(self._stacks_answered + 1, asked + 1):
+            meeting.put(meeting.key("stack", number, meeting.rank), thread_stacks())
+        self._stacks_answered = max(self._stacks_answered, asked)
 
     def _store_lost(self, exc: Exception, now: float) -> None:
         if self._store_failing_since is None:
             self._store_failing_since = now
             return
-        if now - self._store_failing_since > 3.0 and (TRAIL.current is not None) and not TRAIL.syncing:
+        if (
+            now - self._store_failing_since > 3.0
+            and (TRAIL.current is not None)
+            and not TRAIL.syncing
+        ):
             where = TRAIL.current
             self.terminate(
-                f"compatshim.dist: rank {self.meeting.rank if self.meeting else '?'} lost the process "
-                f"group's store ({type(exc).__name__}: {exc}) while blocked in {where.op} called at "
+                f"compatshim.dist: rank {self._rank()} lost the process group's store "
+                f"({type(exc).__name__}: {exc}) while blocked in {where.op} called at "
                 f"{format_site(where.stack[0] if where.stack else None)}; the rank that hosts the "
                 "store (rank 0) has most likely ended. Ending this rank too.",
                 write_record=False,
             )
 
     def _check_parent(self) -> None:
-        if self._ppid > 1 and os.getppid() != self._ppid and TRAIL.current is not None and not TRAIL.syncing:
+        if (
+            self._ppid > 1
+            and os.getppid() != self._ppid
+            and TRAIL.current is not None
+            and not TRAIL.syncing
+        ):
             where = TRAIL.current
             self.terminate(
                 f"compatshim.dist: the launcher process (pid {self._ppid}) is gone while this rank "
@@ -217,10 +243,8 @@ class Monitor:
                 self.child_exit_noticed[rank] = now
                 if self.meeting is not None:
                     how = f"{exit_description(code)} (process {proc.pid}, seen by the launcher)"
-                    try:
+                    with contextlib.suppress(Exception):
                         self.meeting.put(self.meeting.key("exit", rank), {"how": how, "code": code})
-                    except Exception:
-                        pass
                 continue
             where = TRAIL.current
             if where is None or TRAIL.syncing or where.since > self.child_exit_noticed[rank]:
@@ -250,15 +274,21 @@ class Monitor:
                 info["exit"] = {"how": f"{exit_description(other_code)} (process {other_proc.pid})"}
         before = self.meeting is None
         headline = (
-            f"rank {rank} {exit_description(code)} before joining the process group while rank {me} "
+            f"rank {rank} {exit_description(code)} before joining the process group "
+            f"while rank {me} "
             f"waits in {where.op}"
             if before
             else f"rank {rank} {exit_description(code)} while rank {me} waits in {where.op}"
         )
         differs = [
-            f"rank {me} called {where.op} at {format_site(where.stack[0] if where.stack else None)}; "
+            f"rank {me} called {where.op} at "
+            f"{format_site(where.stack[0] if where.stack else None)}; "
             f"rank {rank} ended without "
-            + ("ever calling it (is launch() in code that only the main process runs?)" if before else "joining it")
+            + (
+                "ever calling it (is launch() in code that only the main process runs?)"
+                if before
+                else "joining it"
+            )
         ]
         return build_report(headline=headline, ranks=ranks, differs=differs)
 
@@ -267,16 +297,19 @@ class Monitor:
         if TRAIL.syncing or self._ending:
             return
         current = TRAIL.current
-        if self.watch_ops and current is not None and now - current.since > self.timeout:
+        limit = self.timeout
+        if current is not None and current.op in self.start_up_ops:
+            limit += START_UP_ALLOWANCE
+        if self.watch_ops and current is not None and now - current.since > limit:
             self.hang_report(
-                f"rank {self._rank()} is stuck in {current.op} for more than {self.timeout:g} s "
+                f"rank {self._rank()} is stuck in {current.op} for more than {limit:g} s "
                 f"(called at {format_site(current.stack[0] if current.stack else None)})",
                 action="exit",
             )
             return
         if self.hang_timeout is None:
             return
-        frame: Optional[FrameType] = sys._current_frames().get(threading.main_thread().ident or 0)
+        frame: FrameType | None = sys._current_frames().get(threading.main_thread().ident or 0)
         if frame is None:
             return
         sample = (id(frame), frame.f_lineno)
@@ -302,14 +335,14 @@ class Monitor:
         ranks: dict[int, dict[str, Any]] = {}
         if meeting is not None:
             try:
-                ident = uuid.uuid4().hex[:12]
-                self._answered_hangs.add(ident)
-                meeting.put(meeting.key("hang"), {"id": ident, "from": meeting.rank})
+                number = int(meeting.store.add(meeting.key("hangs"), 1))
+                meeting.put(meeting.key("stack", number, meeting.rank), stacks[meeting.rank])
                 deadline = time.monotonic() + STACKS_WAIT
                 others = [r for r in range(meeting.world_size) if r != meeting.rank]
                 while others and time.monotonic() < deadline:
+                    self._answer_stack_requests(meeting)  # another rank may be asking at once
                     for r in list(others):
-                        text = meeting.read(meeting.key("stack", ident, r))
+                        text = meeting.read(meeting.key("stack", number, r))
                         if text is not None:
                             stacks[r] = text
                             others.remove(r)
@@ -321,12 +354,16 @@ class Monitor:
                     ranks[r]["self"] = r == meeting.rank
                     if r not in stacks:
                         stacks[r] = "(no answer: " + (
-                            "the process has ended)" if ranks[r].get("exit") else
-                            "its monitor did not run - blocked holding the GIL, or no compatshim "
+                            "the process has ended)"
+                            if ranks[r].get("exit")
+                            else "its monitor did not run - blocked holding the GIL, or no "
+                            "compatshim "
                             "monitor in that rank)"
                         )
             except Exception as exc:
-                stacks[self._rank()] += f"\n(could not reach the store: {type(exc).__name__}: {exc})"
+                stacks[self._rank()] += (
+                    f"\n(could not reach the store: {type(exc).__name__}: {exc})"
+                )
         report = build_report(headline=headline, ranks=ranks, differs=[], stacks=stacks)
         if action == "exit":
             if meeting is not None:
@@ -342,13 +379,11 @@ class Monitor:
         self._ending = True
         print(report, file=sys.stderr, flush=True)
         if write_record and self.meeting is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.meeting.put(
                     self.meeting.key("exit", self.meeting.rank),
                     {"how": f"ended by compatshim after a desync report (exit code {EXIT_CODE})"},
                 )
-            except Exception:
-                pass
         self._end_children(grace=3.0)
         sys.stdout.flush()
         os._exit(EXIT_CODE)
@@ -365,12 +400,20 @@ class Monitor:
 
     def _at_exit(self) -> None:
         self._ending = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(2.0)
         if self.raised_desync and self.children:
             self._end_children(grace=5.0)
-        meeting = self.meeting
+        meeting, self.meeting = self.meeting, None  # let torch tear its store down in its own order
+        forget_groups()
         if meeting is None or self._store_failing_since is not None:
             return
-        how = f"{self.uncaught} at interpreter exit" if self.uncaught else "interpreter exited normally"
+        how = (
+            f"{self.uncaught} at interpreter exit"
+            if self.uncaught
+            else "interpreter exited normally"
+        )
         try:
             crumb = TRAIL.where()
             if crumb is not None:
@@ -383,7 +426,7 @@ class Monitor:
             pass
 
 
-_monitor: Optional[Monitor] = None
+_monitor: Monitor | None = None
 _monitor_lock = threading.Lock()
 
 
@@ -407,7 +450,10 @@ def announce_desync(meeting: Meeting, headline: str, report: str, wait: bool = T
     monitor.raised_desync = True
     try:
         if not meeting.has([meeting.key("desync")]):
-            meeting.put(meeting.key("desync"), {"from": meeting.rank, "headline": headline, "report": report})
+            meeting.put(
+                meeting.key("desync"),
+                {"from": meeting.rank, "headline": headline, "report": report},
+            )
         if not wait:
             return
         deadline = time.monotonic() + 3 * INTERVAL

@@ -9,7 +9,7 @@ process exited), then the first difference found.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any
 
 from ._sites import format_site
 
@@ -20,7 +20,7 @@ class DesyncError(RuntimeError):
     ``report`` is the full text; ``ranks`` maps each rank to what is known of it.
     """
 
-    def __init__(self, report: str, ranks: Optional[dict[int, dict[str, Any]]] = None) -> None:
+    def __init__(self, report: str, ranks: dict[int, dict[str, Any]] | None = None) -> None:
         super().__init__(report)
         self.report = report
         self.ranks = ranks or {}
@@ -70,7 +70,7 @@ def build_report(
     headline: str,
     ranks: dict[int, dict[str, Any]],
     differs: list[str],
-    stacks: Optional[dict[int, str]] = None,
+    stacks: dict[int, str] | None = None,
 ) -> str:
     """Assemble the text: headline, one block per rank, what differs, optional full stacks."""
     now = time.time()

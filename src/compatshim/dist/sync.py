@@ -1,4 +1,4 @@
-"""``sync_point``: ranks meet in the key-value store, where waiting can time out, not in a collective.
+"""``sync_point``: ranks meet in the key-value store, where a wait can time out.
 
 Each rank writes an arrival record (tag, call site, short stack, pid) under a
 per-group sequence number, then polls with ``check`` until every rank's record
@@ -10,31 +10,17 @@ report built from what every rank left in the store.
 from __future__ import annotations
 
 import os
-import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from . import _liveness
+from ._counters import next_seq
 from ._sites import user_frames
 from ._store import Meeting, default_meeting, resolve_timeout
 from ._trail import TRAIL
 from .report import DesyncError, build_report
 
 Compare = Callable[[dict[int, Any]], list[str]]
-
-_counters: dict[int, tuple[object, int]] = {}
-_counter_lock = threading.Lock()
-
-
-def _next_seq(identity: object) -> int:
-    """Per-group count of sync points, identical on every rank that makes the same calls."""
-    with _counter_lock:
-        owner, count = _counters.get(id(identity), (None, 0))
-        if owner is not identity:
-            count = 0
-        count += 1
-        _counters[id(identity)] = (identity, count)
-        return count
 
 
 def _group_identity(meeting: Meeting, store: Any) -> object:
@@ -47,11 +33,11 @@ def _group_identity(meeting: Meeting, store: Any) -> object:
 
 def sync_point(
     tag: str,
-    timeout: Optional[float] = None,
+    timeout: float | None = None,
     *,
     store: Any = None,
-    rank: Optional[int] = None,
-    world_size: Optional[int] = None,
+    rank: int | None = None,
+    world_size: int | None = None,
 ) -> None:
     """Wait until every rank reaches a sync point with the same ``tag``; else raise DesyncError.
 
@@ -64,14 +50,14 @@ def sync_point(
 
 def meet(
     tag: str,
-    timeout: Optional[float] = None,
+    timeout: float | None = None,
     *,
     payload: Any = None,
-    compare: Optional[Compare] = None,
+    compare: Compare | None = None,
     store: Any = None,
-    rank: Optional[int] = None,
-    world_size: Optional[int] = None,
-) -> Optional[dict[int, Any]]:
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> dict[int, Any] | None:
     """``sync_point`` with an optional payload compared across ranks; returns payloads by rank."""
     if not isinstance(tag, str) or not tag:
         raise TypeError(f"sync point tag must be a non-empty string, got {tag!r}")
@@ -82,7 +68,7 @@ def meet(
     from .monitor import ensure_monitor
 
     ensure_monitor(meeting)
-    seq = _next_seq(_group_identity(meeting, store))
+    seq = next_seq(_group_identity(meeting, store))
     stack = user_frames(limit=6)
     crumb = TRAIL.enter(f"sync_point {tag!r}")
     TRAIL.syncing += 1
@@ -96,7 +82,12 @@ def meet(
             "payload": payload,
         }
         meeting.put(meeting.key("sp", seq, meeting.rank), record)
-        seen = {"op": f"sync_point {tag!r}", "stack": stack, "since": record["time"], "active": True}
+        seen = {
+            "op": f"sync_point {tag!r}",
+            "stack": stack,
+            "since": record["time"],
+            "active": True,
+        }
         meeting.put(meeting.key("seen", meeting.rank), seen)
         arrivals = _wait_for_all(meeting, seq, tag, limit)
         differs = _differences(arrivals, compare) if arrivals is not None else []
@@ -109,7 +100,7 @@ def meet(
         TRAIL.leave(crumb)
 
 
-def _wait_for_all(meeting: Meeting, seq: int, tag: str, limit: float) -> Optional[dict[int, Any]]:
+def _wait_for_all(meeting: Meeting, seq: int, tag: str, limit: float) -> dict[int, Any] | None:
     """All arrival records for ``seq``, or None when waiting is hopeless or timed out."""
     keys = [meeting.key("sp", seq, r) for r in range(meeting.world_size)]
     desync_key = meeting.key("desync")
@@ -128,13 +119,31 @@ def _wait_for_all(meeting: Meeting, seq: int, tag: str, limit: float) -> Optiona
             if meeting.has([desync_key]):
                 return None
             missing = [r for r in range(meeting.world_size) if not meeting.has([keys[r]])]
-            if any(_liveness.is_gone(meeting, r) for r in missing):
+            if any(_liveness.is_gone(meeting, r) or _in_collective(meeting, r) for r in missing):
                 return None
         time.sleep(pause)
         pause = min(pause * 2, 0.02)
 
 
-def _differences(arrivals: dict[int, Any], compare: Optional[Compare]) -> list[str]:
+DEADLOCK_AFTER = 2.0
+
+
+def _in_collective(meeting: Meeting, rank: int) -> bool:
+    """``rank`` sits in a world-wide collective, which cannot finish while this rank waits here.
+
+    Waited out for a couple of seconds so a collective that is just finishing is not
+    mistaken for a dead lock.
+    """
+    seen = meeting.read(meeting.key("seen", rank))
+    return bool(
+        seen
+        and seen.get("active")
+        and seen.get("collective")
+        and time.time() - float(seen.get("since", 0)) > DEADLOCK_AFTER
+    )
+
+
+def _differences(arrivals: dict[int, Any], compare: Compare | None) -> list[str]:
     tags: dict[str, list[int]] = {}
     for rank, record in sorted(arrivals.items()):
         tags.setdefault(record["tag"], []).append(rank)
@@ -162,7 +171,16 @@ def _fail(meeting: Meeting, seq: int, tag: str, limit: float, differs: list[str]
         ranks[rank] = info
     if missing:
         gone = [r for r in missing if ranks[r].get("exit") or ranks[r].get("state") == "gone"]
-        why = f"rank(s) {gone} exited" if gone else f"not all ranks arrived within {limit:g} s"
+        blocked = [r for r in missing if (ranks[r].get("seen") or {}).get("collective")]
+        if gone:
+            why = f"rank(s) {gone} exited"
+        elif blocked and (ranks[blocked[0]].get("seen") or {}).get("active"):
+            why = (
+                f"rank(s) {blocked} wait in a collective that cannot complete while rank "
+                f"{meeting.rank} waits here: a dead lock"
+            )
+        else:
+            why = f"not all ranks arrived within {limit:g} s"
         differs = [
             *differs,
             f"rank(s) {missing} never reached sync point #{seq} {tag!r} ({why})",

@@ -10,7 +10,7 @@ cannot answer; the report says so and gives its last breadcrumb.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from ._store import default_meeting, resolve_timeout
 from .monitor import Monitor, ensure_monitor, get_monitor
@@ -33,12 +33,12 @@ class Watchdog:
 
 
 def watchdog(
-    timeout: Optional[float] = None,
+    timeout: float | None = None,
     *,
     action: str = "exit",
     store: Any = None,
-    rank: Optional[int] = None,
-    world_size: Optional[int] = None,
+    rank: int | None = None,
+    world_size: int | None = None,
 ) -> Watchdog:
     """Arm the hang watchdog on this rank (call it on every rank after init_process_group).
 

@@ -37,7 +37,8 @@ from .._patching import Patcher
 from .._registry import Patch
 
 MARK = "__compatshim_desync__"
-BREADCRUMB_ONLY = ("barrier", "broadcast", "all_reduce", "all_gather", "save", "load")
+COLLECTIVES = ("barrier", "broadcast", "all_reduce", "all_gather")
+BREADCRUMB_ONLY = (*COLLECTIVES, "save", "load")
 MEET = ("setup", "setup_module", "setup_dataloaders")
 WRAPPED = ("launch", *MEET, *BREADCRUMB_ONLY)
 
@@ -50,7 +51,8 @@ def _fabric_class(module: ModuleType) -> Any:
     if fabric is None or missing:
         raise RuntimeError(
             f"lightning {installed_version('lightning')}: {module.__name__}.Fabric lacks "
-            f"{missing or ['Fabric']}; known layout (2.4-2.6) has Fabric.{', Fabric.'.join(WRAPPED)}"
+            f"{missing or ['Fabric']}; known layout (2.4-2.6) has "
+            f"Fabric.{', Fabric.'.join(WRAPPED)}"
         )
     return fabric
 
@@ -85,12 +87,14 @@ def _breadcrumb(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     from ..dist._trail import TRAIL
 
     op = f"Fabric.{name}"
+    collective = name in COLLECTIVES
 
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not _attached:
             _attach()
-        crumb = TRAIL.enter(op)
+        # world-wide unless a sub-group is passed: then waiting on it proves no dead lock
+        crumb = TRAIL.enter(op, collective and kwargs.get("group") is None)
         try:
             return original(self, *args, **kwargs)
         finally:
@@ -145,6 +149,7 @@ def _launch(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, *args, **kwargs)
         monitor = get_monitor()
         monitor.watch_ops = True
+        monitor.start_up_ops.add("Fabric.launch")  # children import torch first: allow for it
         launcher = getattr(getattr(self, "_strategy", None), "launcher", None)
         procs = getattr(launcher, "procs", None)
         if isinstance(procs, list):
@@ -186,5 +191,5 @@ PATCH = Patch(
     targets=("lightning.fabric.fabric",),
     probe=probe,
     apply=apply,
-    description="Fabric ranks out of step: DesyncError report within a timeout instead of a silent hang",
+    description="Fabric ranks out of step: a DesyncError report within a timeout, not a hang",
 )

@@ -1,0 +1,140 @@
+"""compatshim.dist without Lightning: plain torch.multiprocessing ranks over a real gloo group.
+
+Sync points that agree return; different tags, a rank that never arrives, a
+rank that exits and a rank killed with SIGKILL each end in a DesyncError report
+on the ranks still running, well inside the harness's hard timeout. The
+consistency check names the first parameter that differs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from core import dist_workers as workers
+from harness.dist import run_ranks
+
+pytestmark = pytest.mark.dist
+
+
+def test_matching_sync_points_return() -> None:
+    assert run_ranks(workers.same_tags, 2, args=(3,), timeout=120) == [
+        ["rank 0 passed 3 sync points"],
+        ["rank 1 passed 3 sync points"],
+    ]
+
+
+def test_different_tags_raise_on_every_rank() -> None:
+    results = run_ranks(workers.different_tags, 2, timeout=120)
+    for result in results:
+        assert result["raised"], result
+        report = result["report"]
+        assert "ranks [0] at 'save'; ranks [1] at 'eval'" in report
+        assert "dist_workers.py:" in report
+        assert result["elapsed"] < 10
+
+
+def test_rank_that_never_arrives_times_out_with_its_last_place() -> None:
+    results = run_ranks(workers.one_rank_missing, 2, args=(3.0,), timeout=120)
+    report = results[0]["report"]
+    assert results[0]["raised"]
+    assert 3.0 <= results[0]["elapsed"] < 15
+    assert "rank 1: never arrived" in report
+    assert "sync_point 'start'" in report and "dist_workers.py:" in report
+    assert "not all ranks arrived within 3 s" in report
+
+
+def test_rank_killed_mid_run_is_reported_at_once() -> None:
+    outcomes = run_ranks(workers.killed_mid_run, 2, timeout=120, expect_failure=True)
+    kind, result = outcomes[0]
+    assert kind == "ok", outcomes
+    assert outcomes[1] == ("exit", -9)
+    assert result["raised"] and result["elapsed"] < 15, result
+    assert "is gone (killed or crashed" in result["report"]
+
+
+def test_rank_that_exits_is_reported_with_its_exit() -> None:
+    results = run_ranks(workers.exits_early, 2, timeout=120)
+    report = results[0]["report"]
+    assert results[0]["raised"] and results[0]["elapsed"] < 15
+    assert "its process exited: interpreter exited normally" in report
+    assert "rank(s) [1] exited" in report
+
+
+def test_module_consistency_passes_then_ddp_works() -> None:
+    grads = run_ranks(workers.consistency_then_ddp, 2, timeout=120)
+    assert grads[0] == pytest.approx(grads[1])
+
+
+def test_module_shapes_differ() -> None:
+    for result in run_ranks(workers.shapes_differ, 2, timeout=120):
+        assert result["raised"]
+        assert "ranks [0] have parameter '0.weight' shape (8, 4)" in result["report"]
+        assert "ranks [1] have parameter '0.weight' shape (16, 4)" in result["report"]
+
+
+def test_module_requires_grad_differs() -> None:
+    for result in run_ranks(workers.requires_grad_differs, 2, timeout=120):
+        assert result["raised"]
+        assert (
+            "torch.float32, requires_grad; ranks [1] have parameter '0.weight'" in result["report"]
+        )
+
+
+def test_watchdog_dumps_every_rank_and_ends_them(tmp_path: Path) -> None:
+    outcomes = run_ranks(
+        workers.watchdog_collective_hang,
+        2,
+        args=(4.0, str(tmp_path)),
+        timeout=120,
+        expect_failure=True,
+    )
+    assert outcomes == [("exit", 70), ("exit", 70)], outcomes
+    reports = [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)]
+    joined = "\n".join(reports)
+    assert "has not moved for" in joined
+    assert "--- rank 0 ---" in joined and "--- rank 1 ---" in joined
+    assert "in watchdog_collective_hang" in joined
+    assert "dist.barrier()" in joined and "time.sleep(timeout * 4)" in joined
+
+
+def test_single_process_sync_point_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    from compatshim.dist import sync_point
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    sync_point("alone", timeout=1)
+
+
+def test_sync_point_without_group_in_a_distributed_run_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from compatshim.dist import sync_point
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        sync_point("nobody", timeout=1)
+
+
+def test_timeout_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from compatshim.dist._store import resolve_timeout
+
+    monkeypatch.setenv("COMPATSHIM_DESYNC_TIMEOUT", "12.5")
+    assert resolve_timeout(None) == 12.5
+    assert resolve_timeout(3) == 3.0
+    monkeypatch.setenv("COMPATSHIM_DESYNC_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="COMPATSHIM_DESYNC_TIMEOUT"):
+        resolve_timeout(None)
+    with pytest.raises(ValueError, match="positive"):
+        resolve_timeout(0)
+
+
+def test_doctor_rows_shape() -> None:
+    from compatshim.dist import doctor_rows
+
+    rows = doctor_rows()
+    assert {row["name"] for row in rows} >= {"lightning-fabric-desync"}
+    for row in rows:
+        assert set(row) == {"name", "kind", "applies", "present", "fixed", "detail"}

@@ -1,0 +1,144 @@
+"""Run a Fabric scenario script as a user would (``python script.py``); account for every process.
+
+Each run gets a unique ``COMPATSHIM_TEST_RUN`` marker in its environment,
+which Fabric passes on to the ranks it re-executes. Processes are found by
+that marker in ``/proc/<pid>/environ``, so a rank orphaned by its launcher is
+still found. The run has a hard timeout; afterwards any process still
+carrying the marker (after a short grace for ranks finishing their last line)
+is reported as a survivor and killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.dist import free_port, python_env
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+MARKER = "COMPATSHIM_TEST_RUN"
+
+
+@dataclass
+class Run:
+    script: str
+    args: tuple[str, ...]
+    returncode: int | None
+    stdout: str
+    stderr: str
+    elapsed: float
+    timed_out: bool
+    survivors: list[int] = field(default_factory=list)
+
+    @property
+    def output(self) -> str:
+        return self.stdout + "\n" + self.stderr
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Live processes whose environment carries ``MARKER=marker`` (zombies excluded)."""
+    needle = f"{MARKER}={marker}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as env:
+                if needle not in env.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat") as stat:
+                if stat.read().rsplit(")", 1)[-1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        found.append(int(entry))
+    return found
+
+
+def site_line(script: str, tag: str) -> str:
+    """``script.py:N`` for the line marked ``# <- tag`` in a scenario script."""
+    for number, line in enumerate((SCRIPTS / script).read_text().splitlines(), start=1):
+        if re.search(rf"#\s*<-\s*{re.escape(tag)}\b", line):
+            return f"{script}:{number}"
+    raise LookupError(f"no '# <- {tag}' marker in {script}")
+
+
+def run_script(
+    script: str,
+    *args: str,
+    auto: bool = True,
+    desync_timeout: float = 20.0,
+    hard_timeout: float = 240.0,
+    extra_env: dict[str, str] | None = None,
+    grace: float = 10.0,
+) -> Run:
+    """Run ``scripts/<script>``; kill everything it left after ``grace`` seconds."""
+    marker = uuid.uuid4().hex
+    env = python_env(
+        **{
+            MARKER: marker,
+            "COMPATSHIM_AUTO": "1" if auto else "0",
+            "COMPATSHIM_DESYNC_TIMEOUT": str(desync_timeout),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+    )
+    for key in ("WORLD_SIZE", "LOCAL_RANK", "RANK", "NODE_RANK"):
+        env.pop(key, None)
+    env.update(extra_env or {})
+    logs = Path(os.environ.get("TMPDIR", "/tmp"))
+    out_path = logs / f"fabric-{marker}.out"
+    err_path = logs / f"fabric-{marker}.err"
+    start = time.monotonic()
+    timed_out = False
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPTS / script), *args],
+            cwd=SCRIPTS,
+            env=env,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+        try:
+            proc.wait(hard_timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill([*marked_pids(marker), proc.pid])
+            proc.wait(10)
+    elapsed = time.monotonic() - start
+    deadline = time.monotonic() + grace
+    survivors = marked_pids(marker)
+    while survivors and time.monotonic() < deadline:
+        time.sleep(0.2)
+        survivors = marked_pids(marker)
+    _kill(survivors)
+    run = Run(
+        script=script,
+        args=args,
+        returncode=proc.returncode,
+        stdout=out_path.read_text(errors="replace"),
+        stderr=err_path.read_text(errors="replace"),
+        elapsed=elapsed,
+        timed_out=timed_out,
+        survivors=survivors,
+    )
+    out_path.unlink(missing_ok=True)
+    err_path.unlink(missing_ok=True)
+    return run
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
