@@ -72,7 +72,9 @@ def find_unpicklable(
 
     ``root`` names ``obj`` in the paths. ``limit`` stops after that many findings.
     An empty list means pickle gets past every object (a failure inside a
-    custom ``__reduce__`` callable at load time is out of reach).
+    custom ``__reduce__`` callable at load time is out of reach). When pickle
+    fails but no single object is to blame (a chain deeper than the recursion
+    limit), the one finding is the root with pickle's own error.
 
     A clean graph costs one pickling pass into a sink that discards the bytes
     (tensor storages are stood in by a reference, as ``torch.save`` does, so
@@ -80,9 +82,13 @@ def find_unpicklable(
     """
     if limit is not None and limit <= 0:
         return []
-    if _pickles_cleanly(obj, protocol):
+    failure = _pickling_failure(obj, protocol)
+    if failure is None:
         return []
-    return _Walker(protocol, limit).run(obj, root)
+    findings = _Walker(protocol, limit).run(obj, root)
+    if not findings:  # pickle failed somewhere no single object explains (e.g. too deep)
+        findings.append(Finding(root, _type_name(type(obj)), _error_text(failure)))
+    return findings
 
 
 class _DiscardingSink:
@@ -105,7 +111,8 @@ class _StorageSkippingPickler(pickle.Pickler):
         return None
 
 
-def _pickles_cleanly(obj: Any, protocol: int) -> bool:
+def _pickling_failure(obj: Any, protocol: int) -> Exception | None:
+    """What one pickling pass over ``obj`` raises, or None when it goes through."""
     torch = sys.modules.get("torch")
     storage_types = tuple(
         t
@@ -120,9 +127,9 @@ def _pickles_cleanly(obj: Any, protocol: int) -> bool:
             _StorageSkippingPickler(protocol, storage_types).dump(obj)
         else:
             pickle.Pickler(_DiscardingSink(), protocol).dump(obj)  # type: ignore[arg-type]
-    except Exception:  # RecursionError included: the walk is iterative
-        return False
-    return True
+    except Exception as exc:  # RecursionError included: the walk is iterative
+        return exc
+    return None
 
 
 class _Walker:

@@ -234,6 +234,17 @@ def test_a_hundred_thousand_deep_chain_does_not_hit_the_recursion_limit() -> Non
     assert finding.path == "obj" + ".next" * 100_000 + ".bad"
 
 
+def test_a_chain_too_deep_for_pickle_is_reported_at_the_root() -> None:
+    root = Node()
+    node = root
+    for _ in range(50_000):
+        node.next = Node()
+        node = node.next
+    (finding,) = find_unpicklable(root, root="chain")
+    assert finding.path == "chain"
+    assert finding.error.startswith("RecursionError")
+
+
 def test_limit_stops_early() -> None:
     graph = [threading.Lock() for _ in range(10)]
     assert len(find_unpicklable(graph, limit=3)) == 3
