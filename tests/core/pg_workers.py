@@ -4,7 +4,8 @@ One ``run_ranks`` call does every distributed check (spawning ranks that
 import torch is the expensive part), and :func:`distributed_results` caches
 its outcome for the whole pytest process, so both test modules share it.
 Each check is recorded as ``"ok"`` or its traceback, so a failure points at
-one check instead of failing them all.
+one check instead of failing them all. The ranks start with
+``COMPATSHIM_AUTO=1``, as a user's torchrun ranks would.
 """
 
 from __future__ import annotations
@@ -126,6 +127,18 @@ def distributed_checks(rank: int, world_size: int) -> dict[str, Any]:
     from compatshim.patches import torch_processgroup_copy as patch_module
 
     results: dict[str, Any] = {}
+
+    def armed_by_auto_in_spawned_rank() -> None:
+        # COMPATSHIM_AUTO=1 reached this interpreter at start-up; no code here installed it.
+        if not _startup_hook_installed():
+            results["auto_skip"] = "compatshim_auto.pth is not installed (not a wheel install)"
+            return
+        row = next(r for r in compatshim.status() if r["name"] == "torch-processgroup-copy")
+        assert row["armed"] and row["applied"] and row["fixed"], row
+        assert copy.deepcopy(dist.group.WORLD) is dist.group.WORLD
+
+    _check(results, "armed_by_auto_in_spawned_rank", armed_by_auto_in_spawned_rank)
+    compatshim.uninstall()  # the checks below start unpatched
     world = dist.group.WORLD
     sub = dist.new_group(list(range(world_size)))  # same ranks as WORLD, a different group
     solos = [dist.new_group([r]) for r in range(world_size)]
@@ -240,7 +253,16 @@ def distributed_checks(rank: int, world_size: int) -> dict[str, Any]:
     return results
 
 
+def _startup_hook_installed() -> bool:
+    import site
+    from pathlib import Path
+
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]  # where .pth files run
+    return any((Path(d) / "compatshim_auto.pth").is_file() for d in dirs if d)
+
+
 @functools.cache
 def distributed_results() -> tuple[dict[str, Any], ...]:
     """The per-rank outcome of :func:`distributed_checks`, computed once per pytest process."""
-    return tuple(run_ranks(distributed_checks, WORLD_SIZE, timeout=240))
+    ranks = run_ranks(distributed_checks, WORLD_SIZE, timeout=240, env={"COMPATSHIM_AUTO": "1"})
+    return tuple(ranks)
