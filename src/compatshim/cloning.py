@@ -176,6 +176,8 @@ def clone_module(module: M, *, share: Iterable[Any] = ()) -> M:
     anything in ``share`` (objects, or types whose instances to share).
     Handles are found through containers, ``__dict__`` and ``__slots__``;
     state produced only by a custom ``__getstate__`` is copied as usual.
+    A DDP wrapper goes through DDP's own pickling, which torch allows only
+    over the default group: for DDP over a subgroup, clone ``ddp.module``.
     """
     extra = list(share)
     handle_types = shared_handle_types() + tuple(x for x in extra if isinstance(x, type))
