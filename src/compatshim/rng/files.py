@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Mapping, Union
 
@@ -35,7 +35,9 @@ _TORCH_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 def atomic_write(path: PathLike, write: Callable[[Any], None]) -> None:
     """Call ``write(file)`` on a temporary file beside ``path``, then rename it into place."""
     target = Path(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    temporary = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+    # os.open with 0o666 lets the umask decide the mode, as for any file the user writes.
+    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(handle, "wb") as file:
             write(file)
@@ -43,7 +45,7 @@ def atomic_write(path: PathLike, write: Callable[[Any], None]) -> None:
             os.fsync(file.fileno())
         os.replace(temporary, target)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
     try:
         directory = os.open(target.parent, os.O_RDONLY)

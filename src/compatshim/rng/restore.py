@@ -134,7 +134,6 @@ def build_plan(
     elif not env.numpy:
         skipped.append("numpy (not installed here)")
     else:
-        _check_numpy(parts)
         put("numpy", parts.numpy)
     if parts.torch_cpu is not None:
         put("torch_cpu", parts.torch_cpu)
@@ -144,7 +143,7 @@ def build_plan(
     cuda = plan_devices("cuda", len(parts.cuda), env.cuda, on_device_mismatch)
     for index in cuda.restore:
         put(f"cuda:{index}", parts.cuda[index])
-    device_digest = rank_digest or material_digest(parts)
+    device_digest = (rank_digest or material_digest(parts)) if cuda.derive else b""
     for index in cuda.derive:
         seed = derived_seed(device_digest, f"cuda:{index}")
         plan.writes.append((f"cuda:{index}", derived_cuda(seed)))
@@ -177,16 +176,6 @@ def build_plan(
         notes=tuple(notes),
     )
     return plan
-
-
-def _check_numpy(parts: Parts) -> None:
-    import numpy as np
-
-    assert parts.numpy is not None
-    try:
-        np.random.RandomState().set_state(parts.numpy.as_numpy_tuple())
-    except (TypeError, ValueError) as exc:
-        raise RNGStateError(f"invalid RNG state at numpy: numpy refused it: {exc}") from None
 
 
 def _value_for(label: str, value: Any) -> Any:

@@ -105,19 +105,25 @@ def _tensor(value: Any, where: str, dtype_name: str, numel: int | None = None) -
 
 
 def words(values: Any, where: str, count: int) -> tuple[int, ...]:
-    """``count`` uint32 words from a tensor, list or tuple, range-checked."""
+    """``count`` uint32 words from a tensor, list or tuple, range-checked (vectorised for tensors)."""
     torch = _torch()
     if isinstance(values, torch.Tensor):
-        if values.dtype.is_floating_point or values.dim() != 1:
-            raise _fail(where, f"expected a 1-D integer tensor, got {values.dtype} {tuple(values.shape)}")
-        values = values.tolist()
+        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+            raise _fail(where, f"expected an integer tensor, got {values.dtype}")
+        if values.dim() != 1 or values.numel() != count:
+            raise _fail(where, f"expected {count} words, got shape {tuple(values.shape)}")
+        if int(values.min()) < 0 or int(values.max()) >= _U32:
+            raise _fail(where, "values outside the uint32 range")
+        return tuple(values.tolist())
     if not isinstance(values, (list, tuple)) or len(values) != count:
         size = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
         raise _fail(where, f"expected {count} words, got {size}")
-    for index, word in enumerate(values):
-        if not _is_int(word) or not 0 <= word < _U32:
-            raise _fail(f"{where}[{index}]", f"expected a uint32, got {word!r:.40}")
-    return tuple(int(w) for w in values)
+    if not all(type(word) is int for word in values) or min(values) < 0 or max(values) >= _U32:
+        index, word = next(
+            (i, w) for i, w in enumerate(values) if not (_is_int(w) and 0 <= w < _U32)
+        )
+        raise _fail(f"{where}[{index}]", f"expected a uint32, got {word!r:.40}")
+    return tuple(values)
 
 
 def python_state(value: Any, where: str) -> PythonState:
