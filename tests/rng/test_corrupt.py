@@ -114,7 +114,9 @@ def test_fuzzed_corrupt_state_raises_and_changes_nothing(
         (("format",), "something", "format"),
     ],
 )
-def test_specific_corruptions_name_the_problem(path: tuple[str, ...], value: Any, message: str) -> None:
+def test_specific_corruptions_name_the_problem(
+    path: tuple[str, ...], value: Any, message: str
+) -> None:
     before = snapshot()
     with pytest.raises(rng.RNGStateError, match=message):
         rng.restore(mutate(BASE, path, "replace", value))
@@ -136,6 +138,7 @@ def test_failure_while_setting_puts_back_what_was_set(monkeypatch: pytest.Monkey
     def failing(label: str) -> Any:
         get, set_ = real(label)
         if label == "torch_cpu":
+
             def broken(_: Any) -> None:
                 raise RuntimeError("device lost")
 
@@ -143,7 +146,7 @@ def test_failure_while_setting_puts_back_what_was_set(monkeypatch: pytest.Monkey
         return get, set_
 
     monkeypatch.setattr(devices, "accessors", failing)
-    with pytest.raises(rng.RNGStateError, match="restoring torch_cpu failed.*put back"):
+    with pytest.raises(rng.RNGStateError, match=r"restoring torch_cpu failed.*put back"):
         rng.restore(state)
     monkeypatch.undo()
     assert same(snapshot(), before)

@@ -41,7 +41,7 @@ def test_file_from_another_release_continues_exactly(path: Path) -> None:
     assert report.exact
     got = {
         "python": [random.random() for _ in range(4)],
-        "numpy": np.random.rand(4).tolist() + [float(np.random.randn())],
+        "numpy": [*np.random.rand(4).tolist(), float(np.random.randn())],
         "torch": torch.rand(4, dtype=torch.float64).tolist(),
     }
     assert got == expected

@@ -12,7 +12,11 @@ KEYS = {"name", "kind", "applies", "present", "fixed", "detail"}
 
 def test_rows_shape_and_content() -> None:
     rows = rng.doctor_rows()
-    assert {row["name"] for row in rows} >= {"rng", "rng.device-count-change", "rng.weights-only-numpy"}
+    assert {row["name"] for row in rows} >= {
+        "rng",
+        "rng.device-count-change",
+        "rng.weights-only-numpy",
+    }
     for row in rows:
         assert set(row) == KEYS
         assert row["kind"] in ("adapter", "hazard", "patch")

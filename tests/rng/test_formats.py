@@ -118,5 +118,5 @@ def test_hazard_is_real_weights_only_refuses_the_frameworks_numpy_state() -> Non
 
 def test_unknown_layout_error_lists_the_known_ones(tmp_path: Path) -> None:
     torch.save({"weights": torch.zeros(2)}, tmp_path / "model.pt")
-    with pytest.raises(rng.RNGStateError, match="transformers:.*accelerate:.*lightning:.*sana:"):
+    with pytest.raises(rng.RNGStateError, match=r"transformers:.*accelerate:.*lightning:.*sana:"):
         rng.read(tmp_path / "model.pt")

@@ -12,7 +12,9 @@ import pytest
 import compatshim.rng as rng
 from rng.workers import draws
 
-MISSING = [m for m in ("transformers", "accelerate", "lightning") if importlib.util.find_spec(m) is None]
+MISSING = [
+    m for m in ("transformers", "accelerate", "lightning") if importlib.util.find_spec(m) is None
+]
 pytestmark = pytest.mark.skipif(
     bool(MISSING), reason=f"needs the rng-frameworks env ({', '.join(MISSING)} not installed)"
 )
@@ -26,7 +28,9 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, A
     return out, make_fixtures.write_all(out)
 
 
-def test_every_file_the_frameworks_wrote_restores_exactly(written: tuple[Path, dict[str, Any]]) -> None:
+def test_every_file_the_frameworks_wrote_restores_exactly(
+    written: tuple[Path, dict[str, Any]],
+) -> None:
     out, expected = written
     assert len(expected) >= 12
     for name, want in expected.items():
@@ -40,7 +44,10 @@ def test_every_file_the_frameworks_wrote_restores_exactly(written: tuple[Path, d
 
 def test_checkpoint_folders_of_three_ranks(written: tuple[Path, dict[str, Any]]) -> None:
     out, expected = written
-    for folder, pattern in (("transformers_dist", "rng_state_{}.pth"), ("accelerate", "random_states_{}.pkl")):
+    for folder, pattern in (
+        ("transformers_dist", "rng_state_{}.pth"),
+        ("accelerate", "random_states_{}.pkl"),
+    ):
         found = rng.read(out / folder)
         assert found["world_size"] == 3
         for rank in range(3):
@@ -48,7 +55,9 @@ def test_checkpoint_folders_of_three_ranks(written: tuple[Path, dict[str, Any]])
             assert draws() == expected[f"{folder}/{pattern.format(rank)}"]
 
 
-def test_frameworks_own_restore_agrees_with_compatshim(written: tuple[Path, dict[str, Any]]) -> None:
+def test_frameworks_own_restore_agrees_with_compatshim(
+    written: tuple[Path, dict[str, Any]],
+) -> None:
     """Lightning's _set_rng_states on the same dict lands where compatshim's restore does."""
     import torch
     from lightning.fabric.utilities.seed import _set_rng_states

@@ -36,7 +36,9 @@ def test_seven_saved_one_present_restores_device_zero_and_skips_the_rest() -> No
     assert list(writes) == ["cuda:0"]
     assert torch.equal(writes["cuda:0"], state["cuda"][0])  # type: ignore[index]
     assert plan.report is not None
-    assert plan.report.skipped == tuple(f"cuda:{i} (saved; no such device here)" for i in range(1, 7))
+    assert plan.report.skipped == tuple(
+        f"cuda:{i} (saved; no such device here)" for i in range(1, 7)
+    )
     assert "CUDA device count changed 7 -> 1" in plan.report.notes
     assert plan.report.mismatch and not plan.report.exact
 
@@ -87,7 +89,7 @@ def test_rank_plan(saved: int, world: int, rank: int, expected: int | None) -> N
 def test_rank_plan_policies() -> None:
     assert plan_rank(3, 0, 2, "derive_all").saved_rank is None
     assert plan_rank(3, 0, 3, "derive_all").saved_rank == 0  # same size: always exact
-    with pytest.raises(rng.RNGStateError, match="3 rank.*job has 4"):
+    with pytest.raises(rng.RNGStateError, match=r"3 rank.*job has 4"):
         plan_rank(3, 0, 4, "error")
     with pytest.raises(ValueError, match="on_world_size_mismatch"):
         plan_rank(3, 0, 4, "rank0")  # type: ignore[arg-type]

@@ -60,7 +60,10 @@ def test_read_restores_nothing(tmp_path: Path) -> None:
 
 
 def test_import_is_cheap() -> None:
-    code = "import sys, compatshim, compatshim.rng; print('torch' in sys.modules, 'numpy' in sys.modules)"
+    code = (
+        "import sys, compatshim, compatshim.rng; "
+        "print('torch' in sys.modules, 'numpy' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 

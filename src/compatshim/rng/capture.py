@@ -36,7 +36,9 @@ def capture_parts() -> Parts:
             numpy_version = np.__version__
             name, key, pos, has_gauss, cached = np.random.get_state()
             if name == "MT19937":
-                parts.numpy = NumpyMT(tuple(int(k) for k in key), int(pos), int(has_gauss), float(cached))
+                parts.numpy = NumpyMT(
+                    tuple(int(k) for k in key), int(pos), int(has_gauss), float(cached)
+                )
         parts.torch_cpu = torch.get_rng_state()
         if cuda_count():
             parts.cuda = [s.cpu() for s in torch.cuda.get_rng_state_all()]

@@ -109,9 +109,7 @@ def _load_object(path: Path, trusted: bool) -> Any:
         is_zip = head == _ZIP_MAGIC
         if not is_zip:
             try:
-                first = (
-                    __import__("pickle").load(file) if trusted else safe_unpickler.load(file)
-                )
+                first = __import__("pickle").load(file) if trusted else safe_unpickler.load(file)
             except RNGStateError:
                 raise
             except Exception as exc:
@@ -123,7 +121,9 @@ def _load_object(path: Path, trusted: bool) -> Any:
     try:
         if trusted:
             return torch.load(path, map_location="cpu", weights_only=False)
-        return torch.load(path, map_location="cpu", weights_only=False, pickle_module=safe_unpickler)
+        return torch.load(
+            path, map_location="cpu", weights_only=False, pickle_module=safe_unpickler
+        )
     except RNGStateError:
         raise
     except Exception as exc:

@@ -74,14 +74,20 @@ def layout_of(obj: Mapping[str, Any]) -> str | None:
 def _numpy_entry(value: Any, where: str) -> NumpyMT:
     if isinstance(value, Mapping):  # {"bit_generator"|"name", "state"|"keys"|"key", ...}
         name = value.get("bit_generator", value.get("name", "MT19937"))
-        key = next((value[k] for k in ("key", "keys", "state") if k in value), None)
-        fields = (name, key, value.get("pos", value.get("position")), value.get("has_gauss"),
-                  value.get("cached_gaussian"))
+        words = next((value[k] for k in ("key", "keys", "state") if k in value), None)
+        fields = (
+            name,
+            words,
+            value.get("pos", value.get("position")),
+            value.get("has_gauss"),
+            value.get("cached_gaussian"),
+        )
     elif isinstance(value, (tuple, list)) and len(value) == 5:
         fields = tuple(value)
     else:
         raise RNGStateError(f"invalid RNG state at {where}: not a numpy MT19937 state")
-    name, key, pos, has_gauss, cached = fields
+    name, pos, has_gauss, cached = fields[0], fields[2], fields[3], fields[4]
+    key: Any = fields[1]
     if not (isinstance(name, str) and name == "MT19937"):
         raise RNGStateError(f"invalid RNG state at {where}: bit generator {name!r:.40} unsupported")
     if hasattr(key, "tolist") and not _is_tensor(key):
@@ -162,7 +168,7 @@ def single_rank_file(parts: Parts, source: str, saved_rank: int | None) -> dict[
 
 
 def to_file(obj: Any, *, saved_rank: int | None = None, what: str = "the object") -> dict[str, Any]:
-    """A compatshim file dict for any supported ``obj``: its own, or a known layout anywhere inside."""
+    """A compatshim file dict for ``obj``: compatshim's own, or a known layout anywhere inside."""
     found: list[tuple[str, Any, str]] = []
     _find(obj, "", 0, found)
     if not found:

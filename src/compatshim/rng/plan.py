@@ -61,7 +61,9 @@ def plan_devices(kind: str, saved: int, current: int, policy: DevicePolicy) -> D
 
 def plan_rank(saved_world: int, rank: int, world_size: int, policy: WorldSizePolicy) -> RankPlan:
     if policy not in WORLD_SIZE_POLICIES:
-        raise ValueError(f"on_world_size_mismatch must be one of {WORLD_SIZE_POLICIES}, got {policy!r}")
+        raise ValueError(
+            f"on_world_size_mismatch must be one of {WORLD_SIZE_POLICIES}, got {policy!r}"
+        )
     if not 0 <= rank < world_size:
         raise RNGStateError(f"rank {rank} is outside world size {world_size}")
     if saved_world == world_size:

@@ -31,7 +31,7 @@ class RestoreReport:
 
     @property
     def mismatch(self) -> bool:
-        """True when the saved and current world size or devices differ, or streams are not exact."""
+        """True when world size or devices differ from the save, or streams are not exact."""
         return bool(self.notes) or not self.exact
 
     def summary(self) -> str:

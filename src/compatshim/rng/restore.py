@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -50,11 +51,18 @@ class RestorePlan:
 def _select(
     obj: Any, env: Environment, policy: WorldSizePolicy
 ) -> tuple[Parts, str, int | None, int | None, list[str], bytes | None]:
-    """This rank's parts from a state or file; (parts, source, saved rank, saved world, notes, digest)."""
+    """This rank's parts: (parts, source, saved rank, saved world, notes, derivation digest)."""
     if is_state(obj):
         parts = parse_state(obj)
         saved_rank = parts.meta.get("rank")
-        return parts, "compatshim", saved_rank if isinstance(saved_rank, int) else None, None, [], None
+        return (
+            parts,
+            "compatshim",
+            saved_rank if isinstance(saved_rank, int) else None,
+            None,
+            [],
+            None,
+        )
     if isinstance(obj, Mapping) and "format" in obj and not is_file(obj):
         raise RNGStateError(
             f"format is {obj['format']!r:.60}; expected {STATE_FORMAT!r} (from capture) "
@@ -87,7 +95,14 @@ def _select(
     rank_plan = plan_rank(saved_world, env.rank, env.world_size, policy)
     notes = [rank_plan.reason] if saved_world != env.world_size else []
     if rank_plan.saved_rank is not None:
-        return all_parts[rank_plan.saved_rank], source, rank_plan.saved_rank, saved_world, notes, None
+        return (
+            all_parts[rank_plan.saved_rank],
+            source,
+            rank_plan.saved_rank,
+            saved_world,
+            notes,
+            None,
+        )
     digest = material_digest_all(all_parts)
     parts = derived_parts(digest, f"rank:{env.rank}", all_parts[0], env.cuda)
     return parts, source, None, saved_world, notes, digest
@@ -195,10 +210,8 @@ def apply_plan(plan: RestorePlan) -> None:
                 set_(_value_for(label, value))
             except Exception as exc:
                 for setter, old in reversed(undo):
-                    try:
+                    with contextlib.suppress(Exception):  # best effort: report the first failure
                         setter(old)
-                    except Exception:  # best effort: report the original failure
-                        pass
                 raise RNGStateError(
                     f"restoring {label} failed ({type(exc).__name__}: {exc}); "
                     "the generators set before it were put back"

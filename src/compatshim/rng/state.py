@@ -96,7 +96,9 @@ def _tensor(value: Any, where: str, dtype_name: str, numel: int | None = None) -
     if not isinstance(value, torch.Tensor):
         raise _fail(where, f"expected a torch tensor, got {type(value).__name__}")
     if value.dtype != getattr(torch, dtype_name) or value.dim() != 1:
-        raise _fail(where, f"expected a 1-D {dtype_name} tensor, got {value.dtype} {tuple(value.shape)}")
+        raise _fail(
+            where, f"expected a 1-D {dtype_name} tensor, got {value.dtype} {tuple(value.shape)}"
+        )
     if value.device.type != "cpu":
         raise _fail(where, f"expected a CPU tensor, got one on {value.device}")
     if numel is not None and value.numel() != numel:
@@ -105,7 +107,7 @@ def _tensor(value: Any, where: str, dtype_name: str, numel: int | None = None) -
 
 
 def words(values: Any, where: str, count: int) -> tuple[int, ...]:
-    """``count`` uint32 words from a tensor, list or tuple, range-checked (vectorised for tensors)."""
+    """``count`` uint32 words from a tensor, list or tuple, range-checked."""
     torch = _torch()
     if isinstance(values, torch.Tensor):
         if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
