@@ -99,7 +99,9 @@ def hook_distspec_hash() -> None:
         if cls is not None and cls.__hash__ is None:
             cls.__hash__ = object.__hash__
 
-    when_imported("colossalai.tensor.distspec", fix)
+    # the module moved to colossalai.legacy in 0.3.x; hook both spellings
+    for name in ("colossalai.tensor.distspec", "colossalai.legacy.tensor.distspec"):
+        when_imported(name, fix)
 
 
 def _is_gloo(group: Any) -> bool:

@@ -23,7 +23,10 @@ ROUNDING = {"bf16": 2**-8, "fp16": 2**-11}
 
 @pytest.fixture(scope="module")
 def ranks() -> list[dict[str, Any]]:
-    return run_ranks(run_session, 2, args=(CONFIGS,), timeout=420)
+    # colossalai 0.4.4+ call torch.compile at import; inductor's warm-up process pool
+    # cannot start inside the (daemonic) rank processes, so compile threads = 1
+    env = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    return run_ranks(run_session, 2, args=(CONFIGS,), timeout=420, env=env)
 
 
 def _version(ranks: list[dict[str, Any]]) -> Version:

@@ -6,8 +6,9 @@ What breaks: Open-Sora's EMA reads
 
 Layouts (verified on the installed sdists):
 - 0.3.2-0.4.0: ``optimizer._param_store.working_to_master_param``; the store
-  knows the padding (``get_param_padding_size``) and the ZeRO group
-  (``torch_pg``, ``local_rank``, ``world_size``). 0.3.3+ also offer
+  knows the padding (``get_param_padding_size``), ``local_rank`` and
+  ``world_size``; the group is ``store.torch_pg`` from 0.3.5, ``optimizer.dp_pg``
+  before. 0.3.3+ also offer
   ``get_working_to_master_map()`` returning the same dict.
 - 0.4.1-0.5.0: ``optimizer.working_to_master_param`` and
   ``optimizer.get_param_padding_size``; the group is per parameter in
@@ -29,7 +30,9 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 
-def _store_position(store: Any, param: Tensor, master: Tensor, padding: int) -> ShardPosition:
+def _store_position(
+    store: Any, param: Tensor, master: Tensor, padding: int, group: Any
+) -> ShardPosition:
     numel = param.numel()
     if master.numel() == numel and padding == 0 and int(store.world_size) == 1:
         return whole_param_position(numel)
@@ -39,7 +42,7 @@ def _store_position(store: Any, param: Tensor, master: Tensor, padding: int) -> 
         padding=padding,
         rank=int(store.local_rank),
         world_size=int(store.world_size),
-        group=store.torch_pg,
+        group=group,
     )
 
 
@@ -53,7 +56,9 @@ def _has_param_store_map(optimizer: Any) -> bool:
 
 def _param_store_position(optimizer: Any, param: Tensor, master: Tensor) -> ShardPosition:
     store = optimizer._param_store
-    return _store_position(store, param, master, int(store.get_param_padding_size(param)))
+    # 0.3.5+ stores know their group; 0.3.2-0.3.4 keep it on the optimizer (None = world)
+    group = store.torch_pg if hasattr(store, "torch_pg") else optimizer.dp_pg
+    return _store_position(store, param, master, int(store.get_param_padding_size(param)), group)
 
 
 PARAM_STORE = Layout(
@@ -79,7 +84,8 @@ def _has_optimizer_map(optimizer: Any) -> bool:
 def _optimizer_position(optimizer: Any, param: Tensor, master: Tensor) -> ShardPosition:
     stores = getattr(optimizer, "pid_to_bucket_store", None)
     store = stores[id(param)] if stores is not None else optimizer._bucket_store
-    return _store_position(store, param, master, int(optimizer.get_param_padding_size(param)))
+    padding = int(optimizer.get_param_padding_size(param))
+    return _store_position(store, param, master, padding, store.torch_pg)
 
 
 OPTIMIZER_ATTRIBUTE = Layout(
