@@ -243,26 +243,84 @@ def test_compatshim_disable_leaves_the_defect_in_place() -> None:
 # -- the other devkit class that stores dict views --------------------------------------
 
 
-def _panoptic_eval() -> Any:
-    """A ``NuScenesPanopticEval`` with the attributes its ``__init__`` sets at lines 91-92.
+def _tiny_panoptic_dataset(root: Path) -> str:
+    """The smallest on-disk nuScenes the devkit's own loader accepts for panoptic evaluation.
 
-    Constructing it for real needs a NuScenes dataset with panoptic labels on
-    disk; the mapper here is the devkit's real ``PanopticClassMapper`` code
-    (its ``get_things``/``get_stuff``), and the two views are made exactly as
-    ``__init__`` makes them.
+    Tables are the real schema with (almost) no rows: every lidarseg category
+    with its index, the two ``mini_val`` scenes without samples, one map, one
+    panoptic record with its (empty) label file. It is data, not a stand-in for
+    the devkit: ``NuScenes`` and ``NuScenesPanopticEval`` run unmodified.
     """
-    from nuscenes.eval.panoptic.evaluate import NuScenesPanopticEval
-    from nuscenes.eval.panoptic.utils import PanopticClassMapper
+    from nuscenes.utils.color_map import get_colormap
 
-    mapper = object.__new__(PanopticClassMapper)
-    mapper.ignore_class = mapper.get_ignore_class()
-    mapper.things = mapper.get_things()
-    mapper.stuff = mapper.get_stuff()
-    evaluator = object.__new__(NuScenesPanopticEval)
-    evaluator.mapper = mapper
-    evaluator.things = evaluator.mapper.things.keys()
-    evaluator.stuff = evaluator.mapper.stuff.keys()
-    return evaluator
+    version = "v1.0-mini"
+    tables = root / version
+    tables.mkdir(parents=True)
+    scenes = [
+        {
+            "token": f"scene{i}",
+            "name": name,
+            "nbr_samples": 0,
+            "first_sample_token": "",
+            "last_sample_token": "",
+            "log_token": "log0",
+            "description": "",
+        }
+        for i, name in enumerate(["scene-0103", "scene-0916"])  # the mini_val split
+    ]
+    label_file = f"panoptic/{version}/pan0_panoptic.npz"
+    content: dict[str, list[dict[str, Any]]] = {
+        "category": [
+            {"token": f"cat{i}", "name": name, "description": name, "index": i}
+            for i, name in enumerate(get_colormap())
+        ],
+        "attribute": [],
+        "visibility": [],
+        "instance": [],
+        "sensor": [],
+        "calibrated_sensor": [],
+        "ego_pose": [],
+        "log": [{"token": "log0", "location": "singapore-onenorth"}],
+        "scene": scenes,
+        "sample": [],
+        "sample_data": [],
+        "sample_annotation": [],
+        "map": [
+            {
+                "token": "map0",
+                "log_tokens": ["log0"],
+                "filename": "maps/blank.png",
+                "category": "semantic_prior",
+            }
+        ],
+        "panoptic": [{"token": "pan0", "sample_data_token": "sd0", "filename": label_file}],
+    }
+    for name, rows in content.items():
+        (tables / f"{name}.json").write_text(json.dumps(rows))
+    (root / "maps").mkdir()
+    (root / "maps" / "blank.png").write_bytes(b"")  # opened lazily, never here
+    (root / label_file).parent.mkdir(parents=True)
+    (root / label_file).write_bytes(b"")
+    (root / "results" / "panoptic" / "mini_val").mkdir(parents=True)
+    return version
+
+
+@pytest.fixture
+def panoptic_eval(tmp_path: Path) -> Any:
+    """A ``NuScenesPanopticEval`` constructed for real (``__init__`` lines 91-92 make the views)."""
+    from nuscenes.eval.panoptic.evaluate import NuScenesPanopticEval
+    from nuscenes.nuscenes import NuScenes
+
+    version = _tiny_panoptic_dataset(tmp_path)
+    nusc = NuScenes(version=version, dataroot=str(tmp_path), verbose=False)
+    return NuScenesPanopticEval(
+        nusc,
+        results_folder=str(tmp_path / "results"),
+        eval_set="mini_val",
+        task="tracking",
+        min_inst_points=15,
+        out_dir=str(tmp_path / "out"),
+    )
 
 
 def test_panoptic_eval_views_are_what_init_stores() -> None:
@@ -272,12 +330,17 @@ def test_panoptic_eval_views_are_what_init_stores() -> None:
     assert set(found) == {"things", "stuff"}
 
 
-def test_panoptic_eval_pickles_only_with_the_patch(unpatched: None) -> None:
+def test_panoptic_eval_pickles_only_with_the_patch(unpatched: None, panoptic_eval: Any) -> None:
     from nuscenes.eval.panoptic import evaluate
 
-    evaluator = _panoptic_eval()
+    evaluator = panoptic_eval
+    assert type(evaluator.things).__name__ == "dict_keys"
     with pytest.raises(TypeError, match="dict_keys"):
         pickle.dumps(evaluator)
+    assert {f.path for f in compatshim.find_unpicklable(evaluator, root="ev")} == {
+        "ev.things",
+        "ev.stuff",
+    }
     assert nuscenes_dict_views.probe(evaluate) is True
     compatshim.install(include=[PATCH])
     assert "nuscenes.eval.panoptic.evaluate" in _row()["applied_targets"]
@@ -287,6 +350,7 @@ def test_panoptic_eval_pickles_only_with_the_patch(unpatched: None) -> None:
         assert list(twin.stuff) == list(evaluator.stuff)
         assert "car" in twin.things and "vegetation" in twin.stuff
         assert twin.things == twin.mapper.things.keys()  # a live view of the copy's mapper
+        assert twin.evaluator.keys() == evaluator.evaluator.keys()
 
 
 # -- find_unpicklable on the real devkit ------------------------------------------------
