@@ -120,3 +120,19 @@ def test_unknown_layout_error_lists_the_known_ones(tmp_path: Path) -> None:
     torch.save({"weights": torch.zeros(2)}, tmp_path / "model.pt")
     with pytest.raises(rng.RNGStateError, match=r"transformers:.*accelerate:.*lightning:.*sana:"):
         rng.read(tmp_path / "model.pt")
+
+
+def test_legacy_non_zip_torch_file_reads_safely(tmp_path: Path) -> None:
+    import random
+
+    import numpy as np
+
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "cpu": torch.get_rng_state(),
+    }
+    torch.save(state, tmp_path / "rng_state.pth", _use_new_zipfile_serialization=False)
+    want = draws()
+    assert rng.load(tmp_path / "rng_state.pth").exact
+    assert draws() == want

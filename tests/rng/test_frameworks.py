@@ -3,18 +3,17 @@ write RNG files with their own code, and compatshim reads and restores each exac
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import compatshim.rng as rng
+from compatshim._versions import installed_version
 from rng.workers import draws
 
-MISSING = [
-    m for m in ("transformers", "accelerate", "lightning") if importlib.util.find_spec(m) is None
-]
+# Installed distributions, not find_spec: tests/lightning would pass for a "lightning" package.
+MISSING = [d for d in ("transformers", "accelerate", "lightning") if installed_version(d) is None]
 pytestmark = pytest.mark.skipif(
     bool(MISSING), reason=f"needs the rng-frameworks env ({', '.join(MISSING)} not installed)"
 )
