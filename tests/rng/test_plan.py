@@ -118,3 +118,32 @@ def test_derived_rank_gets_every_generator_derived() -> None:
     cpu = dict(plan.writes)["torch_cpu"]
     assert torch.equal(cpu, dict(again.writes)["torch_cpu"])
     assert not torch.equal(cpu, dict(other.writes)["torch_cpu"])
+
+
+def single_rank_file(saved_rank: int | None) -> dict[str, object]:
+    from compatshim.rng.formats import single_rank_file as make
+    from compatshim.rng.state import parse_state
+
+    return make(parse_state(rng.capture()), "sana", saved_rank)
+
+
+def test_one_job_wide_state_goes_to_rank_zero_only() -> None:
+    """Sana keeps rank 0's state and restores it on every rank; compatshim derives the others."""
+    file = single_rank_file(None)
+    zero = build_plan(file, Environment(rank=0, world_size=4))
+    two = build_plan(file, Environment(rank=2, world_size=4))
+    assert zero.report is not None and two.report is not None
+    assert "torch_cpu" in zero.report.restored and "torch_cpu" in two.report.derived
+    alone = build_plan(file, Environment(rank=0, world_size=1))
+    assert alone.report is not None and alone.report.exact and not alone.report.notes
+
+
+def test_per_rank_file_restores_on_its_rank_and_derives_elsewhere() -> None:
+    file = single_rank_file(1)
+    own = build_plan(file, Environment(rank=1, world_size=3))
+    other = build_plan(file, Environment(rank=2, world_size=3))
+    assert own.report is not None and own.report.exact
+    assert other.report is not None and "torch_cpu" in other.report.derived
+    assert "saved rank 1's state; rank 2 derived" in other.report.notes[0]
+    with pytest.raises(rng.RNGStateError, match="saved rank 1's state and this is rank 2"):
+        build_plan(file, Environment(rank=2, world_size=3), on_world_size_mismatch="error")

@@ -78,19 +78,27 @@ def _select(
     if not isinstance(ranks, list) or not ranks:
         raise RNGStateError("invalid RNG file: 'ranks' must be a non-empty list of states")
     all_parts = [parse_state(entry, f"ranks[{i}]") for i, entry in enumerate(ranks)]
-    if saved_world is None:
+    saved_rank = obj.get("saved_rank")
+    saved_rank = saved_rank if _is_int(saved_rank) else None
+    if saved_world is None:  # one rank's file, or one state for the whole job
         if len(all_parts) != 1:
             raise RNGStateError("invalid RNG file: several ranks but no world_size")
-        saved_rank = obj.get("saved_rank")
-        notes = []
-        if env.world_size > 1:
-            notes.append(
-                "the file holds one rank's state: every rank that loads it gets the same streams"
-            )
-        return all_parts[0], source, saved_rank, None, notes, None
-    if saved_world != len(all_parts):
+        if env.world_size == 1 or saved_rank == env.rank:
+            return all_parts[0], source, saved_rank, None, [], None
+        if saved_rank is not None:
+            # rank k's own file read on rank r: never replay another rank's stream
+            if policy == "error":
+                raise RNGStateError(
+                    f"the file holds saved rank {saved_rank}'s state and this is rank {env.rank}"
+                )
+            notes = [f"the file holds saved rank {saved_rank}'s state; rank {env.rank} derived"]
+            digest = material_digest_all(all_parts)
+            parts = derived_parts(digest, f"rank:{env.rank}", all_parts[0], env.cuda)
+            return parts, source, None, None, notes, digest
+        saved_world = 1  # a single job-wide state (Sana keeps rank 0's): rank 0 restores it
+    if not _is_int(saved_world) or saved_world != len(all_parts):
         raise RNGStateError(
-            f"invalid RNG file: world_size {saved_world!r} but {len(all_parts)} rank states"
+            f"invalid RNG file: world_size {saved_world!r:.40} but {len(all_parts)} rank states"
         )
     rank_plan = plan_rank(saved_world, env.rank, env.world_size, policy)
     notes = [rank_plan.reason] if saved_world != env.world_size else []
@@ -106,6 +114,10 @@ def _select(
     digest = material_digest_all(all_parts)
     parts = derived_parts(digest, f"rank:{env.rank}", all_parts[0], env.cuda)
     return parts, source, None, saved_world, notes, digest
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def material_digest_all(all_parts: list[Parts]) -> bytes:
