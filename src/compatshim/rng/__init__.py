@@ -8,8 +8,16 @@ Guarantee: with the same world size and device count, every generator
 continues bit-identically. Otherwise ranks and devices present in the save
 get their saved state, and the others a deterministic state derived from the
 saved material and their index (never another rank's or device's stream);
-the returned :class:`RestoreReport` lists what was restored, derived and
-skipped, and one :class:`RNGStateWarning` says so.
+a file holding one rank's state (another framework's per-rank file, or one
+job-wide state as Sana keeps) is restored on its own rank (rank 0 when
+unknown) and derived on the others. The returned :class:`RestoreReport`
+lists what was restored, derived and skipped, and one
+:class:`RNGStateWarning` says so whenever the setup differs from the save.
+
+Restores are atomic: every part is validated before any generator is set,
+and a write that fails puts back the ones already made
+(:class:`RNGStateError`). Files are read by a restricted unpickler that runs
+no code from them unless ``trusted=True``; ``save`` writes atomically.
 
 Importing this package imports neither torch nor numpy.
 """

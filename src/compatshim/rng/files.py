@@ -75,7 +75,9 @@ def save(path: PathLike, *, state: Mapping[str, Any] | None = None) -> Path:
     """Write this process's RNG state, or every rank's when distributed, to ``path``.
 
     Collective when ``torch.distributed`` is initialised: every rank must call it;
-    rank 0 writes the file and all ranks return after it is in place.
+    rank 0 writes the file and all ranks return after it is in place. (Under
+    NCCL, ``gather_object`` needs each rank's ``torch.cuda.set_device`` first,
+    as any NCCL object collective does.)
     """
     import torch
 
