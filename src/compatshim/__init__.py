@@ -10,6 +10,7 @@ from ._registry import install, status, uninstall
 __version__ = "0.1.0"
 __all__ = [
     "__version__",
+    "Finding",
     "clone_module",
     "dist",
     "ema",
@@ -30,11 +31,12 @@ if TYPE_CHECKING:
     from . import master as master
     from . import rng as rng
     from .cloning import clone_module
-    from .pickling import find_unpicklable
+    from .pickling import Finding, find_unpicklable
 
 _LAZY = {
     "clone_module": ("compatshim.cloning", "clone_module"),
     "find_unpicklable": ("compatshim.pickling", "find_unpicklable"),
+    "Finding": ("compatshim.pickling", "Finding"),
 }
 _SUBMODULES = {"dist", "ema", "master", "rng"}
 
