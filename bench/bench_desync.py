@@ -87,8 +87,31 @@ def _worker(rank: int, world_size: int, port: int, queue: Any) -> None:
         warmup=3,
     )
     if rank == 0:
-        queue.put({"steps": steps, "setups": setups, "syncs": syncs})
+        queue.put(
+            {"steps": steps, "setups": setups, "syncs": syncs, "crumb": _breadcrumb_cost(fabric)}
+        )
     dist.barrier()
+
+
+def _breadcrumb_cost(fabric: Any) -> dict[str, list[float]]:
+    """The wrapper's own cost, on a method that does nothing (too small to see in one step)."""
+    import time
+
+    from compatshim.patches.lightning_fabric_desync import _breadcrumb
+
+    def nothing(self: Any) -> None:
+        return None
+
+    wrapped = _breadcrumb("barrier", nothing)
+    calls = 20_000
+    samples: dict[str, list[float]] = {"plain": [], "breadcrumb": []}
+    for _ in range(7):
+        for name, fn in (("plain", nothing), ("breadcrumb", wrapped)):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn(fabric)
+            samples[name].append((time.perf_counter() - start) / calls)
+    return samples
 
 
 def main() -> dict[str, float]:
@@ -109,11 +132,13 @@ def main() -> dict[str, float]:
                 proc.kill()
     ms = {
         group: {name: median(values) * 1e3 for name, values in samples[group].items()}
-        for group in ("steps", "setups", "syncs")
+        for group in ("steps", "setups", "syncs", "crumb")
     }
+    crumb_us = (ms["crumb"]["breadcrumb"] - ms["crumb"]["plain"]) * 1e3
     ratios = {
         "all_reduce_1M_patched_vs_original": ms["steps"]["patched"] / ms["steps"]["unpatched"],
         "setup_module_patched_vs_original": ms["setups"]["patched"] / ms["setups"]["unpatched"],
+        "breadcrumb_share_of_1M_step": crumb_us / (ms["steps"]["unpatched"] * 1e3),
         "sync_point_vs_barrier": ms["syncs"]["sync_point"] / ms["syncs"]["barrier"],
         "sync_point_vs_monitored_barrier": ms["syncs"]["sync_point"]
         / ms["syncs"]["monitored_barrier"],
@@ -132,6 +157,13 @@ def main() -> dict[str, float]:
             f"{ms['setups']['patched']:.3f}",
             f"{ratios['setup_module_patched_vs_original']:.3f}x",
             f"{(ms['setups']['patched'] - ms['setups']['unpatched']) * 1e3:+.0f} µs",
+        ],
+        [
+            "breadcrumb alone (wrapper on a no-op method)",
+            "-",
+            "-",
+            f"{ratios['breadcrumb_share_of_1M_step'] * 100:.3f}% of a 1M step",
+            f"{crumb_us:+.2f} µs",
         ],
         [
             "sync_point vs dist.barrier",

@@ -147,8 +147,17 @@ class Monitor:
         self._check_parent()
 
     def _beat(self, meeting: Meeting, now: float) -> None:
+        """Heartbeat with the op this rank is in right now, so others can tell a stuck rank."""
+        current = TRAIL.current
         meeting.put(
-            meeting.key("hb", meeting.rank), {"time": now, "pid": os.getpid(), "host": meeting.host}
+            meeting.key("hb", meeting.rank),
+            {
+                "time": now,
+                "pid": os.getpid(),
+                "host": meeting.host,
+                "op_seq": current.seq if current is not None else None,
+                "collective": bool(current is not None and current.collective),
+            },
         )
 
     def _publish(self, meeting: Meeting, now: float) -> None:

@@ -26,6 +26,9 @@ class DesyncError(RuntimeError):
         self.ranks = ranks or {}
 
 
+DesyncError.__module__ = "compatshim.dist"  # shown in tracebacks: the public name
+
+
 def _stack_lines(stack: Any, indent: str) -> list[str]:
     return [f"{indent}{format_site(site)}" for site in (stack or [])]
 
@@ -56,7 +59,7 @@ def describe_rank(rank: int, info: dict[str, Any], now: float) -> list[str]:
     elif state == "silent":
         parts.append(f"  no heartbeat for {info.get('silent_for', 0):.1f} s: {info.get('why')}")
     elif info.get("heartbeat_age") is not None:
-        parts.append(f"  alive (heartbeat {info['heartbeat_age']:.1f} s ago), blocked elsewhere")
+        parts.append(f"  alive (heartbeat {info['heartbeat_age']:.1f} s ago)")
     return parts
 
 

@@ -89,18 +89,21 @@ def meet(
             "active": True,
         }
         meeting.put(meeting.key("seen", meeting.rank), seen)
-        arrivals = _wait_for_all(meeting, seq, tag, limit)
+        suspects = _Suspects()
+        arrivals = _wait_for_all(meeting, seq, limit, suspects)
         differs = _differences(arrivals, compare) if arrivals is not None else []
         if arrivals is not None and not differs:
             return {rank: arrivals[rank].get("payload") for rank in arrivals}
-        _fail(meeting, seq, tag, limit, differs)
+        _fail(meeting, seq, tag, limit, differs, suspects.confirmed)
         return None  # unreachable: _fail raises
     finally:
         TRAIL.syncing -= 1
         TRAIL.leave(crumb)
 
 
-def _wait_for_all(meeting: Meeting, seq: int, tag: str, limit: float) -> dict[int, Any] | None:
+def _wait_for_all(
+    meeting: Meeting, seq: int, limit: float, suspects: _Suspects
+) -> dict[int, Any] | None:
     """All arrival records for ``seq``, or None when waiting is hopeless or timed out."""
     keys = [meeting.key("sp", seq, r) for r in range(meeting.world_size)]
     desync_key = meeting.key("desync")
@@ -119,28 +122,43 @@ def _wait_for_all(meeting: Meeting, seq: int, tag: str, limit: float) -> dict[in
             if meeting.has([desync_key]):
                 return None
             missing = [r for r in range(meeting.world_size) if not meeting.has([keys[r]])]
-            if any(_liveness.is_gone(meeting, r) or _in_collective(meeting, r) for r in missing):
+            if any(_liveness.is_gone(meeting, r) or suspects.blocked(meeting, r) for r in missing):
                 return None
         time.sleep(pause)
         pause = min(pause * 2, 0.02)
 
 
-DEADLOCK_AFTER = 2.0
+DEADLOCK_AFTER = 2.0  # seconds of heartbeats showing the same collective before calling it
+DEADLOCK_BEATS = 3
 
 
-def _in_collective(meeting: Meeting, rank: int) -> bool:
-    """``rank`` sits in a world-wide collective, which cannot finish while this rank waits here.
+class _Suspects:
+    """Ranks whose heartbeats keep showing them inside the same world-wide collective.
 
-    Waited out for a couple of seconds so a collective that is just finishing is not
-    mistaken for a dead lock.
+    Such a collective cannot finish while this rank waits in a sync point, so it
+    is a dead lock - but only once fresh heartbeats (not a stale record) have
+    shown the same call for a couple of seconds.
     """
-    seen = meeting.read(meeting.key("seen", rank))
-    return bool(
-        seen
-        and seen.get("active")
-        and seen.get("collective")
-        and time.time() - float(seen.get("since", 0)) > DEADLOCK_AFTER
-    )
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[object, float, set[float]]] = {}
+        self.confirmed: list[int] = []
+
+    def blocked(self, meeting: Meeting, rank: int) -> bool:
+        beat = meeting.read(meeting.key("hb", rank)) or {}
+        op_seq = beat.get("op_seq")
+        if not beat.get("collective") or op_seq is None:
+            self._seen.pop(rank, None)
+            return False
+        first = self._seen.get(rank)
+        if first is None or first[0] != op_seq:
+            self._seen[rank] = (op_seq, time.monotonic(), {float(beat.get("time", 0))})
+            return False
+        first[2].add(float(beat.get("time", 0)))
+        if len(first[2]) >= DEADLOCK_BEATS and time.monotonic() - first[1] >= DEADLOCK_AFTER:
+            self.confirmed.append(rank)
+            return True
+        return False
 
 
 def _differences(arrivals: dict[int, Any], compare: Compare | None) -> list[str]:
@@ -157,7 +175,9 @@ def _differences(arrivals: dict[int, Any], compare: Compare | None) -> list[str]
     return []
 
 
-def _fail(meeting: Meeting, seq: int, tag: str, limit: float, differs: list[str]) -> None:
+def _fail(
+    meeting: Meeting, seq: int, tag: str, limit: float, differs: list[str], blocked: list[int]
+) -> None:
     ranks: dict[int, dict[str, Any]] = {}
     missing: list[int] = []
     for rank in range(meeting.world_size):
@@ -171,10 +191,9 @@ def _fail(meeting: Meeting, seq: int, tag: str, limit: float, differs: list[str]
         ranks[rank] = info
     if missing:
         gone = [r for r in missing if ranks[r].get("exit") or ranks[r].get("state") == "gone"]
-        blocked = [r for r in missing if (ranks[r].get("seen") or {}).get("collective")]
         if gone:
             why = f"rank(s) {gone} exited"
-        elif blocked and (ranks[blocked[0]].get("seen") or {}).get("active"):
+        elif blocked:
             why = (
                 f"rank(s) {blocked} wait in a collective that cannot complete while rank "
                 f"{meeting.rank} waits here: a dead lock"
