@@ -253,6 +253,51 @@ def distributed_checks(rank: int, world_size: int) -> dict[str, Any]:
     return results
 
 
+def cuda_ddp_sync_batchnorm_checks(rank: int, world_size: int) -> dict[str, Any]:
+    """On GPUs with NCCL: DDP over a model whose SyncBatchNorm uses a subgroup (mmengine EMA).
+
+    The copy trains: SyncBatchNorm gathers statistics over the shared subgroup
+    and DDP averages gradients, so every rank ends with the same gradient.
+    """
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    import compatshim
+
+    torch.cuda.set_device(rank)
+    sub = dist.new_group(list(range(world_size)))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.SyncBatchNorm(4, process_group=sub)).cuda()
+    ddp = DistributedDataParallel(model, device_ids=[rank])
+    results: dict[str, Any] = {}
+
+    def trains_in_step(copy_of_ddp: Any) -> None:
+        assert copy_of_ddp.module[1].process_group is sub
+        copy_of_ddp.train()
+        copy_of_ddp.zero_grad()
+        batch = torch.randn(8, 4, device="cuda") + rank
+        copy_of_ddp(batch).square().sum().backward()
+        grad = copy_of_ddp.module[0].weight.grad.detach().clone()
+        gathered = [torch.empty_like(grad) for _ in range(world_size)]
+        dist.all_gather(gathered, grad)
+        assert all(bool(torch.allclose(g, gathered[0])) for g in gathered)
+
+    def clone_shares_stream_and_trains() -> None:
+        stream = torch.cuda.Stream()  # a handle the patch alone would not share
+        ddp.module.stream = stream
+        clone = compatshim.clone_module(ddp)
+        del ddp.module.stream
+        assert clone.module.stream is stream
+        trains_in_step(clone)
+
+    _check(results, "clone_module", clone_shares_stream_and_trains)
+    compatshim.install(["torch-processgroup-copy"])
+    _check(results, "patched_deepcopy", lambda: trains_in_step(copy.deepcopy(ddp)))
+    compatshim.uninstall(["torch-processgroup-copy"])
+    dist.barrier()
+    return results
+
+
 def _startup_hook_installed() -> bool:
     import site
     from pathlib import Path

@@ -23,8 +23,8 @@ import torch.distributed as dist
 
 import compatshim
 from compatshim.patches import torch_processgroup_copy as patch_module
-from core.pg_workers import Holder, distributed_results
-from harness.dist import python_env
+from core.pg_workers import Holder, cuda_ddp_sync_batchnorm_checks, distributed_results
+from harness.dist import python_env, run_ranks
 
 NAME = "torch-processgroup-copy"
 PATCHED = ("__deepcopy__", "__copy__", "__reduce_ex__")
@@ -194,3 +194,14 @@ def test_loading_where_no_group_exists_fails_on_first_use_naming_ranks() -> None
     assert copy.deepcopy(loaded).group is loaded.group  # a stand-in is shared, like a group
     again = pickle.loads(pickle.dumps(loaded.group))
     assert isinstance(again, patch_module.UnboundProcessGroup) and again.ranks == (0, 1)
+
+
+@pytest.mark.dist
+@pytest.mark.multigpu
+def test_cuda_ddp_with_sync_batchnorm_subgroup_copies_and_trains() -> None:
+    """The real EMA case (DDP refuses SyncBatchNorm on CPU): NCCL, one GPU per rank."""
+    world_size = min(torch.cuda.device_count(), 4)
+    results = run_ranks(cuda_ddp_sync_batchnorm_checks, world_size, backend="nccl", timeout=300)
+    failures = [f"rank {r}: {k}: {v}" for r, res in enumerate(results) for k, v in res.items()]
+    failures = [text for text in failures if not text.endswith(": ok")]
+    assert not failures, "\n".join(failures)
