@@ -235,6 +235,68 @@ def check_booster(rank: int) -> dict[str, Any]:
     }
 
 
+def _no_shard_policy() -> Any:
+    """A shardformer policy that changes nothing (our toy model has no built-in policy)."""
+    from colossalai.shardformer.policies.base_policy import Policy
+
+    class NoShard(Policy):  # type: ignore[misc]
+        def config_sanity_check(self) -> None:
+            return None
+
+        def preprocess(self) -> Any:
+            return self.model
+
+        def module_policy(self) -> dict[Any, Any]:
+            return {}
+
+        def postprocess(self) -> Any:
+            return self.model
+
+    return NoShard()
+
+
+def check_hybrid(zero_stage: int, rank: int) -> dict[str, Any]:
+    """HybridParallelPlugin (tp=pp=1) in bf16: stage 0 has a Parameter-keyed map of full
+    masters, stage 1 subclasses the ZeRO optimizer. Records why when a release cannot."""
+    import torch
+    from colossalai.booster import Booster
+    from colossalai.booster.plugin import HybridParallelPlugin
+
+    import compatshim.ema as cema
+    from compatshim.master import layout_name
+
+    try:
+        plugin = HybridParallelPlugin(
+            tp_size=1,
+            pp_size=1,
+            zero_stage=zero_stage,
+            precision="bf16",
+            custom_policy=_no_shard_policy(),
+        )
+    except Exception as exc:  # e.g. a release without custom_policy
+        return {"unavailable": f"{type(exc).__name__}: {exc}"}
+    model = build_model()
+    ema = copy.deepcopy(model).float()
+    booster = Booster(plugin=plugin)
+    boosted_model, optimizer, *_ = booster.boost(model, torch.optim.AdamW(model.parameters()))
+    base = boosted_model.unwrap() if hasattr(boosted_model, "unwrap") else boosted_model.module
+    ema.load_state_dict({k: v.float() for k, v in base.state_dict().items()})
+    ref = {n: p.detach().double().clone() for n, p in _trainable(ema)}
+    for step in range(5):
+        loss = boosted_model(_batch(step, rank, torch.bfloat16)).float().pow(2).mean()
+        booster.backward(loss, optimizer)
+        optimizer.step()
+        optimizer.zero_grad()
+        cema.update_ema(ema, base, optimizer, decay=DECAY)
+        _reference_step(ref, optimizer, base, set())
+    return {
+        "optimizer_type": type(optimizer).__name__,
+        "layout": layout_name(optimizer),
+        "masters": _masters_vs_working(optimizer, base),
+        "ema_err": _ema_vs_reference(dict(ema.named_parameters()), ref),
+    }
+
+
 def run_session(rank: int, world_size: int, configs: list[tuple[int, str]]) -> dict[str, Any]:
     """Everything the colossalai tests assert on, computed on one rank."""
     from cai_standin import install
@@ -247,5 +309,6 @@ def run_session(rank: int, world_size: int, configs: list[tuple[int, str]]) -> d
         summary["zero"][f"stage{stage}-{dtype_name}"] = check_zero(stage, dtype_name, rank)
     summary["plain"] = check_plain(rank)
     summary["booster"] = check_booster(rank)
+    summary["hybrid"] = {stage: check_hybrid(stage, rank) for stage in (0, 1)}
     summary["pid"] = os.getpid()
     return summary

@@ -123,3 +123,18 @@ def test_booster_low_level_zero_stage2(ranks: list[dict[str, Any]]) -> None:
         assert booster["layout"] == expected
         assert booster["masters"]["cast_mismatch"] == 0
         assert booster["ema_err"] < 1e-6
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1])
+def test_hybrid_parallel_plugin(ranks: list[dict[str, Any]], zero_stage: int) -> None:
+    result = ranks[0]["hybrid"][zero_stage]
+    if "unavailable" in result:
+        pytest.skip(
+            f"HybridParallelPlugin on colossalai {ranks[0]['version']}: {result['unavailable']}"
+        )
+    expected = "mixed-precision-map" if zero_stage == 0 else "zero-"
+    for summary in ranks:
+        result = summary["hybrid"][zero_stage]
+        assert result["layout"].startswith(expected), result
+        assert result["masters"]["cast_mismatch"] == 0
+        assert result["ema_err"] < 1e-6
