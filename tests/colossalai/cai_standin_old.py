@@ -67,7 +67,7 @@ def install() -> None:
     import colossalai.booster.plugin
     import colossalai.zero  # noqa: F401
     import torch
-    import torch._dynamo
+    import torch._dynamo  # registers the real torch.cuda Stream/Event classes before the swap
 
     cuda = torch.cuda
     cuda.is_available = lambda: True
