@@ -93,7 +93,7 @@ def test_healthy_script_runs_unchanged(runs: dict[str, Future[Run]]) -> None:
 def test_launch_inside_rank0_only_object(runs: dict[str, Future[Run]]) -> None:
     run = finished(runs, "launch_in_rank0_object")
     assert_desync(run, site_line("launch_in_rank0_object.py", "launch-site"))
-    assert "rank 1 exit code 0 before joining the process group" in run.output
+    assert "rank 1 ended (exit code 0) before joining the process group" in run.output
     assert "Fabric.launch" in run.output
 
 
@@ -127,3 +127,27 @@ def test_different_parameter_shapes(runs: dict[str, Future[Run]]) -> None:
     assert (
         "'body.weight' shape (8, 4)" in run.output and "'body.weight' shape (12, 4)" in run.output
     )
+
+
+def test_patch_is_idempotent_and_reverts_exactly() -> None:
+    from lightning.fabric import Fabric
+
+    import compatshim
+    from compatshim.patches.lightning_fabric_desync import MARK, WRAPPED
+
+    compatshim.uninstall(["lightning-fabric-desync"])  # in case COMPATSHIM_AUTO armed it
+    originals = {name: Fabric.__dict__[name] for name in WRAPPED}
+    try:
+        assert compatshim.install(include=["lightning-fabric-desync"]) == [
+            "lightning-fabric-desync"
+        ]
+        compatshim.install(include=["lightning-fabric-desync"])
+        wrapped = {name: Fabric.__dict__[name] for name in WRAPPED}
+        for name in WRAPPED:
+            assert getattr(wrapped[name], MARK, False), name
+            assert wrapped[name].__wrapped__ is originals[name], name  # wrapped once, not twice
+        row = next(r for r in compatshim.status() if r["name"] == "lightning-fabric-desync")
+        assert row["defect"] == "present" and row["applied"] and row["fixed"], row
+    finally:
+        compatshim.uninstall(["lightning-fabric-desync"])
+    assert {name: Fabric.__dict__[name] for name in WRAPPED} == originals

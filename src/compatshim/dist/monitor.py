@@ -283,11 +283,11 @@ class Monitor:
                 info["exit"] = {"how": f"{exit_description(other_code)} (process {other_proc.pid})"}
         before = self.meeting is None
         headline = (
-            f"rank {rank} {exit_description(code)} before joining the process group "
+            f"rank {rank} ended ({exit_description(code)}) before joining the process group "
             f"while rank {me} "
             f"waits in {where.op}"
             if before
-            else f"rank {rank} {exit_description(code)} while rank {me} waits in {where.op}"
+            else f"rank {rank} ended ({exit_description(code)}) while rank {me} waits in {where.op}"
         )
         differs = [
             f"rank {me} called {where.op} at "

@@ -42,7 +42,7 @@ def describe_rank(rank: int, info: dict[str, Any], now: float) -> list[str]:
         head = f"rank {rank}: at {arrived['tag']!r} from {format_site(_first(arrived))}{me}"
         lines = [head, *_stack_lines(arrived.get("stack", [])[1:3], "    called from ")]
         return lines
-    parts = [f"rank {rank}: never arrived{me}"]
+    parts = [f"rank {rank}: this rank" if me else f"rank {rank}: never arrived"]
     seen = info.get("seen")
     if seen:
         active = "in" if seen.get("active") else "last left"
