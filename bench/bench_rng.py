@@ -26,7 +26,11 @@ def ad_hoc_capture() -> dict[str, Any]:
     import numpy as np
     import torch
 
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.get_rng_state()}
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "cpu": torch.get_rng_state(),
+    }
 
 
 def ad_hoc_restore(state: dict[str, Any]) -> None:
@@ -57,7 +61,10 @@ def main(repeats: int = 40) -> dict[str, float]:
         "restore": (lambda: rng.restore(state), lambda: ad_hoc_restore(plain)),
         "save": (lambda: rng.save(ours_file), lambda: torch.save(ad_hoc_capture(), theirs_file)),
         "load (read + restore)": (lambda: rng.load(ours_file), theirs_load),
-        "read a transformers file": (lambda: rng.read(theirs_file), lambda: torch.load(theirs_file, weights_only=False)),
+        "read a transformers file": (
+            lambda: rng.read(theirs_file),
+            lambda: torch.load(theirs_file, weights_only=False),
+        ),
     }
     rows, ratios = [], {}
     for name, (ours, theirs) in pairs.items():
