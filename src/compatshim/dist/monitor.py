@@ -92,6 +92,7 @@ class Monitor:
         self._main_sample: tuple[int, int, float] = (0, 0, time.monotonic())
         self._ending = False
         self._wake = threading.Event()
+        self._next_stuck_check = 0.0
 
     # -- set-up ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -309,7 +310,12 @@ class Monitor:
         limit = self.timeout
         if current is not None and current.op in self.start_up_ops:
             limit += START_UP_ALLOWANCE
-        if self.watch_ops and current is not None and now - current.since > limit:
+        if (
+            self.watch_ops
+            and current is not None
+            and now - current.since > limit
+            and self._nobody_moving(now)
+        ):
             self.hang_report(
                 f"rank {self._rank()} is stuck in {current.op} for more than {limit:g} s "
                 f"(called at {format_site(current.stack[0] if current.stack else None)})",
@@ -333,6 +339,31 @@ class Monitor:
                 f"(watchdog timeout {self.hang_timeout:g} s)",
                 action=self.hang_action,
             )
+
+    def _nobody_moving(self, now: float) -> bool:
+        """Every other rank is inside a watched call too, has ended, or has gone silent.
+
+        A rank still running its own code (rank 0 evaluating while the others wait
+        in a barrier) may yet arrive, so a long wait alone ends nothing: torch's own
+        timeout stays in charge of that case.
+        """
+        meeting = self.meeting
+        if meeting is None:
+            return True  # before the process group exists (launch): nothing else to ask
+        if now < self._next_stuck_check:
+            return False
+        self._next_stuck_check = now + 5.0  # asks every rank: not on every tick
+        try:
+            for rank in range(meeting.world_size):
+                if rank == meeting.rank or _liveness.is_gone(meeting, rank):
+                    continue
+                beat = meeting.read(meeting.key("hb", rank)) or {}
+                silent = now - float(beat.get("time", 0)) > _liveness.SILENT_AFTER
+                if beat.get("op_seq") is None and not silent:
+                    return False
+        except Exception:
+            return False
+        return True
 
     def _rank(self) -> int:
         return self.meeting.rank if self.meeting else 0
