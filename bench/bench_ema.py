@@ -76,11 +76,7 @@ def contenders(model: Any) -> tuple[dict[str, Callable[[], object]], list[str]]:
     return runs, notes
 
 
-def main(repeats: int = 12) -> dict[str, float]:
-    import torch
-
-    model = build_model()
-    runs, notes = contenders(model)
+def _table(runs: dict[str, Callable[[], object]], repeats: int, title: str) -> dict[str, float]:
     samples = interleaved(runs, repeats=repeats, warmup=2)
     medians = {name: median(values) for name, values in samples.items()}
     ours = medians["compatshim update_ema"]
@@ -89,16 +85,45 @@ def main(repeats: int = 12) -> dict[str, float]:
         [name, ms(value), f"{value / ours:.2f}x", f"{value / floor:.2f}x"]
         for name, value in medians.items()
     ]
-    print(
-        f"### EMA update ({', '.join(notes)}; torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads; median of {repeats})"
-    )
+    print(title)
     print()
     print(table(["contender", "median per update", "vs compatshim", "vs flat floor"], rows))
-    ratios = {f"{name} / compatshim": value / ours for name, value in medians.items()}
-    ratios["compatshim / flat floor"] = ours / floor
     print()
     print(f"compatshim / flat floor = {ours / floor:.3f} (goal <= 1.15)")
+    print()
+    ratios = {f"{name} / compatshim": value / ours for name, value in medians.items()}
+    ratios["compatshim / flat floor"] = ours / floor
+    return ratios
+
+
+def main(repeats: int = 12) -> dict[str, float]:
+    """Both tables: torch's default intra-op threads, then 1 thread.
+
+    With several threads every per-tensor op is one parallel region, so on a
+    busy machine (load average above the core count) the per-tensor contenders
+    wait for descheduled threads and the flat floor pulls ahead; the 1-thread
+    table shows the cost without that scheduling noise.
+    """
+    import os
+
+    import torch
+
+    model = build_model()
+    runs, notes = contenders(model)
+    load = os.getloadavg()[0]
+    default_threads = torch.get_num_threads()
+    ratios = _table(
+        runs,
+        repeats,
+        f"### EMA update ({', '.join(notes)}; torch {torch.__version__}; "
+        f"{default_threads} threads; load average {load:.1f}; median of {repeats})",
+    )
+    torch.set_num_threads(1)
+    try:
+        single = _table(runs, repeats, f"### Same, 1 intra-op thread (load average {load:.1f})")
+    finally:
+        torch.set_num_threads(default_threads)
+    ratios.update({f"{name} [1 thread]": value for name, value in single.items()})
     return ratios
 
 
