@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .errors import UnknownLayoutError
-from .resolve import PLAIN, layout_name, resolve
+from .resolve import layout_name, resolve
 from .shards import ShardPosition, gather_full, whole_param_position
 
 if TYPE_CHECKING:
@@ -116,6 +116,3 @@ def doctor_rows() -> list[dict[str, Any]]:
     from .doctor import rows
 
     return rows()
-
-
-_ = PLAIN, layout_name
