@@ -3,6 +3,8 @@
 A collective blocks until every rank joins; a store ``get`` or ``wait`` blocks
 until the key exists. Only ``set`` and ``check`` return at once, so everything
 here polls with ``check`` and reads a key only once it is known to exist.
+torch 2.1 has no ``Store.check`` in Python; there a ``wait`` with a 1 ms
+timeout stands in for it (a missing key costs a few milliseconds).
 """
 
 from __future__ import annotations
@@ -10,11 +12,13 @@ from __future__ import annotations
 import json
 import os
 import socket
+from datetime import timedelta
 from typing import Any
 
 PREFIX = "compatshim/dist/"
 DEFAULT_TIMEOUT = 300.0
 TIMEOUT_ENV = "COMPATSHIM_DESYNC_TIMEOUT"
+_PROBE = timedelta(milliseconds=1)
 
 
 def resolve_timeout(timeout: float | None) -> float:
@@ -42,6 +46,7 @@ class Meeting:
         self.rank = rank
         self.world_size = world_size
         self.host = socket.gethostname()
+        self._check = getattr(store, "check", None)
 
     def key(self, *parts: object) -> str:
         return PREFIX + "/".join(str(p) for p in parts)
@@ -50,11 +55,20 @@ class Meeting:
         self.store.set(key, json.dumps(value, default=str))
 
     def has(self, keys: list[str]) -> bool:
-        return bool(self.store.check(keys))
+        """Whether every key exists, without blocking."""
+        if self._check is not None:
+            return bool(self._check(keys))
+        try:
+            self.store.wait(keys, _PROBE)
+        except RuntimeError as exc:  # torch 2.1: "Socket Timeout" means "not there yet"
+            if "timeout" not in str(exc).lower():
+                raise
+            return False
+        return True
 
     def read(self, key: str) -> Any:
         """The decoded value of ``key``, or None when it does not exist (never blocks)."""
-        if not self.store.check([key]):
+        if not self.has([key]):
             return None
         raw = self.store.get(key)
         return json.loads(raw.decode() if isinstance(raw, (bytes, bytearray)) else raw)
