@@ -14,6 +14,7 @@ module starts them all at once, a few at a time, and each test waits for its own
 from __future__ import annotations
 
 import os
+import re
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator
 
@@ -25,6 +26,7 @@ from fabric_runs import Run, run_script, site_line
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
+RESULT = re.compile(r"RESULT rank=\d+ gathered=\[\[.*?\]\] params=-?\d+\.\d{6}")
 DESYNC_TIMEOUT = 20.0
 HARD_TIMEOUT = 240.0
 
@@ -82,11 +84,9 @@ def test_healthy_script_runs_unchanged(runs: dict[str, Future[Run]]) -> None:
     plain = finished(runs, "healthy_unpatched")
     assert patched.returncode == 0, patched.output[-3000:]
     assert plain.returncode == 0, plain.output[-3000:]
-    results = sorted(line for line in patched.stdout.splitlines() if line.startswith("RESULT"))
+    results = sorted(RESULT.findall(patched.stdout))
     assert len(results) == 2, patched.output[-3000:]
-    assert results == sorted(
-        line for line in plain.stdout.splitlines() if line.startswith("RESULT")
-    )
+    assert results == sorted(RESULT.findall(plain.stdout))
     assert "compatshim.dist" not in patched.output
 
 

@@ -36,7 +36,10 @@ def main() -> None:
     fabric.save(path, {"model": model})
     fabric.load(path, {"model": model})
     total = sum(float(p.sum()) for p in model.parameters())
-    print(f"RESULT rank={fabric.global_rank} gathered={gathered.tolist()} params={total:.6f}")
+    # one write: both ranks share the terminal, and print() writes the newline separately
+    sys.stdout.write(
+        f"RESULT rank={fabric.global_rank} gathered={gathered.tolist()} params={total:.6f}\n"
+    )
     sys.stdout.flush()
 
 
