@@ -88,7 +88,12 @@ def run_ranks(
     """
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    child_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    child_env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        # ranks are daemonic processes: inductor's compile worker pool cannot start in them
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+    }
     child_env.update(env or {})
     procs = [
         ctx.Process(
