@@ -83,8 +83,7 @@ def main(argv: list[str]) -> int:
         vfile = results / f"{env}.versions.json"
         versions = json.loads(vfile.read_text()) if vfile.exists() else {}
         lines.append(f"| {env} | " + ", ".join(f"{k} {v}" for k, v in versions.items()) + " |")
-    skipped = ROOT / "matrix" / "SKIPPED.md"
-    if skipped.exists():
+    for skipped in sorted((ROOT / "matrix").glob("*SKIPPED.md")):
         lines += ["", skipped.read_text().strip()]
     gpu = ROOT / "matrix" / "GPU.md"
     if gpu.exists():
