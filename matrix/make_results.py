@@ -3,7 +3,7 @@
 One row per tox environment (a pinned release set), one column per test module
 (an adapter or patch), each cell pass/fail/skip counts with skip reasons listed
 below the table, plus the exact resolved versions each env ran with. Releases
-that could not be installed or run here are listed from ``matrix/SKIPPED.md``.
+that could not be installed or run here are listed from ``matrix/*SKIPPED.md``.
 """
 
 from __future__ import annotations
