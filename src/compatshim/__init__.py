@@ -9,8 +9,8 @@ from ._registry import install, status, uninstall
 
 __version__ = "0.1.0"
 __all__ = [
-    "__version__",
     "Finding",
+    "__version__",
     "clone_module",
     "dist",
     "ema",

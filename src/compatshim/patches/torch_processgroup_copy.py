@@ -95,7 +95,8 @@ class ProcessGroupUnavailableError(RuntimeError):
 def _c10d() -> ModuleType:
     from torch.distributed import distributed_c10d
 
-    return distributed_c10d
+    module: ModuleType = distributed_c10d
+    return module
 
 
 def _lookup(root: Any, dotted: str) -> Any:
