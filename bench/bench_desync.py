@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import interleaved, median, table
 
-STEP_REPEATS = 150
+STEP_REPEATS = 400
 SETUP_REPEATS = 15
 SYNC_REPEATS = 150
 
