@@ -41,13 +41,19 @@ def _judge(filename: str) -> bool:
     return filename.startswith(stdlib) and not filename.startswith(site_dirs)
 
 
-def is_internal(filename: str) -> bool:
-    """Whether a frame in ``filename`` belongs to compatshim, a framework or the stdlib."""
+def _refresh() -> None:
+    """Judge files again once a framework has been imported since the last call."""
     global _loaded
-    loaded = tuple(name in sys.modules for name in _FRAMEWORKS)
-    if loaded != _loaded:  # a framework was imported since: judge files again
+    modules = sys.modules
+    loaded = tuple(name in modules for name in _FRAMEWORKS)
+    if loaded != _loaded:
         _loaded = loaded
         _verdicts.clear()
+
+
+def is_internal(filename: str) -> bool:
+    """Whether a frame in ``filename`` belongs to compatshim, a framework or the stdlib."""
+    _refresh()
     verdict = _verdicts.get(filename)
     if verdict is None:
         verdict = _verdicts[filename] = _judge(filename)
@@ -55,13 +61,22 @@ def is_internal(filename: str) -> bool:
 
 
 def user_frames(limit: int = 6) -> list[Site]:
-    """Up to ``limit`` innermost user frames of the calling thread, innermost first."""
+    """Up to ``limit`` innermost user frames of the calling thread, innermost first.
+
+    Runs on every watched call, so the per-frame work is one dict lookup.
+    """
+    _refresh()
+    verdicts = _verdicts
     frame: FrameType | None = sys._getframe(1)
     sites: list[Site] = []
     while frame is not None and len(sites) < limit:
         code = frame.f_code
-        if not is_internal(code.co_filename):
-            sites.append((code.co_filename, frame.f_lineno, code.co_name))
+        filename = code.co_filename
+        internal = verdicts.get(filename)
+        if internal is None:
+            internal = verdicts[filename] = _judge(filename)
+        if not internal:
+            sites.append((filename, frame.f_lineno, code.co_name))
         frame = frame.f_back
     return sites
 
