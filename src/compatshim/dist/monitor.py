@@ -194,12 +194,14 @@ class Monitor:
                 else "outside any watched call"
             )
             report = (
+                f"compatshim.dist.DesyncError reported by rank {desync.get('from')}:\n"
                 f"{desync.get('report', '')}\n"
                 f"compatshim.dist: rank {meeting.rank} ({own}) received rank "
                 f"{desync.get('from')}'s report and ends now (exit code {EXIT_CODE}); a rank "
                 "blocked "
                 "in a collective cannot raise, and would otherwise hang until torch's timeout."
             )
+            self._let_reporter_finish(meeting, int(desync.get("from", -1)))
             self.terminate(report)
 
     def _answer_stack_requests(self, meeting: Meeting) -> None:
@@ -208,6 +210,21 @@ class Monitor:
         for number in range(self._stacks_answered + 1, asked + 1):
             meeting.put(meeting.key("stack", number, meeting.rank), thread_stacks())
         self._stacks_answered = max(self._stacks_answered, asked)
+
+    def _let_reporter_finish(self, meeting: Meeting, reporter: int) -> None:
+        """Give the reporting rank a moment to print its DesyncError before this rank exits.
+
+        Lightning's launcher kills every rank once a child exits non-zero; leaving
+        first could cut the reporting rank off mid-traceback.
+        """
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and 0 <= reporter < meeting.world_size:
+            try:
+                if _liveness.is_gone(meeting, reporter):
+                    return
+            except Exception:
+                return  # its store is gone: so is the reporter
+            time.sleep(0.1)
 
     def _store_lost(self, exc: Exception, now: float) -> None:
         if self._store_failing_since is None:
@@ -443,12 +460,14 @@ class Monitor:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(2.0)
-        if self.raised_desync and self.children:
-            self._end_children(grace=5.0)
         meeting, self.meeting = self.meeting, None  # let torch tear its store down in its own order
         forget_groups()
-        if meeting is None or self._store_failing_since is not None:
-            return
+        if meeting is not None and self._store_failing_since is None:
+            self._write_exit_record(meeting)  # first: ranks waiting on this one may leave now
+        if self.raised_desync and self.children:
+            self._end_children(grace=5.0)
+
+    def _write_exit_record(self, meeting: Meeting) -> None:
         how = (
             f"{self.uncaught} at interpreter exit"
             if self.uncaught
