@@ -34,10 +34,21 @@ class Patch:
     revert is exact. Both are called once per target module, after it is
     imported. ``specifier`` is the tested version range of ``distribution``;
     on a release newer than it the probe alone decides, on an older one the
-    patch stays off.
+    patch stays off. ``target_distributions`` names the distribution of a
+    target that ships in another package (``lightning_fabric`` comes from
+    ``lightning-fabric``, ``lightning.fabric`` from ``lightning``).
     """
 
-    __slots__ = ("apply", "description", "distribution", "name", "probe", "specifier", "targets")
+    __slots__ = (
+        "apply",
+        "description",
+        "distribution",
+        "name",
+        "probe",
+        "specifier",
+        "target_distributions",
+        "targets",
+    )
 
     def __init__(
         self,
@@ -49,6 +60,7 @@ class Patch:
         probe: Probe,
         apply: Apply,
         description: str,
+        target_distributions: dict[str, str] | None = None,
     ) -> None:
         self.name = name
         self.distribution = distribution
@@ -57,6 +69,19 @@ class Patch:
         self.probe = probe
         self.apply = apply
         self.description = description
+        self.target_distributions = dict(target_distributions or {})
+
+    def distribution_for(self, target: str) -> str:
+        return self.target_distributions.get(target, self.distribution)
+
+    def installed(self) -> tuple[str, str | None]:
+        """The first of this patch's distributions that is installed, and its version."""
+        names = dict.fromkeys([self.distribution, *self.target_distributions.values()])
+        for name in names:
+            version = installed_version(name)
+            if version is not None:
+                return name, version
+        return self.distribution, None
 
 
 class _State:
@@ -166,7 +191,8 @@ def _on_import(state: _State, target: str, module: ModuleType) -> None:
                 f"compatshim: patch {state.name!r} is unusable ({state.error}); {target} unchanged"
             )
             return
-        version = installed_version(patch.distribution)
+        distribution = patch.distribution_for(target)
+        version = installed_version(distribution)
         if version is not None and range_position(version, patch.specifier) == "below":
             return
         try:
@@ -186,7 +212,7 @@ def _on_import(state: _State, target: str, module: ModuleType) -> None:
             state.error = f"apply failed on {target}: {type(exc).__name__}: {exc}"
             _warn(
                 f"compatshim: patch {patch.name!r} could not be applied to {target} "
-                f"({patch.distribution} {version}): {exc}; the module is left unchanged"
+                f"({distribution} {version}): {exc}; the module is left unchanged"
             )
             return
         state.patcher.on_revert(patcher.revert)
@@ -251,7 +277,7 @@ def status() -> list[dict[str, Any]]:
     with _lock:
         for state in _load().values():
             patch = state.patch
-            version = installed_version(patch.distribution)
+            distribution, version = patch.installed()
             position = range_position(version, patch.specifier) if version else None
             imported = [t for t in patch.targets if t in sys.modules]
             if state.defect:
@@ -262,7 +288,7 @@ def status() -> list[dict[str, Any]]:
                 {
                     "name": patch.name,
                     "description": patch.description,
-                    "distribution": patch.distribution,
+                    "distribution": distribution,
                     "installed_version": version,
                     "specifier": patch.specifier,
                     "in_range": position == "in",

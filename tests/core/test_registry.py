@@ -278,3 +278,27 @@ def test_auto_imports_no_patch_module_and_nothing_heavy() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_target_distribution_gates_that_target(target_dir: Path) -> None:
+    """A target shipped by another distribution is version-gated by that distribution."""
+    name = "test-target-distribution"
+    patch = Patch(
+        name=name,
+        distribution="no-such-distribution",
+        specifier=">=1",
+        targets=(TARGET,),
+        target_distributions={TARGET: "packaging"},
+        probe=_probe,
+        apply=_apply,
+        description="",
+    )
+    _registry.register(patch)
+    try:
+        module = importlib.import_module(TARGET)
+        compatshim.install(include=[name])
+        assert module.Thing().method() == "fixed"
+        row = _row(name)
+        assert row["distribution"] == "packaging" and row["installed_version"]
+    finally:
+        _registry.unregister(name)

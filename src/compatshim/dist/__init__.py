@@ -21,7 +21,8 @@ __all__ = ["DesyncError", "check_module_consistency", "doctor_rows", "sync_point
 
 
 def doctor_rows() -> list[dict[str, Any]]:
-    """Rows for ``compatshim doctor``: the Lightning patch and the DETAIL-debug hazard.
+    """Rows for ``compatshim doctor``: the DETAIL-debug hazard (the Lightning patch has its
+    own registry row).
 
     Cheap: reads installed metadata and the environment, imports no framework.
     """
@@ -35,27 +36,6 @@ def doctor_rows() -> list[dict[str, Any]]:
         timeout = f"{resolve_timeout(None):g} s"
     except ValueError as exc:
         timeout = f"invalid: {exc}"
-    lightning = installed_version("lightning")
-    standalone = installed_version("lightning-fabric")
-    applies = lightning is not None
-    detail = (
-        f"lightning {lightning}: Fabric launch/setup/collectives leave breadcrumbs and setup calls "
-        f"meet in a sync point (timeout {timeout}, COMPATSHIM_DESYNC_TIMEOUT)"
-        if applies
-        else "lightning not installed"
-    )
-    if standalone is not None:
-        detail += f"; lightning-fabric {standalone} (module lightning_fabric) is not patched yet"
-    rows.append(
-        {
-            "name": "lightning-fabric-desync",
-            "kind": "patch",
-            "applies": applies,
-            "present": True if applies else None,
-            "fixed": None,
-            "detail": detail,
-        }
-    )
     debug = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper()
     torch_version = installed_version("torch") or ""
     risky = debug == "DETAIL" and torch_version.startswith("2.13")

@@ -23,7 +23,10 @@ CATALOGUE: dict[str, tuple[str, tuple[str, ...]]] = {
         "nuscenes_dict_views",
         ("nuscenes.eval.detection.data_classes", "nuscenes.eval.panoptic.evaluate"),
     ),
-    "lightning-fabric-desync": ("lightning_fabric_desync", ("lightning.fabric.fabric",)),
+    "lightning-fabric-desync": (
+        "lightning_fabric_desync",
+        ("lightning.fabric.fabric", "lightning_fabric.fabric"),
+    ),
 }
 
 
