@@ -105,16 +105,24 @@ def _lookup(root: Any, dotted: str) -> Any:
     return root
 
 
-def _group_ranks_registry() -> dict[Any, dict[int, int]]:
-    """torch's map ``group -> {global rank: group rank}``; an unknown layout is an error."""
+def _first_dict(layouts: tuple[str, ...]) -> dict[Any, Any] | None:
+    """The first of ``layouts`` (dotted paths under c10d) that holds a dict."""
     c10d = _c10d()
-    for dotted in _REGISTRY_LAYOUTS:
+    for dotted in layouts:
         try:
-            registry = _lookup(c10d, dotted)
+            found = _lookup(c10d, dotted)
         except AttributeError:
             continue
-        if isinstance(registry, dict):
-            return registry
+        if isinstance(found, dict):
+            return found
+    return None
+
+
+def _group_ranks_registry() -> dict[Any, dict[int, int]]:
+    """torch's map ``group -> {global rank: group rank}``; an unknown layout is an error."""
+    registry = _first_dict(_REGISTRY_LAYOUTS)
+    if registry is not None:
+        return registry
     raise RuntimeError(
         f"compatshim torch-processgroup-copy: torch {installed_version('torch')} keeps its "
         f"process-group registry in an unknown place; looked for torch.distributed."
@@ -135,15 +143,7 @@ def _live_groups() -> dict[Any, dict[int, int]]:
 
 
 def _group_names() -> dict[Any, str]:
-    c10d = _c10d()
-    for dotted in _NAME_LAYOUTS:
-        try:
-            names = _lookup(c10d, dotted)
-        except AttributeError:
-            continue
-        if isinstance(names, dict):
-            return names
-    return {}
+    return _first_dict(_NAME_LAYOUTS) or {}
 
 
 def _backend_of(group: Any) -> str | None:
