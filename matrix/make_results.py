@@ -19,9 +19,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _module_of(case: ET.Element) -> str:
-    classname = case.get("classname", "")
-    parts = [p for p in classname.split(".") if p.startswith("test_")]
-    return parts[0][len("test_") :] if parts else classname or "?"
+    """``core.test_doctor`` -> ``core/doctor``; ``test_cai_zero`` -> ``cai_zero``."""
+    parts = case.get("classname", "").split(".")
+    for index, part in enumerate(parts):
+        if part.startswith("test_"):
+            name = part[len("test_") :]
+            return f"{parts[index - 1]}/{name}" if index else name
+    return ".".join(parts) or "?"
 
 
 def read_env(xml_path: Path) -> tuple[dict[str, dict[str, int]], dict[str, set[str]]]:
@@ -49,6 +53,7 @@ def cell(c: dict[str, int]) -> str:
 
 def main(argv: list[str]) -> int:
     results = Path(argv[0]) if argv else ROOT / ".results"
+    commit = argv[1] if len(argv) > 1 else "the working tree"
     envs = sorted(p.stem for p in results.glob("*.xml"))
     if not envs:
         print(f"no junit files in {results}", file=sys.stderr)
@@ -59,7 +64,8 @@ def main(argv: list[str]) -> int:
         "# Compatibility matrix results",
         "",
         f"Generated {datetime.date.today().isoformat()} by `python matrix/make_results.py` "
-        "from the junit files of `tox -m matrix` (CPU, real multi-process gloo groups).",
+        f"from the junit files of `tox -m matrix` run on {commit} "
+        "(CPU, real multi-process gloo groups; `lint` = ruff + mypy has no junit file).",
         "",
         "Rows are pinned release sets (tox envs, pins in `matrix/<env>.txt`); columns are test "
         "modules (one per adapter or patch). Empty cell: that family is not tested in that env.",
