@@ -67,7 +67,11 @@ def main(argv: list[str]) -> int:
             sections += [f"### {name}: FAILED (exit {done.returncode})", "", "```", tail, "```", ""]
             print(tail, file=sys.stderr)
         else:
-            sections += [done.stdout.strip(), ""]
+            # each bench's main() also returns its ratios as a dict: keep only the Markdown
+            text = "\n".join(
+                line for line in done.stdout.strip().splitlines() if not line.startswith("{")
+            )
+            sections += [text, ""]
     (HERE / "RESULTS.md").write_text("\n".join(sections))
     print(f"wrote {HERE / 'RESULTS.md'}; failed: {failed or 'none'}")
     return 1 if failed else 0

@@ -302,3 +302,16 @@ def test_target_distribution_gates_that_target(target_dir: Path) -> None:
         assert row["distribution"] == "packaging" and row["installed_version"]
     finally:
         _registry.unregister(name)
+
+
+@pytest.mark.parametrize("name", ["torch", "packaging", "pytest", "no-such-distribution-x"])
+def test_fast_version_lookup_agrees_with_importlib_metadata(name: str) -> None:
+    from importlib import metadata
+
+    from compatshim._versions import _from_dist_info
+
+    try:
+        expected: str | None = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        expected = None
+    assert _from_dist_info(name) == expected
