@@ -441,9 +441,31 @@ class Monitor:
                     self.meeting.key("exit", self.meeting.rank),
                     {"how": f"ended by compatshim after a desync report (exit code {EXIT_CODE})"},
                 )
+        self._await_departures(limit=2.0)
         self._end_children(grace=3.0)
         sys.stdout.flush()
         os._exit(EXIT_CODE)
+
+    def _await_departures(self, limit: float) -> None:
+        """Leave together, for at most ``limit`` seconds.
+
+        A rank that exits first closes the transport under a peer blocked in a
+        collective, whose main thread then raises gloo's "Connection closed"
+        instead of ending with this report. Every ending rank (and every rank's
+        interpreter exit) writes an exit record, so wait for all of them.
+        """
+        meeting = self.meeting
+        if meeting is None:
+            return
+        keys = [meeting.key("exit", rank) for rank in range(meeting.world_size)]
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            try:
+                if meeting.has(keys):
+                    return
+            except Exception:
+                return  # the store is gone: nobody left to wait for
+            time.sleep(0.01)
 
     def _end_children(self, grace: float) -> None:
         deadline = time.monotonic() + grace
