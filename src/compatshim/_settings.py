@@ -1,0 +1,71 @@
+"""Every ``COMPATSHIM_*`` environment variable: its name, default, parsing and error, in one place.
+
+Modules ask this one for a setting instead of reading ``os.environ`` themselves,
+so a misspelt or malformed value gets the same treatment everywhere: a clear
+:class:`SettingError` (a ``ValueError``) where the caller can report it, or a
+single warning where it cannot (start-up, import hooks). The start-up hook
+``compatshim_auto.pth`` is the one exception: it must run before this package
+can be imported and repeats :data:`AUTO` and :func:`truthy` by hand.
+"""
+
+from __future__ import annotations
+
+import os
+
+AUTO = "COMPATSHIM_AUTO"  # arm every patch at interpreter start (compatshim_auto.pth)
+DISABLE = "COMPATSHIM_DISABLE"  # comma-separated patch names to leave off
+DESYNC_TIMEOUT = "COMPATSHIM_DESYNC_TIMEOUT"  # seconds before a desync/hang report
+DOCTOR_TIMEOUT = "COMPATSHIM_DOCTOR_TIMEOUT"  # seconds allowed for the doctor's live probes
+LOG = "COMPATSHIM_LOG"  # "debug": print the registry's decision trail to stderr
+
+DEFAULT_DESYNC_TIMEOUT = 300.0
+DEFAULT_DOCTOR_TIMEOUT = 300.0
+_FALSE = ("", "0", "false", "no", "off")
+
+
+class SettingError(ValueError):
+    """A ``COMPATSHIM_*`` variable holds a value that cannot be used."""
+
+
+def truthy(raw: str | None) -> bool:
+    return (raw or "").strip().lower() not in _FALSE
+
+
+def auto() -> bool:
+    return truthy(os.environ.get(AUTO))
+
+
+def disabled_names() -> list[str]:
+    """The names listed in ``COMPATSHIM_DISABLE``, as written (the registry checks them)."""
+    raw = os.environ.get(DISABLE, "")
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+def seconds(name: str, default: float, value: float | None = None) -> float:
+    """``value`` if given, else the variable ``name`` (seconds), else ``default``; always > 0."""
+    if value is None:
+        raw = os.environ.get(name, "").strip()
+        if not raw:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise SettingError(f"{name}={raw!r} is not a number of seconds") from None
+        where = f"{name}={raw!r}"
+    else:
+        where = "timeout"
+    if not value > 0 or value != value or value == float("inf"):
+        raise SettingError(f"{where}: expected a positive, finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def desync_timeout(value: float | None = None) -> float:
+    return seconds(DESYNC_TIMEOUT, DEFAULT_DESYNC_TIMEOUT, value)
+
+
+def doctor_timeout(value: float | None = None) -> float:
+    return seconds(DOCTOR_TIMEOUT, DEFAULT_DOCTOR_TIMEOUT, value)
+
+
+def log_level() -> str:
+    return os.environ.get(LOG, "").strip().lower()
