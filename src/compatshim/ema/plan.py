@@ -98,7 +98,7 @@ def trainable_pairs(
 ) -> list[tuple[str, Tensor, Tensor]]:
     """(name, ema param, working param) for every trainable, non-excluded param."""
     ema_params = dict(ema_model.named_parameters())
-    pairs = []
+    pairs: list[tuple[str, Tensor, Tensor]] = []
     for raw_name, param in model.named_parameters():
         if not param.requires_grad:
             continue
