@@ -6,6 +6,11 @@ to its fp32 master; ``master_param(optimizer, param)`` returns one master;
 ZeRO master shard is; ``gather_master_param`` reassembles the full fp32 tensor.
 A plain torch optimizer maps every parameter to itself, so the same EMA code
 runs with and without ZeRO. Unknown layouts raise ``UnknownLayoutError``.
+
+Where things are: ``layouts/`` holds one module per way a release stores the
+map (a new release with a new layout is one new module there); ``resolve``
+finds the layout behind what the user holds; ``shards`` knows shard
+arithmetic and gathering; ``doctor`` reports the installed layout.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .doctor import doctor_rows
 from .errors import UnknownLayoutError
 from .resolve import layout_name, resolve
 from .shards import ShardPosition, gather_full, whole_param_position
@@ -77,7 +83,7 @@ def working_to_master(optimizer: Any) -> MasterMap:
     layout = resolved.layout
     if layout is None:
         return _plain_map(resolved.holder)
-    assert layout.master_by_id is not None
+    assert layout.master_by_id is not None  # resolve() returns supported layouts only
     by_id = layout.master_by_id(resolved.holder)
     working = layout.working_by_master_id(resolved.holder) if layout.working_by_master_id else None
     return MasterMap(by_id, working or {})
@@ -94,7 +100,7 @@ def master_shard_position(optimizer: Any, param: Tensor) -> ShardPosition:
     if resolved.layout is None:
         return whole_param_position(param.numel())
     master = working_to_master(optimizer)[param]
-    assert resolved.layout.shard_position is not None
+    assert resolved.layout.shard_position is not None  # supported layouts have one
     return resolved.layout.shard_position(resolved.holder, param, master)
 
 
@@ -105,14 +111,3 @@ def gather_master_param(optimizer: Any, param: Tensor) -> Tensor:
     """
     master = master_param(optimizer, param)
     return gather_full(master, master_shard_position(optimizer, param), param.shape)
-
-
-def doctor_rows() -> list[dict[str, Any]]:
-    """``compatshim doctor`` rows: the installed colossalai and the layout compatshim expects.
-
-    Reads metadata and the installed source text only (no import of colossalai,
-    which takes 10-25 s): well under a second.
-    """
-    from .doctor import rows
-
-    return rows()

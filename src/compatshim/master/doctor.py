@@ -2,64 +2,60 @@
 
 Importing colossalai takes 10-25 s, so the layout is read from the installed
 source of ``low_level_optim.py`` (distribution metadata locates it): a few
-milliseconds. The markers are the attribute assignments each layout makes.
+milliseconds. Each layout declares its own ``source_marker`` (the text only
+its release's source contains); this module only reads them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from importlib import metadata
+from pathlib import Path
 
+from .._records import DoctorRow
 from .._versions import installed_version
-from .layouts import known_layouts
+from .layouts import LAYOUTS, Layout
 
-# layout name -> text that only that layout's LowLevelZeroOptimizer source contains
-_SOURCE_MARKERS = {
-    "zero-optimizer-attribute": "self.working_to_master_param = dict()",
-    "zero-param-store": "self._param_store = ParameterStore(",
-    "zero-flat-fp32-groups": "_fp32_flat_param_groups_of_current_rank",
-}
+ROW_NAME = "master: colossalai layout"
 _SOURCE = "colossalai/zero/low_level/low_level_optim.py"
 
 
 def _installed_source() -> str | None:
-    from importlib import metadata
-    from pathlib import Path
-
     try:
         path = metadata.distribution("colossalai").locate_file(_SOURCE)
         return Path(str(path)).read_text(encoding="utf-8")
-    except Exception:
+    except Exception:  # not installed, moved, unreadable: "matches no known layout"
         return None
 
 
-def detected_layout() -> str | None:
-    """The ZeRO layout the installed colossalai source uses, or None if none matches."""
-    source = _installed_source()
-    if source is None:
-        return None
-    for name, marker in _SOURCE_MARKERS.items():
-        if marker in source:
-            return name
+def layout_in_source(source: str) -> Layout | None:
+    """The layout whose ``source_marker`` ``source`` contains, or None."""
+    for layout in LAYOUTS:
+        if layout.source_marker is not None and layout.source_marker in source:
+            return layout
     return None
 
 
-def rows() -> list[dict[str, Any]]:
+def detected_layout() -> Layout | None:
+    """The ZeRO layout the installed colossalai source uses, or None if none matches."""
+    source = _installed_source()
+    return None if source is None else layout_in_source(source)
+
+
+def doctor_rows() -> list[DoctorRow]:
+    """One row: the installed colossalai and the layout compatshim reads its masters with."""
     version = installed_version("colossalai")
     if version is None:
         return [
-            {
-                "name": "master: colossalai layout",
-                "kind": "adapter",
-                "applies": False,
-                "present": None,
-                "fixed": None,
-                "detail": "colossalai not installed (plain optimizers: each param is its master)",
-            }
+            DoctorRow(
+                name=ROW_NAME,
+                kind="adapter",
+                applies=False,
+                present=None,
+                fixed=None,
+                detail="colossalai not installed (plain optimizers: each param is its master)",
+            )
         ]
-    name = detected_layout()
-    by_name = {layout.name: layout for layout in known_layouts()}
-    layout = by_name.get(name) if name else None
-    supported = layout is not None and not layout.unsupported
+    layout = detected_layout()
     if layout is None:
         detail = f"colossalai {version}: LowLevelZeroOptimizer source matches no known layout"
     else:
@@ -67,12 +63,12 @@ def rows() -> list[dict[str, Any]]:
         if layout.unsupported:
             detail += " - not supported: " + layout.unsupported
     return [
-        {
-            "name": "master: colossalai layout",
-            "kind": "adapter",
-            "applies": True,
-            "present": None,
-            "fixed": supported,
-            "detail": detail,
-        }
+        DoctorRow(
+            name=ROW_NAME,
+            kind="adapter",
+            applies=True,
+            present=None,
+            fixed=layout is not None and not layout.unsupported,
+            detail=detail,
+        )
     ]

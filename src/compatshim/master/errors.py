@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .._versions import installed_version
+
 
 class UnknownLayoutError(TypeError):
     """An optimizer whose master-param layout compatshim does not recognise.
@@ -20,8 +22,6 @@ class UnknownLayoutError(TypeError):
         known: Sequence[str],
         reason: str = "",
     ) -> None:
-        from .._versions import installed_version
-
         self.optimizer_type = f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
         self.colossalai_version = installed_version("colossalai")
         self.looked_for = tuple(looked_for)
@@ -36,6 +36,7 @@ class UnknownLayoutError(TypeError):
         lines.append("Looked for: " + ", ".join(self.looked_for) + ".")
         lines.append("Known layouts: " + "; ".join(self.known) + ".")
         lines.append(
-            "If this is a new colossalai release, add its layout to compatshim/master/layouts.py."
+            "If this is a new colossalai release, add a module for its layout to "
+            "compatshim/master/layouts/."
         )
         super().__init__("\n".join(lines))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import UnknownLayoutError
-from .layouts import Layout, detect, known_layouts
+from .layouts import LAYOUTS, Layout, detect
 
 # ColossalAI wrappers that add no master copy: their ``.optim`` is what counts.
 THIN_WRAPPERS = frozenset({"OptimizerWrapper", "HybridParallelNaiveOptimizer"})
@@ -35,14 +35,14 @@ def _is_plain_torch_optimizer(obj: Any) -> bool:
 
 
 def _looked_for() -> list[str]:
-    return [layout.looks_for for layout in known_layouts()] + [
+    return [layout.looks_for for layout in LAYOUTS] + [
         "torch.optim.Optimizer (no master copy)",
         "a thin wrapper's .optim (" + ", ".join(sorted(THIN_WRAPPERS)) + ")",
     ]
 
 
 def _known() -> list[str]:
-    return [layout.describe() for layout in known_layouts()] + [
+    return [layout.describe() for layout in LAYOUTS] + [
         f"{PLAIN} (any torch.optim.Optimizer: each param is its own master)"
     ]
 

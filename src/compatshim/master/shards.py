@@ -68,6 +68,23 @@ def zero_shard_position(
     )
 
 
+def store_shard_position(
+    store: Any, param: Tensor, master: Tensor, padding: int, group: Any
+) -> ShardPosition:
+    """Position of ``param``'s master from a ZeRO store's ``local_rank`` and ``world_size``."""
+    numel = param.numel()
+    if master.numel() == numel and padding == 0 and int(store.world_size) == 1:
+        return whole_param_position(numel)
+    return zero_shard_position(
+        numel=numel,
+        master_numel=master.numel(),
+        padding=padding,
+        rank=int(store.local_rank),
+        world_size=int(store.world_size),
+        group=group,
+    )
+
+
 def all_gather_flat(shard: Tensor, group: Any) -> Tensor:
     """Concatenate every rank's equal-size 1-D ``shard`` in rank order over ``group``.
 

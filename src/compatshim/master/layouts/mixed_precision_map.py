@@ -3,16 +3,16 @@
 ``HybridParallelPlugin(zero_stage=0, precision="fp16"|"bf16")`` returns a
 ``MixedPrecisionOptimizer`` subclass whose ``working_to_master_map`` is keyed by
 the working Parameter object (not its id) and holds *full-size* fp32 masters.
-(With zero_stage 1/2 the plugin's optimizer subclasses LowLevelZeroOptimizer
-and the ZeRO layouts apply.)
+With zero_stage 1/2 the plugin's optimizer subclasses ``LowLevelZeroOptimizer``
+and the ZeRO layouts (tried first) apply.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .layouts import Layout
-from .shards import ShardPosition, whole_param_position
+from ..shards import ShardPosition, whole_param_position
+from ._layout import Layout
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -34,11 +34,12 @@ def _position(optimizer: Any, param: Tensor, master: Tensor) -> ShardPosition:
     return whole_param_position(param.numel())
 
 
-AMP_MAP = Layout(
+LAYOUT = Layout(
     name="mixed-precision-map",
-    versions="0.3.2-0.5.0",
+    releases="0.3.2-0.5.0",
     looks_for="optimizer.working_to_master_map (keyed by Parameter, full-size masters)",
     matches=_has_amp_map,
+    precedence=40,
     master_by_id=_master_by_id,
     working_by_master_id=_working_by_master_id,
     shard_position=_position,

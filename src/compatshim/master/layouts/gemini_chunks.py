@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .layouts import Layout
+from ._layout import Layout
 
 
 def _is_gemini(optimizer: Any) -> bool:
@@ -19,11 +19,12 @@ def _is_gemini(optimizer: Any) -> bool:
     return cls.__module__.startswith("colossalai") and "Gemini" in cls.__name__
 
 
-CHUNKS = Layout(
+LAYOUT = Layout(
     name="gemini-chunks",
-    versions="0.3.2-0.5.0",
+    releases="0.3.2-0.5.0",
     looks_for="GeminiOptimizer (chunked masters)",
     matches=_is_gemini,
+    precedence=50,
     unsupported=(
         "GeminiOptimizer keeps fp32 masters inside chunks with no per-parameter map; "
         "compatshim.master does not support it. Use model.state_dict() (Gemini gathers it) "

@@ -1,0 +1,268 @@
+"""The master-param layouts: found by listing one package, one module each, read by the doctor.
+
+No ColossalAI here: the doctor reads installed metadata and source text only,
+so a folder with a ``colossalai-<v>.dist-info`` and a ``low_level_optim.py``
+stands for an install. The end-to-end check that the markers match the real
+releases runs in the colossalai envs (tests/colossalai).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import pkgutil
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import compatshim
+import compatshim.master
+from compatshim._records import DoctorRow
+from compatshim.master import layouts
+from compatshim.master.doctor import layout_in_source
+from compatshim.master.layouts import LAYOUTS
+from harness.dist import python_env
+
+MASTER = Path(compatshim.master.__file__).parent
+
+
+def test_every_module_of_the_package_is_a_layout_in_precedence_order() -> None:
+    modules = sorted(
+        info.name for info in pkgutil.iter_modules(layouts.__path__) if info.name[0] != "_"
+    )
+    assert len(LAYOUTS) == len(modules) == 5
+    assert sorted(layout.name.replace("-", "_") for layout in LAYOUTS) == modules
+    precedences = [layout.precedence for layout in LAYOUTS]
+    assert precedences == sorted(set(precedences))  # strictly ordered: no tie decides by name
+    assert [layout.name for layout in LAYOUTS] == [
+        "zero-optimizer-attribute",
+        "zero-param-store",
+        "zero-flat-fp32-groups",
+        "mixed-precision-map",
+        "gemini-chunks",
+    ]
+
+
+def test_each_source_marker_picks_its_own_layout() -> None:
+    marked = [layout for layout in LAYOUTS if layout.source_marker]
+    assert {layout.name for layout in marked} == {
+        "zero-optimizer-attribute",
+        "zero-param-store",
+        "zero-flat-fp32-groups",
+    }
+    for layout in marked:
+        assert layout_in_source(f"class X:\n    {layout.source_marker}\n") is layout
+    assert layout_in_source("nothing to see") is None
+
+
+def _imports_of(path: Path) -> tuple[set[str], list[str]]:
+    """Modules of compatshim.master that ``path`` imports at module level, and deferred ones."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = ".".join(
+        ("compatshim", "master", *path.relative_to(MASTER).with_suffix("").parts)
+    ).removesuffix(".__init__")
+    is_package = path.name == "__init__.py"
+    top: set[str] = set()
+    deferred: list[str] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or node.level == 0:
+            continue
+        base = package.split(".")
+        base = base[: len(base) - node.level + (1 if is_package else 0)]
+        target = ".".join([*base, node.module] if node.module else base)
+        if not target.startswith("compatshim.master"):
+            continue
+        in_function = any(
+            isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)) and node in ast.walk(parent)
+            for parent in ast.walk(tree)
+        )
+        guarded = any(
+            isinstance(parent, ast.If)
+            and "TYPE_CHECKING" in ast.unparse(parent.test)
+            and node in ast.walk(parent)
+            for parent in ast.walk(tree)
+        )
+        if in_function:
+            deferred.append(target)
+        elif not guarded:
+            top.add(target)
+    return top, deferred
+
+
+def test_master_imports_point_one_way_and_nothing_is_deferred() -> None:
+    graph: dict[str, set[str]] = {}
+    for path in sorted(MASTER.rglob("*.py")):
+        name = ".".join(
+            ("compatshim", "master", *path.relative_to(MASTER).with_suffix("").parts)
+        ).removesuffix(".__init__")
+        top, deferred = _imports_of(path)
+        assert not deferred, f"{name} imports {deferred} inside a function"
+        graph[name] = {t for t in top if t != name}
+
+    def visit(node: str, trail: tuple[str, ...]) -> None:
+        assert node not in trail, "import cycle: " + " -> ".join((*trail, node))
+        for target in graph.get(node, ()):
+            visit(target, (*trail, node))
+
+    for module in graph:
+        visit(module, ())
+    # the layouts know nothing of who reads them
+    for name, targets in graph.items():
+        if name.startswith("compatshim.master.layouts."):
+            assert targets <= {"compatshim.master.layouts._layout", "compatshim.master.shards"}
+
+
+def _fake_colossalai(root: Path, version: str, source: str) -> Path:
+    (root / f"colossalai-{version}.dist-info").mkdir(parents=True)
+    (root / f"colossalai-{version}.dist-info" / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: colossalai\nVersion: {version}\n"
+    )
+    (root / f"colossalai-{version}.dist-info" / "RECORD").write_text("")
+    optim = root / "colossalai" / "zero" / "low_level" / "low_level_optim.py"
+    optim.parent.mkdir(parents=True)
+    optim.write_text(source)
+    return root
+
+
+def _doctor_rows_in(*paths: Path) -> list[dict[str, object]]:
+    code = (
+        "import json, sys, compatshim.master as m; "
+        "rows = m.doctor_rows(); "
+        "print(json.dumps([r.as_dict() for r in rows])); "
+        "assert 'colossalai' not in sys.modules and 'torch' not in sys.modules"
+    )
+    env = python_env()
+    env["PYTHONPATH"] = ":".join([*(str(p) for p in paths), env["PYTHONPATH"]])
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    rows: list[dict[str, object]] = json.loads(out.stdout)
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("version", "layout_name", "fixed"),
+    [
+        ("0.4.1", "zero-optimizer-attribute", True),
+        ("0.3.6", "zero-param-store", True),
+        ("0.3.1", "zero-flat-fp32-groups", False),
+    ],
+)
+def test_doctor_names_the_layout_from_its_marker(
+    tmp_path: Path, version: str, layout_name: str, fixed: bool
+) -> None:
+    layout = next(layout for layout in LAYOUTS if layout.name == layout_name)
+    source = (
+        f"class LowLevelZeroOptimizer:\n    def __init__(self):\n        {layout.source_marker}\n"
+    )
+    (row,) = _doctor_rows_in(_fake_colossalai(tmp_path, version, source))
+    assert row["name"] == "master: colossalai layout"
+    assert row["kind"] == "adapter" and row["applies"] is True
+    assert row["fixed"] is fixed
+    assert row["detail"] == f"colossalai {version}: {layout.describe()}" + (
+        "" if fixed else " - not supported: " + layout.unsupported
+    )
+
+
+def test_doctor_row_for_an_unknown_source_and_for_no_colossalai(tmp_path: Path) -> None:
+    (row,) = _doctor_rows_in(_fake_colossalai(tmp_path, "0.9.0", "class Moved: pass\n"))
+    assert row["fixed"] is False
+    assert row["detail"] == (
+        "colossalai 0.9.0: LowLevelZeroOptimizer source matches no known layout"
+    )
+    (row,) = compatshim.master.doctor_rows()  # this env has no colossalai
+    assert isinstance(row, DoctorRow)
+    assert (row.applies, row.fixed) == (False, None)
+
+
+_FUTURE_LAYOUT = '''
+"""A future release keeps its masters in ``optimizer.masters_by_id``."""
+
+from ..shards import whole_param_position
+from ._layout import Layout
+
+LAYOUT = Layout(
+    name="zero-future",
+    releases="0.9.0",
+    looks_for="optimizer.masters_by_id",
+    matches=lambda optimizer: isinstance(getattr(optimizer, "masters_by_id", None), dict),
+    precedence=5,
+    source_marker="self.masters_by_id = {}",
+    master_by_id=lambda optimizer: optimizer.masters_by_id,
+    shard_position=lambda optimizer, param, master: whole_param_position(1),
+)
+'''
+
+
+def test_a_new_layout_is_one_new_module(tmp_path: Path) -> None:
+    """Copy the package, add one module to layouts/: resolver, error text and doctor see it."""
+    shutil.copytree(Path(compatshim.__file__).parent, tmp_path / "src" / "compatshim")
+    (tmp_path / "src/compatshim/master/layouts/zero_future.py").write_text(_FUTURE_LAYOUT)
+    _fake_colossalai(tmp_path / "site", "0.9.0", "        self.masters_by_id = {}\n")
+    code = textwrap.dedent(
+        """
+        import json
+        import compatshim.master as m
+        from compatshim.master.layouts import LAYOUTS
+
+        class Optimizer:
+            def __init__(self, params):
+                self.masters_by_id = {id(p): ("master", p) for p in params}
+
+        param = object()
+        errors = []
+        try:
+            m.working_to_master(object())
+        except m.UnknownLayoutError as exc:
+            errors.append(str(exc))
+        print(json.dumps({
+            "first": LAYOUTS[0].name,
+            "layout": m.layout_name(Optimizer([param])),
+            "master": m.master_param(Optimizer([param]), param)[0],
+            "error": errors[0],
+            "doctor": m.doctor_rows()[0].detail,
+        }))
+        """
+    )
+    env = python_env()
+    env["PYTHONPATH"] = f"{tmp_path / 'src'}:{tmp_path / 'site'}:{env['PYTHONPATH']}"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["first"] == seen["layout"] == "zero-future"
+    assert seen["master"] == "master"
+    assert "zero-future (colossalai 0.9.0: optimizer.masters_by_id)" in seen["error"]
+    assert (
+        seen["doctor"]
+        == "colossalai 0.9.0: zero-future (colossalai 0.9.0: optimizer.masters_by_id)"
+    )
+
+
+def test_a_module_without_a_layout_is_refused_at_import(tmp_path: Path) -> None:
+    shutil.copytree(Path(compatshim.__file__).parent, tmp_path / "compatshim")
+    (tmp_path / "compatshim/master/layouts/half_done.py").write_text("X = 1\n")
+    env = python_env()
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    out = subprocess.run(
+        [sys.executable, "-c", "import compatshim.master"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0
+    assert "compatshim.master.layouts.half_done must define LAYOUT = Layout(...)" in out.stderr
+
+
+def test_a_supported_layout_must_read_the_map() -> None:
+    from compatshim.master.layouts import Layout
+
+    with pytest.raises(TypeError, match="master_by_id, shard_position"):
+        Layout(name="x", releases="1", looks_for="y", matches=bool, precedence=1)
