@@ -199,14 +199,41 @@ def check_plain(rank: int) -> dict[str, Any]:
     }
 
 
+def _train_with_ema(
+    booster: Any, model: Any, optimizer: Any, ema: Any, base: Any, ema_source: Any, rank: int
+) -> dict[str, Any]:
+    """5 bf16 steps through ``booster`` with an EMA of ``ema_source`` against a fp64 reference.
+
+    ``ema`` (copied before boosting) starts from ``base``, the unwrapped model;
+    ``ema_source`` is what ``update_ema`` is handed (the boosted wrapper or ``base``).
+    """
+    import torch
+
+    import compatshim.ema as cema
+    from compatshim.master import layout_name
+
+    ema.load_state_dict({k: v.float() for k, v in base.state_dict().items()})
+    ref = {n: p.detach().double().clone() for n, p in _trainable(ema)}
+    for step in range(5):
+        loss = model(_batch(step, rank, torch.bfloat16)).float().pow(2).mean()
+        booster.backward(loss, optimizer)
+        optimizer.step()
+        optimizer.zero_grad()
+        cema.update_ema(ema, ema_source, optimizer, decay=DECAY)
+        _reference_step(ref, optimizer, ema_source, set())
+    return {
+        "optimizer_type": type(optimizer).__name__,
+        "layout": layout_name(optimizer),
+        "masters": _masters_vs_working(optimizer, ema_source),
+        "ema_err": _ema_vs_reference(dict(ema.named_parameters()), ref),
+    }
+
+
 def check_booster(rank: int) -> dict[str, Any]:
     """``Booster(plugin=LowLevelZeroPlugin(stage=2)).boost(...)`` and EMA on what it returns."""
     import torch
     from colossalai.booster import Booster
     from colossalai.booster.plugin import LowLevelZeroPlugin
-
-    import compatshim.ema as cema
-    from compatshim.master import layout_name
 
     model = build_model()
     ema = copy.deepcopy(model).float()
@@ -215,21 +242,7 @@ def check_booster(rank: int) -> dict[str, Any]:
     booster = Booster(plugin=plugin)
     boosted_model, optimizer, *_ = booster.boost(model, inner)
     base = boosted_model.module if hasattr(boosted_model, "module") else boosted_model
-    ema.load_state_dict({k: v.float() for k, v in base.state_dict().items()})
-    ref = {n: p.detach().double().clone() for n, p in _trainable(ema)}
-    for step in range(5):
-        loss = boosted_model(_batch(step, rank, torch.bfloat16)).float().pow(2).mean()
-        booster.backward(loss, optimizer)
-        optimizer.step()
-        optimizer.zero_grad()
-        cema.update_ema(ema, boosted_model, optimizer, decay=DECAY)
-        _reference_step(ref, optimizer, boosted_model, set())
-    return {
-        "optimizer_type": type(optimizer).__name__,
-        "layout": layout_name(optimizer),
-        "masters": _masters_vs_working(optimizer, boosted_model),
-        "ema_err": _ema_vs_reference(dict(ema.named_parameters()), ref),
-    }
+    return _train_with_ema(booster, boosted_model, optimizer, ema, base, boosted_model, rank)
 
 
 def _no_shard_policy() -> Any:
@@ -259,9 +272,6 @@ def check_hybrid(zero_stage: int, rank: int) -> dict[str, Any]:
     from colossalai.booster import Booster
     from colossalai.booster.plugin import HybridParallelPlugin
 
-    import compatshim.ema as cema
-    from compatshim.master import layout_name
-
     try:
         plugin = HybridParallelPlugin(
             tp_size=1,
@@ -277,21 +287,7 @@ def check_hybrid(zero_stage: int, rank: int) -> dict[str, Any]:
     booster = Booster(plugin=plugin)
     boosted_model, optimizer, *_ = booster.boost(model, torch.optim.AdamW(model.parameters()))
     base = boosted_model.unwrap() if hasattr(boosted_model, "unwrap") else boosted_model.module
-    ema.load_state_dict({k: v.float() for k, v in base.state_dict().items()})
-    ref = {n: p.detach().double().clone() for n, p in _trainable(ema)}
-    for step in range(5):
-        loss = boosted_model(_batch(step, rank, torch.bfloat16)).float().pow(2).mean()
-        booster.backward(loss, optimizer)
-        optimizer.step()
-        optimizer.zero_grad()
-        cema.update_ema(ema, base, optimizer, decay=DECAY)
-        _reference_step(ref, optimizer, base, set())
-    return {
-        "optimizer_type": type(optimizer).__name__,
-        "layout": layout_name(optimizer),
-        "masters": _masters_vs_working(optimizer, base),
-        "ema_err": _ema_vs_reference(dict(ema.named_parameters()), ref),
-    }
+    return _train_with_ema(booster, boosted_model, optimizer, ema, base, base, rank)
 
 
 def run_session(

@@ -138,3 +138,16 @@ def test_hybrid_parallel_plugin(ranks: list[dict[str, Any]], zero_stage: int) ->
         assert result["layout"].startswith(expected), result
         assert result["masters"]["cast_mismatch"] == 0
         assert result["ema_err"] < 1e-6
+
+
+def test_doctor_reads_the_layout_the_optimizer_uses(ranks: list[dict[str, Any]]) -> None:
+    """The source marker each layout declares is in this release's installed source."""
+    from compatshim.master import doctor_rows
+    from compatshim.master.doctor import detected_layout
+
+    layout = detected_layout()
+    assert layout is not None
+    assert layout.name == ranks[0]["booster"]["layout"]
+    (row,) = doctor_rows()
+    assert row.applies and row.fixed
+    assert row.detail == f"colossalai {ranks[0]['version']}: {layout.describe()}"
