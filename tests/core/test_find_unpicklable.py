@@ -21,12 +21,7 @@ from hypothesis import strategies as st
 import compatshim
 from compatshim.pickling import Finding, find_unpicklable
 
-
-class Node:
-    """A plain user object."""
-
-    def __init__(self, **attrs: Any) -> None:
-        self.__dict__.update(attrs)
+from .random_graphs import Node, build, check_agrees_with_pickle, graph_specs
 
 
 class Slotted:
@@ -261,51 +256,8 @@ _BAD: list[Callable[[], Any]] = [
     RefusesPickling,
 ]
 
-_leaves = st.one_of(
-    st.integers(),
-    st.text(max_size=3),
-    st.none(),
-    st.sampled_from(range(len(_BAD))).map(lambda i: ("BAD", i)),
-)
-
-
-def _materialise(value: Any) -> Any:
-    if isinstance(value, tuple) and len(value) == 2 and value[0] == "BAD":
-        return _BAD[value[1]]()
-    if isinstance(value, list):
-        return [_materialise(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _materialise(v) for k, v in value.items()}
-    if isinstance(value, Node):
-        return Node(**{k: _materialise(v) for k, v in vars(value).items()})
-    return value
-
-
-_graphs = st.recursive(
-    _leaves,
-    lambda children: st.one_of(
-        st.lists(children, max_size=4),
-        st.dictionaries(st.text(max_size=2), children, max_size=4),
-        st.dictionaries(st.sampled_from(["a", "b", "c"]), children, max_size=3).map(
-            lambda attrs: Node(**attrs)
-        ),
-    ),
-    max_leaves=20,
-)
-
 
 @settings(max_examples=150, deadline=None)
-@given(_graphs)
+@given(graph_specs(st.sampled_from(range(len(_BAD)))))
 def test_no_finding_exactly_when_pickle_succeeds(spec: Any) -> None:
-    graph = _materialise(spec)
-    try:
-        pickle.dumps(graph)
-        picklable = True
-    except Exception:
-        picklable = False
-    findings = find_unpicklable(graph)
-    assert (findings == []) is picklable
-    for finding in findings:  # every reported path really leads to an unpicklable object
-        culprit = eval(finding.path, {"obj": graph})  # paths are Python expressions here
-        with pytest.raises(Exception):  # noqa: B017 - whatever pickle raises
-            pickle.dumps(culprit)
+    check_agrees_with_pickle(build(spec, lambda i: _BAD[i]()))

@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 
 from compatshim.pickling import Finding, find_unpicklable
 
+from .random_graphs import Node, build, check_agrees_with_pickle, graph_specs
+
 
 class Boom(Exception):
     """What every hostile dunder raises (not a TypeError/AttributeError pickle expects)."""
@@ -29,11 +31,6 @@ class Boom(Exception):
 
 def _boom(*args: Any, **kwargs: Any) -> Any:
     raise Boom("hostile")
-
-
-class Node:
-    def __init__(self, **attrs: Any) -> None:
-        self.__dict__.update(attrs)
 
 
 def _by_path(findings: list[Finding]) -> dict[str, Finding]:
@@ -360,71 +357,24 @@ def test_unhashable_by_raising(position: str) -> None:
 
 # -- random graphs of hostile, broken and fine objects ---------------------------------
 
-_HOSTILE_KINDS = [(base, dunder) for base in sorted(_BASES) for dunder in _METHOD_DUNDERS]
-_HOSTILE_KINDS += [(base, dunder) for base in sorted(_BASES) for dunder in _PROPERTY_DUNDERS]
-
-_leaves = st.one_of(
-    st.integers(),
-    st.text(alphabet="xyz", max_size=2),
-    st.sampled_from(_HOSTILE_KINDS).map(lambda kind: ("HOSTILE", kind)),
-    st.just(("LOCK", None)),
-)
+_HOSTILE_KINDS = [
+    (base, dunder) for base in sorted(_BASES) for dunder in _METHOD_DUNDERS + _PROPERTY_DUNDERS
+]
 
 
-def _materialise(spec: Any) -> Any:
-    if isinstance(spec, tuple) and spec and spec[0] == "HOSTILE":
-        try:
-            return _hostile_instance(*spec[1])
-        except (Boom, TypeError):
-            return None
-    if isinstance(spec, tuple) and spec and spec[0] == "LOCK":
+def _make(kind: Any) -> Any:
+    if kind == "lock":
         return threading.Lock()
-    if isinstance(spec, list):
-        return [_materialise(v) for v in spec]
-    if isinstance(spec, dict):
-        return {k: _materialise(v) for k, v in spec.items()}
-    if isinstance(spec, Node):
-        return Node(**{k: _materialise(v) for k, v in vars(spec).items()})
-    return spec
-
-
-_graphs = st.recursive(
-    _leaves,
-    lambda children: st.one_of(
-        st.lists(children, max_size=4),
-        st.dictionaries(st.text(alphabet="xyz", max_size=2), children, max_size=4),
-        st.dictionaries(st.sampled_from(["a", "b", "c"]), children, max_size=3).map(
-            lambda attrs: Node(**attrs)
-        ),
-    ),
-    max_leaves=16,
-)
-
-
-def _follow(graph: Any, path: str) -> Any:
-    """The object at ``path`` (paths here are Python expressions on ``obj``)."""
-    return eval(path, {"obj": graph})
+    try:
+        return _hostile_instance(*kind)
+    except (Boom, TypeError):  # that dunder cannot be hostile on that base
+        return None
 
 
 @settings(max_examples=200, deadline=None)
-@given(_graphs)
+@given(graph_specs(st.sampled_from([*_HOSTILE_KINDS, "lock"]), max_leaves=16))
 def test_random_hostile_graphs_never_raise_and_point_at_culprits(spec: Any) -> None:
-    graph = _materialise(spec)
-    try:
-        pickle.dumps(graph)
-        picklable = True
-    except Exception:
-        picklable = False
-    findings = find_unpicklable(graph)
-    _assert_well_formed(findings)
-    assert (findings == []) is picklable
-    for finding in findings:
-        if type(graph) in (list, dict, Node):  # containers are never the culprit themselves
-            assert finding.path != "obj"
-        head, _, _ = finding.path.partition("<")  # stop at a reduce-internal segment
-        culprit = _follow(graph, head)
-        with pytest.raises(Exception):  # noqa: B017 - whatever pickle raises
-            pickle.dumps(culprit)
+    _assert_well_formed(check_agrees_with_pickle(build(spec, _make)))
 
 
 def test_hostile_objects_inside_a_torch_module() -> None:
