@@ -20,8 +20,8 @@ What is replaced, and why:
   emulated with ``all_reduce`` / ``all_gather`` (same results, more traffic).
 - colossalai 0.3.x on Python 3.11: ``_DistSpec`` defines ``__eq__`` without
   ``__hash__``, so a dataclass using it as a default fails at import
-  ("mutable default"). A post-import hook (compatshim's own) gives it the
-  identity hash before the dataclass is built.
+  ("mutable default"). A meta-path finder gives it the identity hash right
+  after its module body runs, before the dataclass is built.
 
 Everything here is installed per test process by ``install()``; nothing leaks
 into the library.
@@ -90,9 +90,39 @@ class DoneWork:
         return True
 
 
+class _AfterExec:
+    """A meta-path finder that calls ``fix(module)`` right after ``module``'s own body ran.
+
+    compatshim's ``when_imported`` waits until the parent packages have finished
+    too (a hook must not meet a half-built framework); this fix has to land
+    *before* the rest of ``colossalai`` builds a dataclass with ``_DistSpec``.
+    """
+
+    def __init__(self, names: tuple[str, ...], fix: Any) -> None:
+        self.names = names
+        self.fix = fix
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in self.names:
+            return None
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        run_body = spec.loader.exec_module  # this spec's own loader object
+
+        def exec_module(module: Any) -> None:
+            run_body(module)
+            self.fix(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
 def hook_distspec_hash() -> None:
     """Give ``_DistSpec`` an identity hash as soon as its module is imported (0.3.x, py3.11)."""
-    from compatshim._import_hooks import when_imported
+    import sys
 
     def fix(module: Any) -> None:
         cls = getattr(module, "_DistSpec", None)
@@ -100,8 +130,11 @@ def hook_distspec_hash() -> None:
             cls.__hash__ = object.__hash__
 
     # the module moved to colossalai.legacy in 0.3.x; hook both spellings
-    for name in ("colossalai.tensor.distspec", "colossalai.legacy.tensor.distspec"):
-        when_imported(name, fix)
+    names = ("colossalai.tensor.distspec", "colossalai.legacy.tensor.distspec")
+    for name in names:
+        if name in sys.modules:
+            fix(sys.modules[name])
+    sys.meta_path.insert(0, _AfterExec(names, fix))
 
 
 def _is_gloo(group: Any) -> bool:
