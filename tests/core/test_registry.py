@@ -20,8 +20,8 @@ import pytest
 
 import compatshim
 from compatshim import _import_hooks, _registry
-from compatshim._patching import Patcher
 from compatshim._patch import Patch
+from compatshim._patching import Patcher
 
 TARGET = "cs_registry_target"
 

@@ -88,7 +88,7 @@ RACE = """
 
 @pytest.mark.slow
 def test_threads_racing_the_first_import_torch_never_deadlock() -> None:
-    """install/uninstall/status in 3 threads during the first ``import torch``: 8 fresh processes."""
+    """install/uninstall/status in 3 threads during the first ``import torch``, 8 processes."""
     pytest.importorskip("torch")
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPATSHIM_")}
     code = textwrap.dedent(RACE)
