@@ -60,7 +60,10 @@ class PatchStatus:
         return key == "in_range" or key in self.__dataclass_fields__
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self[key] if key in self else default
+        try:
+            return self[key]
+        except KeyError:
+            return default
 
     @property
     def in_range(self) -> bool:

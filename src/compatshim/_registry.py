@@ -398,12 +398,7 @@ def probe_unarmed() -> None:
             outcome = _decide(patch, target, module, apply=False)
             with _lock:
                 if not state.armed:
-                    state.position = outcome.position
-                    state.version_note = outcome.version_note
-                    if outcome.error is not None:
-                        state.error = outcome.error
-                    if outcome.defect is not None:
-                        state.defect[target] = outcome.defect
+                    _record(state, target, outcome)  # never holds a patcher: nothing applied
 
 
 def status() -> list[PatchStatus]:

@@ -20,8 +20,10 @@ import pytest
 
 import compatshim
 from compatshim import _import_hooks, _registry
-from compatshim._patching import Patcher
 from compatshim._patch import Patch
+from compatshim._patching import Patcher
+
+from .patch_factory import make_patch
 
 TARGET = "cs_registry_target"
 
@@ -39,19 +41,8 @@ def _apply(module: ModuleType, patcher: Patcher) -> None:
     patcher.setattr(module, "ADDED", True)
 
 
-def _make_patch(
-    name: str, requires: str = ">=1", tested: str = ">=1", distribution: str = "packaging"
-) -> Patch:
-    return Patch(
-        name=name,
-        distribution=distribution,
-        requires=requires,
-        tested=tested,
-        targets=(TARGET,),
-        probe=_probe,
-        apply=_apply,
-        description="test patch",
-    )
+def _make_patch(name: str, requires: str = ">=1", tested: str = ">=1") -> Patch:
+    return make_patch(name, (TARGET,), _probe, _apply, requires=requires, tested=tested)
 
 
 @pytest.fixture
@@ -186,18 +177,7 @@ def test_failed_apply_leaves_module_unchanged(target_dir: Path) -> None:
         raise RuntimeError("layout changed")
 
     name = "test-bad-apply"
-    _registry.register(
-        Patch(
-            name=name,
-            distribution="packaging",
-            requires=">=1",
-            tested=">=1",
-            targets=(TARGET,),
-            probe=_probe,
-            apply=bad_apply,
-            description="",
-        )
-    )
+    _registry.register(make_patch(name, (TARGET,), _probe, bad_apply))
     try:
         module = importlib.import_module(TARGET)
         original = module.Thing.__dict__["method"]
@@ -294,16 +274,13 @@ def test_start_up_path_imports_nothing_heavy() -> None:
 def test_target_distribution_gates_that_target(target_dir: Path) -> None:
     """A target shipped by another distribution is version-gated by that distribution."""
     name = "test-target-distribution"
-    patch = Patch(
-        name=name,
+    patch = make_patch(
+        name,
+        (TARGET,),
+        _probe,
+        _apply,
         distribution="no-such-distribution",
-        requires=">=1",
-        tested=">=1",
-        targets=(TARGET,),
         target_distributions={TARGET: "packaging"},
-        probe=_probe,
-        apply=_apply,
-        description="",
     )
     _registry.register(patch)
     try:

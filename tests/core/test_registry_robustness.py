@@ -22,8 +22,9 @@ import pytest
 
 import compatshim
 from compatshim import _registry
-from compatshim._patch import Patch
 from compatshim._patching import Patcher
+
+from .patch_factory import make_patch
 
 SRC = str(Path(compatshim.__file__).resolve().parents[1])
 
@@ -88,7 +89,7 @@ RACE = """
 
 @pytest.mark.slow
 def test_threads_racing_the_first_import_torch_never_deadlock() -> None:
-    """install/uninstall/status in 3 threads during the first ``import torch``: 8 fresh processes."""
+    """install/uninstall/status in 3 threads during the first ``import torch``, 8 processes."""
     pytest.importorskip("torch")
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPATSHIM_")}
     code = textwrap.dedent(RACE)
@@ -155,18 +156,7 @@ def package_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
 
 
 def _register(name: str, target: str) -> None:
-    _registry.register(
-        Patch(
-            name=name,
-            distribution="packaging",
-            requires="",
-            tested=">=1",
-            targets=(target,),
-            probe=_needs_parent,
-            apply=_apply,
-            description="test",
-        )
-    )
+    _registry.register(make_patch(name, (target,), _needs_parent, _apply, requires=""))
 
 
 def test_hook_waits_for_the_parent_package_to_finish(package_root: Path) -> None:
