@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from ._records import PatchStatus, Position
 
 _WAIT_FOR_HOOKS_S = 30.0
+_IMPORT_RACE_S = 2.0
+# Python's answer when two threads' imports would deadlock: one gets a half-built module.
+_IMPORT_RACE = "partially initialized module"
 
 
 class _State:
@@ -227,6 +230,26 @@ def _decide(patch: Patch, target: str, module: ModuleType, *, apply: bool = True
     return outcome
 
 
+def _settled(patch: Patch, target: str, module: ModuleType, *, apply: bool = True) -> _Outcome:
+    """:func:`_decide`, again after a short wait when another thread's import raced it.
+
+    A probe, or packaging's import, that runs while another thread is importing
+    the same standard modules can be handed a half-built module (importlib's
+    deadlock avoidance) and fail for no reason of its own. The race ends when the
+    other import does, so the decision is retried for up to ``_IMPORT_RACE_S``.
+    """
+    import time
+
+    outcome = _decide(patch, target, module, apply=apply)
+    deadline = time.monotonic() + _IMPORT_RACE_S
+    delay = 0.005
+    while _IMPORT_RACE in (outcome.error or "") and time.monotonic() < deadline:
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+        outcome = _decide(patch, target, module, apply=apply)
+    return outcome
+
+
 def _describe(exc: BaseException) -> str:
     try:
         return f"{type(exc).__name__}: {exc}"
@@ -245,7 +268,7 @@ def _on_import(state: _State, target: str, module: ModuleType) -> None:
         generation = state.generation
     outcome = _Outcome()
     try:
-        outcome = _decide(patch, target, module)
+        outcome = _settled(patch, target, module)
     finally:
         with _lock:
             state.workers.remove(get_ident())
@@ -395,7 +418,7 @@ def probe_unarmed() -> None:
             module = _import_hooks.ready(target)
             if module is None:
                 continue
-            outcome = _decide(patch, target, module, apply=False)
+            outcome = _settled(patch, target, module, apply=False)
             with _lock:
                 if not state.armed:
                     _record(state, target, outcome)  # never holds a patcher: nothing applied
@@ -403,6 +426,19 @@ def probe_unarmed() -> None:
 
 def status() -> list[PatchStatus]:
     """One :class:`~compatshim._records.PatchStatus` per patch; never raises for one bad patch."""
+    import time
+
+    deadline = time.monotonic() + _IMPORT_RACE_S
+    while True:
+        try:
+            return _status()
+        except (ImportError, AttributeError) as exc:  # see _settled: another thread's import
+            if _IMPORT_RACE not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def _status() -> list[PatchStatus]:
     from ._records import PatchStatus
 
     _import_hooks.run_due()
