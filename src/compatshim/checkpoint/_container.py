@@ -99,14 +99,22 @@ def read_zip_directory(file: IO[bytes], what: str) -> ZipDirectory:
                 f"{archive!r} (torch files keep every record in one folder)",
                 (f"zip record {name[:80]}",),
             )
-        if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
-            raise CheckpointError(f"{what}: zip record {name!r} is compressed (torch never does)")
-        if info.header_offset + info.file_size > size:
-            raise CheckpointError(f"{what}: zip record {name!r} runs past the end of the file")
         records[name[len(archive) + 1 :]] = Record(name, info.file_size)
-    if "data.pkl" not in records and not ZipDirectory(archive, records).is_torchscript:
+    directory = ZipDirectory(archive, records)
+    if directory.is_torchscript:
+        return directory  # refused by the caller; its code records are compressed
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+            raise CheckpointError(
+                f"{what}: zip record {info.filename!r} is compressed (torch never does)"
+            )
+        if info.header_offset + info.file_size > size:
+            raise CheckpointError(
+                f"{what}: zip record {info.filename!r} runs past the end of the file"
+            )
+    if "data.pkl" not in records:
         raise CheckpointError(f"{what}: a zip file without {archive}/data.pkl is no torch file")
-    return ZipDirectory(archive, records)
+    return directory
 
 
 def refuse_torchscript(what: str) -> UnsafeCheckpointError:

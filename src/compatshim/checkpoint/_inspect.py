@@ -142,7 +142,7 @@ def _from_zip(file: IO[bytes], what: str) -> CheckpointInfo:
     if directory.is_torchscript:
         refusals.append("TorchScript archive (torch.jit.save): never loaded")
     found = ScanResult()
-    if "data.pkl" in directory.records:
+    if "data.pkl" in directory.records and not directory.is_torchscript:
         found = _scan(io.BytesIO(archive.read(directory.records["data.pkl"].name)))
     for key, decl in found.storages.items():
         record = directory.records.get(f"data/{key}")
