@@ -70,6 +70,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PATCH", "CheckpointRefusedWarning"]
 
+_NAME = "torch-load-safe-globals"
 _TRUE_VALUES = ("1", "y", "yes", "true")  # torch.serialization's own parsing
 
 
@@ -102,6 +103,15 @@ def _position(f: Any) -> int | None:
         return int(f.tell())
     except Exception:
         return None
+
+
+def _describe(f: Any) -> str:
+    """A path as given, a file object by its name (``Path.name`` would drop the folder)."""
+    import os
+
+    if isinstance(f, (str, bytes, os.PathLike)):
+        return repr(os.fsdecode(f))
+    return repr(getattr(f, "name", f))
 
 
 def _mmap(kwargs: dict[str, Any]) -> bool:
@@ -139,6 +149,12 @@ def _warn_refused(message: str) -> None:
             pass
 
 
+def _record(event: str, detail: str) -> None:
+    from .. import _decisions
+
+    _decisions.record(_NAME, event, detail)
+
+
 def _retry(f: Any, start: int | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Read ``f`` again with compatshim's loader; raise ``LookupError`` explaining a refusal."""
     from ..checkpoint import CheckpointError, load
@@ -168,17 +184,20 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         except pickle.UnpicklingError as refusal:
             if not _was_weights_only(kwargs, args):
                 raise
+            what = _describe(f)
             try:
-                return _retry(f, start, args, kwargs)
+                loaded = _retry(f, start, args, kwargs)
             except LookupError as why:
-                what = getattr(f, "name", f)
+                _record("refused", f"{what}: {why}")
                 _note(refusal, f"compatshim.checkpoint.load refused it too: {why}")
                 _warn_refused(
-                    f"torch.load refused {what!r} (weights-only) and compatshim.checkpoint.load "
+                    f"torch.load refused {what} (weights-only) and compatshim.checkpoint.load "
                     f"refused it too ({why}); whatever was to be loaded from it is missing, "
                     "even if the caller carries on"
                 )
                 raise refusal from None
+            _record("retried", f"{what}: torch refused it, compatshim.checkpoint.load loaded it")
+            return loaded
 
     load.__compatshim_original__ = original  # type: ignore[attr-defined]
     return load
@@ -229,7 +248,7 @@ def apply(torch: ModuleType, patcher: Patcher) -> None:
 
 
 PATCH = Patch(
-    name="torch-load-safe-globals",
+    name=_NAME,
     distribution="torch",
     requires=">=2.1",
     tested=">=2.1,<2.16",
