@@ -13,10 +13,18 @@ HERE = Path(__file__).resolve().parent
 JOB_TIMEOUT_S = 600  # a resume imports torch and a framework: tens of seconds on 2 cores
 
 
-def run_job(script: str, mode: str, folder: Path, *, compatshim: bool) -> dict[str, Any]:
-    """The job's ``RESULT`` record, plus its stderr; ``compatshim`` sets ``COMPATSHIM_AUTO=1``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPATSHIM_")}
+def run_job(
+    script: str, mode: str, folder: Path, *, compatshim: bool, unrestricted: bool = False
+) -> dict[str, Any]:
+    """The job's ``RESULT`` record, plus its stderr; ``compatshim`` sets ``COMPATSHIM_AUTO=1``.
+
+    ``unrestricted`` sets ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``: what users do today (plain
+    pickle, runs any code), used only as the reference of what a full load gives.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPATSHIM_", "TORCH_FORCE"))}
     env["PYTHONWARNINGS"] = "default"
+    if unrestricted:
+        env["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"
     if compatshim:
         env["COMPATSHIM_AUTO"] = "1"
     done = subprocess.run(

@@ -4,7 +4,8 @@ Usage: ``python lightning_job.py MODE DIR`` with MODE one of
 
 ``save``
     for each hyper-parameter kind, an 8-step run whose ``ModelCheckpoint``
-    (Lightning's own save path) writes ``DIR/<kind>/step=4.ckpt``; its final
+    (Lightning's own save path) writes ``DIR/<kind>/step=4.ckpt`` at the end of
+    the first epoch; its final
     weights are the reference.
 ``resume``
     for each kind, ``trainer.fit(model, ckpt_path=DIR/<kind>/step=4.ckpt)`` to
@@ -133,7 +134,11 @@ def save(out: str) -> dict[str, Any]:
     for kind in kinds():
         model = Model(hyper_parameters(kind))
         every = L.pytorch.callbacks.ModelCheckpoint(
-            dirpath=os.path.join(out, kind), filename="{step}", every_n_train_steps=HALF, save_top_k=-1
+            dirpath=os.path.join(out, kind),
+            filename="{step}",
+            every_n_epochs=1,
+            save_on_train_epoch_end=True,  # the epoch boundary: every release resumes there exactly
+            save_top_k=-1,
         )
         trainer(out, STEPS, every).fit(model, data())
         reference[kind] = weights(model)

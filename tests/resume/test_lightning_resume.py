@@ -34,6 +34,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "saved": saved,
         "plain": run_job(SCRIPT, "resume", folder, compatshim=False),
         "patched": run_job(SCRIPT, "resume", folder, compatshim=True),
+        "unrestricted": run_job(SCRIPT, "resume", folder, compatshim=False, unrestricted=True),
         "folder": folder,
     }
 
@@ -55,7 +56,9 @@ def test_lightning_resumes_with_compatshim(runs: dict[str, Any], kind: str) -> N
     fit = runs["patched"][kind]["fit"]
     assert fit["ok"], fit.get("traceback")
     assert fit["resumed_at"] == 4 and fit["global_step"] == 8
-    assert fit["weights"] == runs["saved"]["reference"][kind]  # as if never interrupted
+    assert fit == runs["unrestricted"][kind]["fit"]  # what a full (unsafe) load gives
+    if release("lightning") >= (2, 4):  # 2.3 itself ends elsewhere, even with a full load
+        assert fit["weights"] == runs["saved"]["reference"][kind]  # as if never interrupted
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -64,6 +67,7 @@ def test_load_from_checkpoint_gives_the_saved_types(runs: dict[str, Any], kind: 
     assert loaded["ok"], loaded.get("traceback")
     assert loaded["hp"] == runs["saved"]["saved"][kind]  # same type, same content
     assert loaded["hparams_type"] == runs["saved"]["hparams_type"][kind]
+    assert loaded == runs["unrestricted"][kind]["load_from_checkpoint"]
 
 
 def test_compatshim_retries_only_where_lightning_breaks(runs: dict[str, Any]) -> None:
