@@ -32,8 +32,10 @@ def main(repeats: int = 300) -> None:
             times[name].append(time.perf_counter() - start)
     medians = {k: statistics.median(v) * 1e6 for k, v in times.items()}
     print(f"torch {torch.__version__}, state dict {len(data) / 1e3:.0f} kB, {repeats} loads each")
-    print(f"original {medians['original']:.1f} us, wrapped {medians['wrapped']:.1f} us, "
-          f"ratio {medians['wrapped'] / medians['original']:.3f}")
+    print(
+        f"original {medians['original']:.1f} us, wrapped {medians['wrapped']:.1f} us, "
+        f"ratio {medians['wrapped'] / medians['original']:.3f}"
+    )
 
 
 if __name__ == "__main__":

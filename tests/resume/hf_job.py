@@ -33,7 +33,9 @@ HALF = 3
 
 
 def _weights(model: torch.nn.Module) -> list[float]:
-    return [round(float(v), 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()])]
+    return [
+        round(float(v), 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()])
+    ]
 
 
 def _draws() -> dict[str, Any]:
@@ -115,8 +117,12 @@ def _trainer(out: str) -> Any:
 def trainer_save(out: str) -> dict[str, Any]:
     trainer = _trainer(out)
     trainer.train()
-    return {"weights": _weights(trainer.model), "global_step": trainer.state.global_step,
-            "draws": _draws(), "checkpoints": sorted(os.listdir(out))}
+    return {
+        "weights": _weights(trainer.model),
+        "global_step": trainer.state.global_step,
+        "draws": _draws(),
+        "checkpoints": sorted(os.listdir(out)),
+    }
 
 
 def trainer_resume(out: str) -> dict[str, Any]:
@@ -134,8 +140,12 @@ def trainer_resume(out: str) -> dict[str, Any]:
     trainer = _trainer(out)
     trainer.add_callback(FirstStep())
     trainer.train(resume_from_checkpoint=os.path.join(out, f"checkpoint-{HALF}"))
-    return {"weights": _weights(trainer.model), "global_step": trainer.state.global_step,
-            "draws": _draws(), **seen}
+    return {
+        "weights": _weights(trainer.model),
+        "global_step": trainer.state.global_step,
+        "draws": _draws(),
+        **seen,
+    }
 
 
 class StepCounter:
@@ -192,8 +202,12 @@ def accelerate_resume(out: str) -> dict[str, Any]:
     parts[0].load_state(os.path.join(out, "state"))
     step_after_load = parts[4].step
     _accelerate_steps(parts, HALF)
-    return {"weights": _weights(parts[1]), "draws": _draws(), "step_after_load": step_after_load,
-            "step": parts[4].step}
+    return {
+        "weights": _weights(parts[1]),
+        "draws": _draws(),
+        "step_after_load": step_after_load,
+        "step": parts[4].step,
+    }
 
 
 MODES = {
@@ -209,9 +223,13 @@ def main() -> None:
     try:
         result: dict[str, Any] = {"ok": True, **MODES[mode](out)}
     except Exception as exc:
-        result = {"ok": False, "error_type": type(exc).__name__, "error": str(exc),
-                  "notes": list(getattr(exc, "__notes__", [])),
-                  "traceback": traceback.format_exc()[-3000:]}
+        result = {
+            "ok": False,
+            "error_type": type(exc).__name__,
+            "error": str(exc),
+            "notes": list(getattr(exc, "__notes__", [])),
+            "traceback": traceback.format_exc()[-3000:],
+        }
     result["retries"] = _retries()
     print("RESULT " + json.dumps(result))
 

@@ -29,9 +29,10 @@ from typing import Any
 import torch
 
 try:
-    import lightning as L
     from lightning.fabric.utilities.data import AttributeDict as FabricAttributeDict
     from lightning.pytorch.utilities.parsing import AttributeDict as TrainerAttributeDict
+
+    import lightning as L
 except ImportError:  # pragma: no cover - the test skips first
     raise
 
@@ -99,7 +100,9 @@ def trainer(out: str, steps: int, *callbacks: Any) -> Any:
         accelerator="cpu",
         devices=1,
         logger=False,
-        enable_checkpointing=any(isinstance(c, L.pytorch.callbacks.ModelCheckpoint) for c in callbacks),
+        enable_checkpointing=any(
+            isinstance(c, L.pytorch.callbacks.ModelCheckpoint) for c in callbacks
+        ),
         enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=list(callbacks),
@@ -107,7 +110,9 @@ def trainer(out: str, steps: int, *callbacks: Any) -> Any:
 
 
 def weights(model: Any) -> list[float]:
-    return [round(float(v), 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()])]
+    return [
+        round(float(v), 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()])
+    ]
 
 
 def describe(value: Any) -> dict[str, Any]:
@@ -144,8 +149,14 @@ def save(out: str) -> dict[str, Any]:
         reference[kind] = weights(model)
         hparams_type[kind] = describe(model.hparams)["type"]
         if not os.path.isfile(checkpoint_path(out, kind)):
-            raise FileNotFoundError(f"no {checkpoint_path(out, kind)}: {os.listdir(os.path.join(out, kind))}")
-    return {"reference": reference, "hparams_type": hparams_type, "saved": {k: describe(hyper_parameters(k)) for k in kinds()}}
+            raise FileNotFoundError(
+                f"no {checkpoint_path(out, kind)}: {os.listdir(os.path.join(out, kind))}"
+            )
+    return {
+        "reference": reference,
+        "hparams_type": hparams_type,
+        "saved": {k: describe(hyper_parameters(k)) for k in kinds()},
+    }
 
 
 def _attempt(step: Any) -> dict[str, Any]:
@@ -171,12 +182,19 @@ def resume(out: str) -> dict[str, Any]:
             model = Model(hyper_parameters(kind))
             run = trainer(out, STEPS, at)
             run.fit(model, data(), ckpt_path=path)
-            return {"resumed_at": at.step, "global_step": run.global_step, "weights": weights(model)}
+            return {
+                "resumed_at": at.step,
+                "global_step": run.global_step,
+                "weights": weights(model),
+            }
 
         def load(path: str = path) -> dict[str, Any]:
             model = Model.load_from_checkpoint(path)
-            return {"hp": describe(model.hparams["hp"]), "hparams_type": describe(model.hparams)["type"],
-                    "weights": weights(model)}
+            return {
+                "hp": describe(model.hparams["hp"]),
+                "hparams_type": describe(model.hparams)["type"],
+                "weights": weights(model),
+            }
 
         results[kind] = {"fit": _attempt(fit), "load_from_checkpoint": _attempt(load)}
     return results
@@ -190,7 +208,9 @@ def main() -> None:
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         result = {"save": save, "resume": resume}[mode](out)
-        caught = [f"{w.category.__name__}: {w.message}" for w in seen if "compatshim" in str(w.message)]
+        caught = [
+            f"{w.category.__name__}: {w.message}" for w in seen if "compatshim" in str(w.message)
+        ]
     result["compatshim_warnings"] = caught
     result["retries"] = _retries()
     print("RESULT " + json.dumps(result))

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from .jobs import release, run_job, torch_loads_weights_only_by_default  # noqa: E402
+from .jobs import release, run_job, torch_loads_weights_only_by_default
 
 SCRIPT = "hf_job.py"
 

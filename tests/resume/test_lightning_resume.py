@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("lightning.pytorch")  # not tests/lightning, a folder of this repo
 
-from .jobs import release, run_job, torch_loads_weights_only_by_default  # noqa: E402
+from .jobs import release, run_job, torch_loads_weights_only_by_default
 
 SCRIPT = "lightning_job.py"
 KINDS = ("namespace", "fabric-attributedict", "attributedict")

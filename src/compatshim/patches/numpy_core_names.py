@@ -161,18 +161,24 @@ class AliasFinder:
             return None
         import sys
 
-        parent = sys.modules.get(fullname.rpartition(".")[0])
-        if parent is None or getattr(parent, "__name__", "") == fullname.rpartition(".")[0]:
-            # The parent is real (or absent): a real module of this name wins.
-            if self._found_elsewhere(fullname, path, target):
-                return None
-        # else the parent is itself an alias: its __path__ is numpy-1's, where the
-        # real finders would load a second copy of numpy.core.<name>; answer instead.
+        parent_name = fullname.rpartition(".")[0]
+        parent = sys.modules.get(parent_name)
+        parent_target = _alias_target(parent_name)
+        parent_is_alias = (
+            parent is not None
+            and parent_target is not None
+            and (parent is sys.modules.get(parent_target))
+        )
+        # A real parent (numpy 1.26's stubs, whose __name__ they overwrite): a real module of
+        # this name wins. An alias parent has numpy-1's __path__, where the real finders would
+        # load a second copy of numpy.core.<name>: answer for it instead.
+        if not parent_is_alias and self._found_elsewhere(fullname, path, target):
+            return None
         if not self._target_exists(aliased_to):
             return None
         from importlib.machinery import ModuleSpec
 
-        return ModuleSpec(fullname, _AliasLoader(aliased_to, self._patcher))
+        return ModuleSpec(fullname, _AliasLoader(aliased_to, self._patcher))  # type: ignore[arg-type]
 
     def _found_elsewhere(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None
@@ -249,7 +255,7 @@ _watching: set[str] = set()  # shims whose post-import hook this patch has armed
 
 
 def _missing_shim_names(shim: ModuleType) -> dict[str, Any]:
-    """Names numpy-1 pickles use that ``shim`` would only give through its warning ``__getattr__``."""
+    """Names numpy-1 pickles use that ``shim`` gives only through its warning ``__getattr__``."""
     from importlib import import_module
 
     real = import_module(shim.__name__.replace("numpy.core", "numpy._core", 1))
@@ -273,6 +279,13 @@ def _numpy2_defect() -> bool:
         elif _missing_shim_names(shim):
             return True
     return False
+
+
+def _unwatch(shim_name: str) -> Callable[[], None]:
+    def undo() -> None:
+        _watching.discard(shim_name)
+
+    return undo
 
 
 def _fill_shim(patcher: Patcher) -> Callable[[ModuleType], None]:
@@ -340,7 +353,7 @@ def apply(numpy: ModuleType, patcher: Patcher) -> None:
     else:
         for shim_name in _NUMPY1_PICKLE_NAMES:
             _watching.add(shim_name)
-            patcher.on_revert(lambda shim_name=shim_name: _watching.discard(shim_name))
+            patcher.on_revert(_unwatch(shim_name))
             _watch(shim_name, _fill_shim(patcher), patcher)
     _watch(_TORCH_UNPICKLER, _alias_torch_allowlist(patcher), patcher)
 

@@ -100,13 +100,15 @@ def main() -> None:
                 if isinstance(loaded, dict):
                     loaded.pop("tensor", None)
                 outcome = "ok" if corpus.same(expected, loaded, np) else f"mismatch: {loaded!r}"
-            except BaseException as exc:  # noqa: BLE001 - every outcome is reported
+            except BaseException as exc:
                 outcome = f"error: {type(exc).__name__}: {str(exc)[:300]}"
             report["results"][f"{path.name} via {route}"] = outcome
     if int(np.__version__.split(".")[0]) < 2 and patched:
         core = np.core
         report["identical"] = {
-            "numpy._core.multiarray._reconstruct": sys.modules["numpy._core.multiarray"]._reconstruct
+            "numpy._core.multiarray._reconstruct": sys.modules[
+                "numpy._core.multiarray"
+            ]._reconstruct
             is core.multiarray._reconstruct,
             "numpy._core.numeric": sys.modules.get("numpy._core.numeric") is core.numeric,
             "numpy.rec": sys.modules.get("numpy.rec") is core.records,
