@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Finding",
     "__version__",
+    "checkpoint",
     "clone_module",
     "dist",
     "ema",
@@ -26,6 +27,7 @@ TYPE_CHECKING = False  # no ``typing`` import at run time: importing compatshim 
 if TYPE_CHECKING:
     from typing import Any
 
+    from . import checkpoint as checkpoint
     from . import dist as dist
     from . import ema as ema
     from . import master as master
@@ -38,7 +40,7 @@ _LAZY = {
     "find_unpicklable": ("compatshim.pickling", "find_unpicklable"),
     "Finding": ("compatshim.pickling", "Finding"),
 }
-_SUBMODULES = {"dist", "ema", "master", "rng"}
+_SUBMODULES = {"checkpoint", "dist", "ema", "master", "rng"}
 
 
 def __getattr__(name: str) -> Any:

@@ -16,7 +16,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     doctor.add_argument(
         "--timeout", type=float, default=None, help="seconds allowed for the live probes"
     )
+    inspect = commands.add_parser(
+        "inspect", help="what a checkpoint needs and holds, and whether compatshim can load it"
+    )
+    inspect.add_argument("file", help="a torch.save file or pickle")
+    inspect.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
+    if args.command == "inspect":
+        from .checkpoint.report import main as inspect_main
+
+        return inspect_main(args.file, as_json=args.json)
     from . import doctor as doctor_module
 
     return doctor_module.main(as_json=args.json, timeout=args.timeout)

@@ -22,6 +22,8 @@ CATALOGUE = (
     "torch_processgroup_copy",
     "nuscenes_dict_views",
     "lightning_fabric_desync",
+    "torch_load_safe_globals",
+    "numpy_core_names",
 )
 
 

@@ -16,7 +16,7 @@ lists what was restored, derived and skipped, and one
 
 Restores are atomic: every part is validated before any generator is set,
 and a write that fails puts back the ones already made
-(:class:`RNGStateError`). Files are read by a restricted unpickler that runs
+(:class:`RNGStateError`). Files are read by ``compatshim.checkpoint.load``, which runs
 no code from them unless ``trusted=True``; ``save`` writes atomically.
 
 Importing this package imports neither torch nor numpy.

@@ -10,6 +10,7 @@ All ranks must see ``path`` (a shared filesystem), as with any checkpoint.
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import uuid
 from pathlib import Path
@@ -21,7 +22,7 @@ from .formats import merge_ranks, to_file
 from .plan import DevicePolicy, WorldSizePolicy
 from .report import RestoreReport
 from .restore import restore
-from .state import FILE_FORMAT, SCHEMA_VERSION, is_state
+from .state import is_state, make_file
 
 PathLike = Union[str, "os.PathLike[str]"]
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -29,6 +30,7 @@ _PER_RANK = (
     ("transformers", re.compile(r"rng_state_(\d+)\.pth$")),
     ("accelerate", re.compile(r"random_states_(\d+)\.pkl$")),
 )
+MAX_RANK_DIGITS = 7  # a rank number of 10 million or more is no real job's
 _TORCH_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 
 
@@ -86,13 +88,7 @@ def save(path: PathLike, *, state: Mapping[str, Any] | None = None) -> Path:
         raise RNGStateError("save(state=...) takes a state from compatshim.rng.capture()")
     states = _gather(own)
     if states is not None:
-        payload = {
-            "format": FILE_FORMAT,
-            "version": SCHEMA_VERSION,
-            "source": "compatshim",
-            "world_size": len(states),
-            "ranks": states,
-        }
+        payload = make_file(states, source="compatshim", world_size=len(states))
         atomic_write(path, lambda file: torch.save(payload, file))
     rank, world_size = distributed_position()
     if rank is not None and world_size is not None and world_size > 1:
@@ -103,44 +99,57 @@ def save(path: PathLike, *, state: Mapping[str, Any] | None = None) -> Path:
 
 
 def _load_object(path: Path, trusted: bool) -> Any:
-    from . import safe_unpickler
+    """The file's object: compatshim.checkpoint's weights-only loader unless ``trusted``."""
+    from ..checkpoint import CheckpointError, UnsafeCheckpointError
+    from ..checkpoint import load as load_checkpoint
 
-    with path.open("rb") as file:
-        head = file.read(4)
-        file.seek(0)
-        is_zip = head == _ZIP_MAGIC
-        if not is_zip:
-            try:
-                first = __import__("pickle").load(file) if trusted else safe_unpickler.load(file)
-            except RNGStateError:
-                raise
-            except Exception as exc:
-                raise RNGStateError(f"{path} is not a pickle or torch file: {exc}") from None
-            if first != _TORCH_LEGACY_MAGIC:
-                return first
-    import torch
-
+    if trusted:
+        with path.open("rb") as file:
+            is_torch_file = file.read(4) == _ZIP_MAGIC or _is_legacy_torch(file)
+        try:
+            if is_torch_file:
+                return load_checkpoint(path, map_location="cpu", trusted=True)
+            with path.open("rb") as file:
+                return pickle.load(file)
+        except Exception as exc:
+            raise RNGStateError(f"could not read {path}: {type(exc).__name__}: {exc}") from None
     try:
-        if trusted:
-            return torch.load(path, map_location="cpu", weights_only=False)
-        return torch.load(
-            path, map_location="cpu", weights_only=False, pickle_module=safe_unpickler
-        )
-    except RNGStateError:
-        raise
-    except Exception as exc:
-        cause = exc.__cause__ or exc.__context__
-        if isinstance(cause, RNGStateError):
-            raise cause from None
-        raise RNGStateError(f"could not read {path}: {type(exc).__name__}: {exc}") from None
+        return load_checkpoint(path, map_location="cpu")
+    except UnsafeCheckpointError as exc:
+        raise RNGStateError(f"refused to load {exc}") from None
+    except CheckpointError as exc:
+        raise RNGStateError(f"{path} is not a readable RNG file: {exc}") from None
+
+
+def _is_legacy_torch(file: Any) -> bool:
+    file.seek(0)
+    head = file.read(32)
+    return head[:2] == b"\x80\x02" and _TORCH_LEGACY_MAGIC.to_bytes(10, "little") in head
+
+
+def _rank_number(digits: str, name: str) -> int:
+    if len(digits) > MAX_RANK_DIGITS:
+        raise RNGStateError(f"{name}: rank number {digits[:20]} is not a plausible rank")
+    return int(digits)
 
 
 def _rank_from_name(name: str) -> tuple[str, int] | None:
     for source, pattern in _PER_RANK:
         match = pattern.search(name)
         if match:
-            return source, int(match.group(1))
+            return source, _rank_number(match.group(1), name)
     return None
+
+
+def _first_missing(indexed: dict[int, Path], limit: int = 10) -> list[int]:
+    """Up to ``limit`` rank numbers absent below the highest one (no range is materialised)."""
+    missing: list[int] = []
+    rank = 0
+    while len(missing) < limit and rank < max(indexed):
+        if rank not in indexed:
+            missing.append(rank)
+        rank += 1
+    return missing
 
 
 def _read_directory(folder: Path, trusted: bool) -> dict[str, Any]:
@@ -149,18 +158,22 @@ def _read_directory(folder: Path, trusted: bool) -> dict[str, Any]:
         for child in folder.iterdir():
             match = pattern.fullmatch(child.name)
             if match:
-                indexed[int(match.group(1))] = child
+                indexed[_rank_number(match.group(1), str(child))] = child
         if not indexed:
             continue
-        missing = sorted(set(range(max(indexed) + 1)) - set(indexed))
-        if missing:
-            raise RNGStateError(f"{folder}: {source} rank files missing for ranks {missing}")
+        if max(indexed) + 1 != len(indexed):
+            missing = _first_missing(indexed)
+            raise RNGStateError(
+                f"{folder}: {source} rank files missing for ranks {missing}"
+                + (" and more" if len(missing) == 10 else "")
+                + f" (highest rank file: {max(indexed)}, {len(indexed)} files)"
+            )
         files = [read(indexed[r], trusted=trusted) for r in sorted(indexed)]
         return merge_ranks(files, source)
     single = folder / "rng_state.pth"
     if single.is_file():
         found = read(single, trusted=trusted)
-        return {**found, "world_size": 1}
+        return make_file(found["ranks"], source=found["source"], world_size=1)
     raise RNGStateError(
         f"{folder} has no RNG files: looked for rng_state_N.pth / rng_state.pth (transformers) "
         "and random_states_N.pkl (accelerate); pass a file path for other layouts"
@@ -172,8 +185,8 @@ def read(path: PathLike, trusted: bool = False) -> dict[str, Any]:
 
     ``path`` is a compatshim file, a transformers / accelerate / Lightning / Sana
     file or checkpoint, or a checkpoint folder of per-rank files. Without
-    ``trusted=True`` the file is unpickled by a restricted unpickler that runs
-    no code from it; ``trusted=True`` allows a full unpickle (only for files
+    ``trusted=True`` the file is read by ``compatshim.checkpoint.load`` (weights-only,
+    runs no code from it); ``trusted=True`` allows a full unpickle (only for files
     you trust completely).
     """
     target = Path(path)
@@ -185,7 +198,8 @@ def read(path: PathLike, trusted: bool = False) -> dict[str, Any]:
     per_rank = _rank_from_name(target.name)
     found = to_file(obj, saved_rank=per_rank[1] if per_rank else None, what=str(target))
     if per_rank is None and target.name == "rng_state.pth" and found.get("world_size") is None:
-        found["world_size"] = 1  # transformers writes rng_state.pth only for a single process
+        # transformers writes rng_state.pth only for a single process
+        return make_file(found["ranks"], source=found["source"], world_size=1)
     return found
 
 

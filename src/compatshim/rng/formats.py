@@ -20,38 +20,62 @@ in every one of them (or a dict with those fields, as some projects store it).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from ..checkpoint._objects import short
 from .errors import RNGStateError
 from .state import (
-    FILE_FORMAT,
-    SCHEMA_VERSION,
+    MAX_STATE_ELEMENTS,
+    PY_STATE_WORDS,
     NumpyMT,
     Parts,
+    byte_state,
     cpu_state,
     cuda_state,
     is_file,
     is_state,
+    make_file,
     numpy_state,
     python_state,
     to_state,
 )
 
-# layout name -> (python key, numpy key, cpu key, cuda key, xpu key, mps key)
-LAYOUTS: dict[str, tuple[str, str, str, str, str, str]] = {
-    "transformers": ("python", "numpy", "cpu", "cuda", "xpu", "mps"),
-    "accelerate": (
-        "random_state",
-        "numpy_random_seed",
-        "torch_manual_seed",
-        "torch_cuda_manual_seed",
-        "torch_xpu_manual_seed",
-        "",
-    ),
-    "lightning": ("python", "numpy", "torch", "torch.cuda", "", ""),
-    "sana": ("python", "numpy", "torch", "torch_cuda", "", ""),
-    "python-numpy": ("python", "numpy", "", "", "", ""),
-}
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one framework keeps each generator in its RNG dict ("" = not stored)."""
+
+    name: str
+    python: str
+    numpy: str
+    cpu: str
+    cuda: str
+    xpu: str = ""
+    mps: str = ""
+
+    def keys(self) -> list[str]:
+        return [k for k in (self.python, self.numpy, self.cpu, self.cuda, self.xpu, self.mps) if k]
+
+
+LAYOUTS: dict[str, Layout] = {
+    layout.name: layout
+    for layout in (
+        Layout("transformers", python="python", numpy="numpy", cpu="cpu", cuda="cuda", xpu="xpu",
+               mps="mps"),
+        Layout(
+            "accelerate",
+            python="random_state",
+            numpy="numpy_random_seed",
+            cpu="torch_manual_seed",
+            cuda="torch_cuda_manual_seed",
+            xpu="torch_xpu_manual_seed",
+        ),
+        Layout("lightning", python="python", numpy="numpy", cpu="torch", cuda="torch.cuda"),
+        Layout("sana", python="python", numpy="numpy", cpu="torch", cuda="torch_cuda"),
+        Layout("python-numpy", python="python", numpy="numpy", cpu="", cuda=""),
+    )
+}  # fmt: skip
 _SEARCH_DEPTH = 4
 
 
@@ -89,17 +113,30 @@ def _numpy_entry(value: Any, where: str) -> NumpyMT:
     name, pos, has_gauss, cached = fields[0], fields[2], fields[3], fields[4]
     key: Any = fields[1]
     if not (isinstance(name, str) and name == "MT19937"):
-        raise RNGStateError(f"invalid RNG state at {where}: bit generator {name!r:.40} unsupported")
+        raise RNGStateError(
+            f"invalid RNG state at {where}: bit generator {short(name)} unsupported"
+        )
     if hasattr(key, "tolist") and not _is_tensor(key):
-        key = key.tolist()  # a real ndarray (trusted load) or the safe loader's stand-in
+        if getattr(key, "size", 0) > MAX_STATE_ELEMENTS or getattr(key, "ndim", 1) != 1:
+            raise RNGStateError(f"invalid RNG state at {where}: the key is not 624 words")
+        key = key.tolist()  # a numpy array
     return numpy_state(key, _plain(pos), _plain(has_gauss), _plain(cached), where)
 
 
 def _plain(value: Any) -> Any:
-    """numpy scalars (trusted loads) to Python numbers; everything else unchanged."""
-    if hasattr(value, "item") and not isinstance(value, (int, float)) and not _is_tensor(value):
+    """numpy scalars and 0-d arrays to Python numbers; everything else unchanged."""
+    if isinstance(value, (int, float)) or _is_tensor(value):
+        return value
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():
         return value.item()
     return value
+
+
+def _is_python_words_tensor(value: Any) -> bool:
+    """``random.getstate()`` with its words as a tensor (checked before ``tolist``)."""
+    if not (isinstance(value, (tuple, list)) and len(value) == 3 and _is_tensor(value[1])):
+        return False
+    return bool(value[1].dim() == 1 and value[1].numel() == PY_STATE_WORDS)
 
 
 def _is_tensor(value: Any) -> bool:
@@ -120,24 +157,25 @@ def _devices(value: Any, where: str) -> list[Any]:
 
 def convert(obj: Mapping[str, Any], layout: str, where: str = "state") -> Parts:
     """Parts from a dict in one of :data:`LAYOUTS`."""
-    py_key, np_key, cpu_key, cuda_key, xpu_key, mps_key = LAYOUTS[layout]
+    keys = LAYOUTS[layout]
     parts = Parts(meta={"writer": layout})
-    if py_key and obj.get(py_key) is not None:
-        value = obj[py_key]
-        if isinstance(value, (tuple, list)) and len(value) == 3 and _is_tensor(value[1]):
+    if keys.python and obj.get(keys.python) is not None:
+        value = obj[keys.python]
+        if _is_python_words_tensor(value):
             value = (value[0], value[1].tolist(), value[2])
-        parts.python = python_state(value, f"{where}.{py_key}")
-    if np_key and obj.get(np_key) is not None:
-        parts.numpy = _numpy_entry(obj[np_key], f"{where}.{np_key}")
-    if cpu_key and obj.get(cpu_key) is not None:
-        parts.torch_cpu = cpu_state(obj[cpu_key], f"{where}.{cpu_key}")
-    if cuda_key:
-        parts.cuda = _devices(obj.get(cuda_key), f"{where}.{cuda_key}")
-    if xpu_key and obj.get(xpu_key) is not None:
-        value = obj[xpu_key]
-        parts.xpu = list(value) if isinstance(value, (list, tuple)) else [value]
-    if mps_key and obj.get(mps_key) is not None:
-        parts.mps = obj[mps_key]
+        parts.python = python_state(value, f"{where}.{keys.python}")
+    if keys.numpy and obj.get(keys.numpy) is not None:
+        parts.numpy = _numpy_entry(obj[keys.numpy], f"{where}.{keys.numpy}")
+    if keys.cpu and obj.get(keys.cpu) is not None:
+        parts.torch_cpu = cpu_state(obj[keys.cpu], f"{where}.{keys.cpu}")
+    if keys.cuda:
+        parts.cuda = _devices(obj.get(keys.cuda), f"{where}.{keys.cuda}")
+    if keys.xpu and obj.get(keys.xpu) is not None:
+        value = obj[keys.xpu]
+        listed = list(value) if isinstance(value, (list, tuple)) else [value]
+        parts.xpu = [byte_state(v, f"{where}.{keys.xpu}[{i}]") for i, v in enumerate(listed)]
+    if keys.mps and obj.get(keys.mps) is not None:
+        parts.mps = byte_state(obj[keys.mps], f"{where}.{keys.mps}")
     return parts
 
 
@@ -157,14 +195,7 @@ def _find(obj: Any, path: str, depth: int, found: list[tuple[str, Any, str]]) ->
 
 
 def single_rank_file(parts: Parts, source: str, saved_rank: int | None) -> dict[str, Any]:
-    return {
-        "format": FILE_FORMAT,
-        "version": SCHEMA_VERSION,
-        "source": source,
-        "world_size": None,
-        "saved_rank": saved_rank,
-        "ranks": [to_state(parts)],
-    }
+    return make_file([to_state(parts)], source=source, world_size=None, saved_rank=saved_rank)
 
 
 def to_file(obj: Any, *, saved_rank: int | None = None, what: str = "the object") -> dict[str, Any]:
@@ -172,7 +203,11 @@ def to_file(obj: Any, *, saved_rank: int | None = None, what: str = "the object"
     found: list[tuple[str, Any, str]] = []
     _find(obj, "", 0, found)
     if not found:
-        top = sorted(map(str, obj))[:12] if isinstance(obj, Mapping) else type(obj).__name__
+        top = (
+            sorted(short(k) for k in list(obj)[:50])[:12]
+            if isinstance(obj, Mapping)
+            else short(obj)
+        )
         raise RNGStateError(
             f"no RNG state found in {what} (top level: {top}); looked for compatshim's own "
             f"format and these layouts, up to {_SEARCH_DEPTH} dicts deep: {describe_layouts()}"
@@ -195,16 +230,8 @@ def to_file(obj: Any, *, saved_rank: int | None = None, what: str = "the object"
 
 def merge_ranks(files: Sequence[dict[str, Any]], source: str) -> dict[str, Any]:
     """One file dict from per-rank files 0..N-1 (transformers, accelerate checkpoints)."""
-    return {
-        "format": FILE_FORMAT,
-        "version": SCHEMA_VERSION,
-        "source": source,
-        "world_size": len(files),
-        "ranks": [f["ranks"][0] for f in files],
-    }
+    return make_file([f["ranks"][0] for f in files], source=source, world_size=len(files))
 
 
 def describe_layouts() -> str:
-    return "; ".join(
-        f"{name}: {{{', '.join(k for k in keys if k)}}}" for name, keys in LAYOUTS.items()
-    )
+    return "; ".join(f"{name}: {{{', '.join(keys.keys())}}}" for name, keys in LAYOUTS.items())

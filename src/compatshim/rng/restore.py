@@ -7,13 +7,14 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..checkpoint._objects import short
 from . import devices
 from .capture import GENERATOR_LOCK, distributed_position
 from .derive import derived_cuda, derived_parts, derived_seed, material_digest
 from .errors import RNGStateError, RNGStateWarning
 from .plan import DevicePolicy, WorldSizePolicy, plan_devices, plan_rank
 from .report import RestoreReport
-from .state import FILE_FORMAT, STATE_FORMAT, Parts, is_file, is_state, parse_state
+from .state import FILE_FORMAT, STATE_FORMAT, Parts, is_file, is_state, parse_file, parse_state
 
 
 @dataclass(frozen=True)
@@ -65,24 +66,17 @@ def _select(
         )
     if isinstance(obj, Mapping) and "format" in obj and not is_file(obj):
         raise RNGStateError(
-            f"format is {obj['format']!r:.60}; expected {STATE_FORMAT!r} (from capture) "
+            f"format is {short(obj['format'])}; expected {STATE_FORMAT!r} (from capture) "
             f"or {FILE_FORMAT!r} (from read)"
         )
     if not is_file(obj):
         from .formats import to_file
 
         obj = to_file(obj)
-    source = str(obj.get("source", "compatshim"))
-    ranks = obj.get("ranks")
-    saved_world = obj.get("world_size")
-    if not isinstance(ranks, list) or not ranks:
-        raise RNGStateError("invalid RNG file: 'ranks' must be a non-empty list of states")
-    all_parts = [parse_state(entry, f"ranks[{i}]") for i, entry in enumerate(ranks)]
-    saved_rank = obj.get("saved_rank")
-    saved_rank = saved_rank if _is_int(saved_rank) else None
+    saved = parse_file(obj)
+    source, all_parts, saved_rank = saved.source, saved.ranks, saved.saved_rank
+    saved_world = saved.world_size
     if saved_world is None:  # one rank's file, or one state for the whole job
-        if len(all_parts) != 1:
-            raise RNGStateError("invalid RNG file: several ranks but no world_size")
         if env.world_size == 1 or saved_rank == env.rank:
             return all_parts[0], source, saved_rank, None, [], None
         if saved_rank is not None:
@@ -96,10 +90,6 @@ def _select(
             parts = derived_parts(digest, f"rank:{env.rank}", all_parts[0], env.cuda)
             return parts, source, None, None, notes, digest
         saved_world = 1  # a single job-wide state (Sana keeps rank 0's): rank 0 restores it
-    if not _is_int(saved_world) or saved_world != len(all_parts):
-        raise RNGStateError(
-            f"invalid RNG file: world_size {saved_world!r:.40} but {len(all_parts)} rank states"
-        )
     rank_plan = plan_rank(saved_world, env.rank, env.world_size, policy)
     notes = [rank_plan.reason] if saved_world != env.world_size else []
     if rank_plan.saved_rank is not None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
+from ..checkpoint._objects import short
 from .errors import RNGStateError
 
 STATE_FORMAT = "compatshim.rng.state"
@@ -79,22 +80,36 @@ def _is_int(value: Any) -> bool:
 
 def _int_in(value: Any, low: int, high: int, where: str) -> int:
     if not _is_int(value) or not low <= value <= high:
-        raise _fail(where, f"expected an int in [{low}, {high}], got {value!r:.60}")
+        raise _fail(where, f"expected an int in [{low}, {high}], got {short(value)}")
     return int(value)
 
 
 def _float(value: Any, where: str, *, allow_none: bool = False) -> float | None:
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _fail(where, f"expected a finite float, got {value!r:.60}")
+    try:
+        finite = not isinstance(value, bool) and isinstance(value, (int, float))
+        finite = finite and math.isfinite(value)
+    except OverflowError:
+        finite = False
+    if not finite:
+        raise _fail(where, f"expected a finite float, got {short(value)}")
     return float(value)
 
 
+MAX_STATE_ELEMENTS = 1 << 20  # generous: a CPU generator state is 5056 bytes
+
+
 def _tensor(value: Any, where: str, dtype_name: str, numel: int | None = None) -> Any:
+    """A checked 1-D CPU tensor; sizes and strides are checked before anything is copied."""
     torch = _torch()
     if not isinstance(value, torch.Tensor):
         raise _fail(where, f"expected a torch tensor, got {type(value).__name__}")
+    limit = numel if numel is not None else MAX_STATE_ELEMENTS
+    if value.dim() == 1 and value.numel() > limit:
+        raise _fail(where, f"expected at most {limit} elements, got {value.numel()}")
+    if value.dim() == 1 and value.numel() > 1 and value.stride(0) != 1:
+        raise _fail(where, "an expanded or strided tensor is not a generator state")
     if value.dtype != getattr(torch, dtype_name) or value.dim() != 1:
         raise _fail(
             where, f"expected a 1-D {dtype_name} tensor, got {value.dtype} {tuple(value.shape)}"
@@ -124,7 +139,7 @@ def words(values: Any, where: str, count: int) -> tuple[int, ...]:
         index, word = next(
             (i, w) for i, w in enumerate(values) if not (_is_int(w) and 0 <= w < _U32)
         )
-        raise _fail(f"{where}[{index}]", f"expected a uint32, got {word!r:.40}")
+        raise _fail(f"{where}[{index}]", f"expected a uint32, got {short(word)}")
     return tuple(values)
 
 
@@ -136,7 +151,7 @@ def python_state(value: Any, where: str) -> PythonState:
         raise _fail(where, "expected (version, internal state, gauss_next)")
     version, internal, gauss = value
     if not _same(version, 3):
-        raise _fail(where, f"unsupported random module state version {version!r:.40}")
+        raise _fail(where, f"unsupported random module state version {short(version)}")
     internal_words = words(internal, f"{where}.internal", PY_STATE_WORDS)
     _int_in(internal_words[-1], 0, MT_WORDS, f"{where}.internal[-1]")
     state = (3, internal_words, _float(gauss, f"{where}.gauss_next", allow_none=True))
@@ -189,7 +204,7 @@ def _device_list(value: Any, where: str, check: Any) -> list[Any]:
     return [check(item, f"{where}[{index}]") for index, item in enumerate(value)]
 
 
-def _byte_state(value: Any, where: str) -> Any:
+def byte_state(value: Any, where: str) -> Any:
     return _tensor(value, where, "uint8")
 
 
@@ -212,9 +227,9 @@ def parse_state(obj: Any, where: str = "state") -> Parts:
     if not isinstance(obj, Mapping):
         raise _fail(where, f"expected a dict, got {type(obj).__name__}")
     if not _same(obj.get("format"), STATE_FORMAT):
-        raise _fail(where, f"format is {obj.get('format')!r:.40}, expected {STATE_FORMAT!r}")
+        raise _fail(where, f"format is {short(obj.get('format'))}, expected {STATE_FORMAT!r}")
     if not _same(obj.get("version"), SCHEMA_VERSION):
-        raise _fail(where, f"schema version {obj.get('version')!r:.20} is not {SCHEMA_VERSION}")
+        raise _fail(where, f"schema version {short(obj.get('version'))} is not {SCHEMA_VERSION}")
     parts = Parts()
     py = _require(obj, "python", where)
     if py is not None:
@@ -234,7 +249,7 @@ def parse_state(obj: Any, where: str = "state") -> Parts:
         if not isinstance(np_state, Mapping):
             raise _fail(w, "expected a dict or None")
         if not _same(_require(np_state, "bit_generator", w), "MT19937"):
-            raise _fail(w, f"unsupported bit generator {np_state['bit_generator']!r:.40}")
+            raise _fail(w, f"unsupported bit generator {short(np_state['bit_generator'])}")
         parts.numpy = numpy_state(
             _require(np_state, "key", w),
             _require(np_state, "pos", w),
@@ -245,14 +260,70 @@ def parse_state(obj: Any, where: str = "state") -> Parts:
     cpu = _require(obj, "torch_cpu", where)
     parts.torch_cpu = None if cpu is None else cpu_state(cpu, f"{where}.torch_cpu")
     parts.cuda = _device_list(_require(obj, "cuda", where), f"{where}.cuda", cuda_state)
-    parts.xpu = _device_list(obj.get("xpu"), f"{where}.xpu", _byte_state)
+    parts.xpu = _device_list(obj.get("xpu"), f"{where}.xpu", byte_state)
     mps = obj.get("mps")
-    parts.mps = None if mps is None else _byte_state(mps, f"{where}.mps")
+    parts.mps = None if mps is None else byte_state(mps, f"{where}.mps")
     meta = obj.get("meta", {})
     if not isinstance(meta, Mapping):
         raise _fail(f"{where}.meta", "expected a dict")
     parts.meta = dict(meta)
     return parts
+
+
+@dataclass(frozen=True)
+class SavedFile:
+    """An RNG file parsed: every saved rank's parts and what the file says about the job.
+
+    ``world_size`` None: the file holds one rank's state (``saved_rank`` if known)
+    or one state for the whole job.
+    """
+
+    source: str
+    world_size: int | None
+    saved_rank: int | None
+    ranks: list[Parts]
+
+
+def make_file(
+    states: Sequence[Mapping[str, Any]],
+    *,
+    source: str,
+    world_size: int | None,
+    saved_rank: int | None = None,
+) -> dict[str, Any]:
+    """The on-disk RNG file dict (inverse of :func:`parse_file`); the one place it is built."""
+    found: dict[str, Any] = {
+        "format": FILE_FORMAT,
+        "version": SCHEMA_VERSION,
+        "source": source,
+        "world_size": world_size,
+        "ranks": [dict(state) for state in states],
+    }
+    if world_size is None:
+        found["saved_rank"] = saved_rank
+    return found
+
+
+def parse_file(obj: Mapping[str, Any]) -> SavedFile:
+    """Validate an RNG file dict into :class:`SavedFile`; the one place it is read."""
+    ranks = obj.get("ranks")
+    if not isinstance(ranks, list) or not ranks:
+        raise RNGStateError("invalid RNG file: 'ranks' must be a non-empty list of states")
+    all_parts = [parse_state(entry, f"ranks[{i}]") for i, entry in enumerate(ranks)]
+    world_size = obj.get("world_size")
+    if world_size is None and len(all_parts) != 1:
+        raise RNGStateError("invalid RNG file: several ranks but no world_size")
+    if world_size is not None and (not _is_int(world_size) or world_size != len(all_parts)):
+        raise RNGStateError(
+            f"invalid RNG file: world_size {short(world_size)} but {len(all_parts)} rank states"
+        )
+    saved_rank = obj.get("saved_rank")
+    return SavedFile(
+        source=str(obj.get("source", "compatshim")),
+        world_size=world_size,
+        saved_rank=saved_rank if _is_int(saved_rank) else None,
+        ranks=all_parts,
+    )
 
 
 def to_state(parts: Parts) -> dict[str, Any]:

@@ -1,0 +1,82 @@
+"""Load any training checkpoint safely, on every torch and numpy: ``load`` and ``inspect``.
+
+``load(f, map_location=None, *, allow=(), trusted=False, mmap=False)`` reads
+torch.save files (zip and legacy formats) and plain pickles with the same
+weights-only guarantees on every torch release: only globals on compatshim's
+allowlist (``compatshim.checkpoint.allowlist``) or in ``allow=`` are used, no
+code from the file runs (never ``torch.jit.load``), no state is set on a
+class, function, module or any object the file did not create, memory is
+bounded by what the file holds, and only :class:`UnsafeCheckpointError` or
+:class:`CheckpointError` escape (a missing path stays ``FileNotFoundError``).
+
+``inspect(f)`` says what a file needs without constructing anything from it.
+
+Importing this package imports neither torch nor numpy.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+from .errors import CheckpointError, UnsafeCheckpointError
+
+__all__ = ["CheckpointError", "CheckpointInfo", "UnsafeCheckpointError", "inspect", "load"]
+
+log = logging.getLogger("compatshim.checkpoint")
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._inspect import CheckpointInfo
+
+
+def load(
+    f: Any,
+    map_location: Any = None,
+    *,
+    allow: Iterable[Any] = (),
+    trusted: bool = False,
+    mmap: bool = False,
+) -> Any:
+    """Load a checkpoint without running code from it.
+
+    ``f``: a path or a seekable binary file object. ``map_location``: as in
+    ``torch.load`` (None keeps each storage's saved device; a str or
+    ``torch.device`` moves all; a dict maps saved to new locations; a callable
+    ``(storage, location) -> storage or None``). ``allow``: extra globals for
+    this call, as objects, ``"module.name"`` strings or ``(object,
+    "module.name")`` pairs; allowed classes are constructed and callables
+    called with the file's arguments, and instances they make may receive
+    state, but the classes and callables themselves never do. ``mmap``: map
+    tensor data from the file instead of reading it (zip format only; the
+    legacy format raises CheckpointError). ``trusted=True`` is plain
+    ``torch.load(weights_only=False)``: it RUNS ANY CODE IN THE FILE; use it
+    only for files you made yourself.
+    """
+    if trusted:
+        import torch
+
+        log.warning(
+            "compatshim.checkpoint.load(trusted=True): %s is loaded with "
+            "torch.load(weights_only=False), which runs any code in the file",
+            getattr(f, "name", f),
+        )
+        return torch.load(f, map_location=map_location, weights_only=False, mmap=mmap)
+    from ._load import load as safe_load
+
+    return safe_load(f, map_location, allow=allow, mmap=mmap)
+
+
+def inspect(f: Any) -> CheckpointInfo:
+    """What ``f`` needs and holds, read from its headers and pickle alone (no tensor data)."""
+    from ._inspect import inspect as run
+
+    return run(f)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CheckpointInfo":
+        from ._inspect import CheckpointInfo
+
+        return CheckpointInfo
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,253 @@
+"""``inspect``: what a checkpoint needs and holds, from its headers and pickle alone.
+
+The pickle is run symbolically (``_scan``): nothing it names is imported or
+constructed, and no tensor data is read (zip records are sized from the
+directory, legacy storages from their size headers). Neither torch nor numpy
+is imported, which keeps it well under a second for any size of file.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any
+
+from ._container import (
+    LEGACY_MAGIC,
+    LEGACY_PROTOCOL,
+    ZipDirectory,
+    read_zip_directory,
+    sniff,
+)
+from ._load import describe_source
+from ._machine import Source
+from ._scan import ScanMachine, ScanResult
+from .allowlist import lookup
+from .errors import CheckpointError, UnsafeCheckpointError
+
+
+@dataclass(frozen=True)
+class GlobalUse:
+    """One ``module.name`` the pickle refers to; ``entry`` is the allowlist entry covering it."""
+
+    name: str
+    count: int
+    entry: str | None
+    kind: str | None
+    note: str | None = None
+
+    @property
+    def covered(self) -> bool:
+        return self.entry is not None and self.note is None
+
+
+@dataclass(frozen=True)
+class Writer:
+    """What the file tells about the software that wrote it."""
+
+    pickle_protocol: int | None = None
+    archive_version: str | None = None
+    format_version: str | None = None
+    byteorder: str | None = None
+    storage_alignment: str | None = None
+    numpy_major: int | None = None
+    torch: str | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What :func:`inspect` found; ``as_dict()`` for JSON."""
+
+    path: str
+    container: str
+    globals: tuple[GlobalUse, ...]
+    tensors: int
+    storages: int
+    tensor_bytes: int
+    dtypes: dict[str, int]
+    writer: Writer
+    refusals: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def unknown(self) -> tuple[str, ...]:
+        """Globals compatshim does not cover here (with the reason in ``globals``)."""
+        return tuple(g.name for g in self.globals if not g.covered)
+
+    @property
+    def loadable(self) -> bool:
+        """Whether ``load`` would accept every global and structure the file names."""
+        return not self.unknown and not self.refusals
+
+    def as_dict(self) -> dict[str, Any]:
+        found = asdict(self)
+        found["unknown"] = list(self.unknown)
+        found["loadable"] = self.loadable
+        return found
+
+
+def _use(name: str, count: int) -> GlobalUse:
+    module, _, attr = name.rpartition(".")
+    entry = lookup(module, attr)
+    if entry is None and "." in module:  # Enum.MEMBER spelled as one global (protocol 4)
+        owner_module, _, owner = module.rpartition(".")
+        owner_entry = lookup(owner_module, owner)
+        if owner_entry is not None and owner_entry.kind == "enum":
+            entry = owner_entry
+    if entry is None:
+        return GlobalUse(name, count, None, None, "not on compatshim's allowlist")
+    from .allowlist import _version_problem
+
+    return GlobalUse(name, count, entry.qualname, entry.kind, _version_problem(entry))
+
+
+def _numpy_major(names: list[str]) -> int | None:
+    if any(n.startswith("numpy._core.") for n in names):
+        return 2
+    if any(n.startswith("numpy.core.") for n in names):
+        return 1
+    return None
+
+
+def _torch_hint(directory: ZipDirectory | None, container: str) -> str | None:
+    if container == "legacy":
+        return "torch.save(..., _use_new_zipfile_serialization=False) (legacy format)"
+    if directory is None:
+        return None
+    if ".format_version" in directory.records:
+        return "torch >= 2.6 (has .format_version)"
+    if "byteorder" in directory.records:
+        return "torch 1.13 .. 2.5 (byteorder record, no .format_version)"
+    return "torch < 1.13 (no byteorder record)"
+
+
+def _record_text(archive: zipfile.ZipFile, directory: ZipDirectory, name: str) -> str | None:
+    record = directory.records.get(name)
+    if record is None or record.size > 64:
+        return None
+    return archive.read(record.name).decode("ascii", "replace").strip()
+
+
+def _scan(data: IO[bytes]) -> ScanResult:
+    machine = ScanMachine(Source(data))
+    machine.run()
+    return machine.found
+
+
+def _from_zip(file: IO[bytes], what: str) -> CheckpointInfo:
+    directory = read_zip_directory(file, what)
+    archive = zipfile.ZipFile(file)
+    refusals: list[str] = []
+    if directory.is_torchscript:
+        refusals.append("TorchScript archive (torch.jit.save): never loaded")
+    found = ScanResult()
+    if "data.pkl" in directory.records and not directory.is_torchscript:
+        found = _scan(io.BytesIO(archive.read(directory.records["data.pkl"].name)))
+    for key, decl in found.storages.items():
+        record = directory.records.get(f"data/{key}")
+        if record is None or record.size != decl.nbytes:
+            held = "no record" if record is None else f"a record of {record.size} bytes"
+            raise CheckpointError(
+                f"{what}: storage {key} declares {decl.nbytes} bytes, the zip has {held}"
+            )
+    container = "torchscript" if directory.is_torchscript else "zip"
+    writer = Writer(
+        pickle_protocol=found.protocol or None,
+        archive_version=_record_text(archive, directory, "version")
+        or _record_text(archive, directory, ".data/version"),
+        format_version=_record_text(archive, directory, ".format_version"),
+        byteorder=_record_text(archive, directory, "byteorder"),
+        storage_alignment=_record_text(archive, directory, ".storage_alignment"),
+        numpy_major=_numpy_major(list(found.globals)),
+        torch=_torch_hint(directory, container),
+    )
+    return _info(what, container, found, writer, refusals)
+
+
+def _from_pickle(file: IO[bytes], what: str) -> CheckpointInfo:
+    source = Source(file)
+    first = ScanMachine(source)
+    value = first.run()
+    if type(value) is not int or value != LEGACY_MAGIC:
+        writer = Writer(
+            pickle_protocol=first.found.protocol or None,
+            numpy_major=_numpy_major(list(first.found.globals)),
+        )
+        return _info(what, "pickle", first.found, writer, [])
+    protocol = ScanMachine(source).run()
+    if protocol != LEGACY_PROTOCOL:
+        raise CheckpointError(f"{what}: legacy torch file with protocol {protocol!r:.20}")
+    ScanMachine(source).run()  # system info
+    found = _scan(file)
+    keys = ScanMachine(source).run()
+    if type(keys) is not list or sorted(map(str, keys)) != sorted(found.storages):
+        raise CheckpointError(f"{what}: legacy storage key list does not match the pickle")
+    position = file.tell()
+    for key in keys:
+        decl = found.storages[key]
+        file.seek(position)
+        header = int.from_bytes(source.read(8), "little", signed=True)
+        if header != decl.numel or decl.nbytes > source.remaining():
+            raise CheckpointError(f"{what}: legacy storage {key} does not fit the file")
+        position += 8 + decl.nbytes
+    writer = Writer(
+        pickle_protocol=found.protocol or None,
+        numpy_major=_numpy_major(list(found.globals)),
+        torch=_torch_hint(None, "legacy"),
+    )
+    return _info(what, "legacy", found, writer, [])
+
+
+def _info(
+    what: str, container: str, found: ScanResult, writer: Writer, refusals: list[str]
+) -> CheckpointInfo:
+    for kind, count in sorted(found.persistent_kinds.items()):
+        if kind != "storage":
+            refusals.append(f"persistent id {kind!r} x{count} (only storages are loaded)")
+        elif container == "pickle":
+            refusals.append("storage references in a plain pickle")
+    uses = tuple(_use(name, count) for name, count in sorted(found.globals.items()))
+    return CheckpointInfo(
+        path=what,
+        container=container,
+        globals=uses,
+        tensors=sum(found.tensor_dtypes.values()),
+        storages=len(found.storages),
+        tensor_bytes=sum(d.nbytes for d in found.storages.values()),
+        dtypes=dict(sorted(found.tensor_dtypes.items())),
+        writer=writer,
+        refusals=tuple(refusals + found.problems),
+    )
+
+
+def inspect(f: Any) -> CheckpointInfo:
+    """See the module docstring; raises CheckpointError for a damaged or unknown file."""
+    what = describe_source(f)
+    if isinstance(f, (str, os.PathLike)):
+        with open(f, "rb") as file:
+            return _guarded(file, what)
+    return _guarded(f, what)
+
+
+def _guarded(file: IO[bytes], what: str) -> CheckpointInfo:
+    try:
+        kind = sniff(file)
+        if kind == "zip":
+            return _from_zip(file, what)
+        if kind == "pickle":
+            return _from_pickle(file, what)
+        if kind == "tar":
+            raise CheckpointError(f"{what}: torch's tar format (torch < 0.4) is not supported")
+        raise CheckpointError(f"{what}: neither a torch zip file nor a pickle")
+    except UnsafeCheckpointError as exc:
+        return CheckpointInfo(what, "other", (), 0, 0, 0, {}, Writer(), (str(exc),))
+    except CheckpointError as exc:
+        message = str(exc)
+        raise CheckpointError(
+            message if message.startswith(what) else f"{what}: {message}"
+        ) from None
+    except (RecursionError, MemoryError, Exception) as exc:
+        raise CheckpointError(
+            f"{what}: damaged or unsupported file ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None

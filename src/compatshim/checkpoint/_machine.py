@@ -1,0 +1,446 @@
+"""A small pickle virtual machine (protocols 0-5) that decides nothing about globals itself.
+
+It decodes opcodes and keeps the stack, the marks and the memo; everything that
+could run code or reach an object the file did not create goes through hooks a
+subclass implements: ``find_global``, ``call`` (REDUCE / INST / OBJ),
+``new_object`` (NEWOBJ / NEWOBJ_EX), ``build`` (BUILD), ``persistent_load``, and
+the container mutations ``set_items``, ``append_items``, ``add_items``.
+
+Bounds that hold whatever the bytes: every length is checked against the bytes
+left before anything is read or allocated; mark nesting is bounded; the machine
+is iterative (no Python recursion per level of nesting); copyreg extension
+codes and out-of-band buffers are refused. Errors other than the library's
+own are turned into :class:`CheckpointError` by the caller (``run``).
+"""
+
+from __future__ import annotations
+
+import _compat_pickle
+import codecs
+import io
+import struct
+from typing import IO, Any, Callable
+
+from .errors import CheckpointError, UnsafeCheckpointError
+
+MAX_MARK_DEPTH = 2000
+MAX_LINE = 1 << 20
+HIGHEST_PROTOCOL = 5
+
+
+class Source:
+    """Bounded reads from a seekable binary file: a length is checked before it is read."""
+
+    def __init__(self, file: IO[bytes], end: int | None = None) -> None:
+        self.file = file
+        if end is None:
+            here = file.tell()
+            end = file.seek(0, io.SEEK_END)
+            file.seek(here)
+        self.end = end
+        self.read1 = file.read
+
+    def remaining(self) -> int:
+        return self.end - self.file.tell()
+
+    def read(self, count: int) -> bytes:
+        if count < 0 or count > self.remaining():
+            raise CheckpointError(
+                f"a length of {count} bytes runs past the end of the data "
+                f"({max(self.remaining(), 0)} bytes left)"
+            )
+        data = self.file.read(count)
+        if len(data) != count:
+            raise CheckpointError("the data ends early")
+        return data
+
+    def readline(self) -> bytes:
+        line = self.file.readline(min(self.remaining(), MAX_LINE) + 1)
+        if not line.endswith(b"\n"):
+            raise CheckpointError("a text opcode's line has no end (truncated or too long)")
+        return line[:-1]
+
+
+class Stop(Exception):
+    """Raised by STOP to leave the opcode loop with the result."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _unquote(line: bytes) -> bytes:
+    if len(line) >= 2 and line[0] == line[-1] and line[:1] in (b"'", b'"'):
+        return line[1:-1]
+    raise CheckpointError("STRING opcode argument is not quoted")
+
+
+class Machine:
+    """Opcode decoding; subclasses supply the policy hooks."""
+
+    encoding = "utf-8"
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.stack: list[Any] = []
+        self.metastack: list[list[Any]] = []
+        self.memo: dict[int, Any] = {}
+        self.proto = 0
+        self._dispatch = self._build_dispatch()
+
+    # ------------------------------------------------------------------ hooks
+    def find_global(self, module: str, name: str) -> Any:
+        raise NotImplementedError
+
+    def call(self, func: Any, args: tuple[Any, ...]) -> Any:
+        raise NotImplementedError
+
+    def new_object(self, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def build(self, inst: Any, state: Any) -> None:
+        raise NotImplementedError
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise NotImplementedError
+
+    def set_items(self, target: Any, pairs: list[Any]) -> None:
+        raise NotImplementedError
+
+    def append_items(self, target: Any, items: list[Any]) -> None:
+        raise NotImplementedError
+
+    def add_items(self, target: Any, items: list[Any]) -> None:
+        raise NotImplementedError
+
+    def new_container(self, value: Any) -> Any:
+        """Every list/dict/set/tuple the opcodes make passes here (subclasses may record it)."""
+        return value
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> Any:
+        """Execute opcodes up to STOP and return the object; the source stays after STOP."""
+        read1 = self.source.read1
+        dispatch = self._dispatch
+        try:
+            while True:
+                op = read1(1)
+                if not op:
+                    raise CheckpointError("the pickle ends before its STOP opcode")
+                handler = dispatch.get(op[0])
+                if handler is None:
+                    raise CheckpointError(f"unknown pickle opcode 0x{op[0]:02x}")
+                handler()
+        except Stop as stop:
+            return stop.value
+
+    def position(self) -> int:
+        return self.source.file.tell()
+
+    # ------------------------------------------------------------------ helpers
+    def _pop(self) -> Any:
+        if not self.stack:
+            raise CheckpointError("pickle stack underflow")
+        return self.stack.pop()
+
+    def _top(self) -> Any:
+        if not self.stack:
+            raise CheckpointError("pickle stack underflow")
+        return self.stack[-1]
+
+    def _pop_mark(self) -> list[Any]:
+        if not self.metastack:
+            raise CheckpointError("pickle MARK missing")
+        items = self.stack
+        self.stack = self.metastack.pop()
+        return items
+
+    def _unpack(self, fmt: str, size: int) -> Any:
+        return struct.unpack(fmt, self.source.read(size))[0]
+
+    def _text(self, raw: bytes, encoding: str = "utf-8") -> str:
+        try:
+            return raw.decode(encoding, "surrogatepass" if encoding == "utf-8" else "strict")
+        except UnicodeDecodeError as exc:
+            raise CheckpointError(f"undecodable text in the pickle: {exc.reason}") from None
+
+    def _global_names(self, module: str, name: str) -> tuple[str, str]:
+        if self.proto < 3:  # Python 2 names, as protocol 0-2 pickles write them
+            if (module, name) in _compat_pickle.NAME_MAPPING:
+                return _compat_pickle.NAME_MAPPING[(module, name)]  # type: ignore[no-any-return]
+            module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+        return module, name
+
+    # ------------------------------------------------------------------ opcodes
+    def _build_dispatch(self) -> dict[int, Callable[[], None]]:
+        s = self
+        table: dict[bytes, Callable[[], None]] = {
+            b"\x80": s._proto,
+            b"\x95": s._frame,
+            b".": s._stop,
+            b"(": s._mark,
+            b"0": s._pop_op,
+            b"1": s._pop_mark_op,
+            b"2": s._dup,
+            b"I": s._int,
+            b"J": lambda: s.stack.append(s._unpack("<i", 4)),
+            b"K": lambda: s.stack.append(s.source.read(1)[0]),
+            b"M": lambda: s.stack.append(s._unpack("<H", 2)),
+            b"L": s._long,
+            b"\x8a": lambda: s._long_bytes(s.source.read(1)[0]),
+            b"\x8b": lambda: s._long_bytes(s._unpack("<i", 4)),
+            b"N": lambda: s.stack.append(None),
+            b"\x88": lambda: s.stack.append(True),
+            b"\x89": lambda: s.stack.append(False),
+            b"F": s._float,
+            b"G": lambda: s.stack.append(s._unpack(">d", 8)),
+            b"S": s._string,
+            b"T": lambda: s._binstring(s._unpack("<i", 4)),
+            b"U": lambda: s._binstring(s.source.read(1)[0]),
+            b"V": lambda: s.stack.append(s._text(s.source.readline(), "raw-unicode-escape")),
+            b"X": lambda: s._unicode(s._unpack("<I", 4)),
+            b"\x8c": lambda: s._unicode(s.source.read(1)[0]),
+            b"\x8d": lambda: s._unicode(s._unpack("<Q", 8)),
+            b"B": lambda: s.stack.append(s.source.read(s._unpack("<I", 4))),
+            b"C": lambda: s.stack.append(s.source.read(s.source.read(1)[0])),
+            b"\x8e": lambda: s.stack.append(s.source.read(s._unpack("<Q", 8))),
+            b"\x96": lambda: s.stack.append(
+                s.new_container(bytearray(s.source.read(s._unpack("<Q", 8))))
+            ),
+            b"\x97": s._buffer,
+            b"\x98": s._buffer,
+            b")": lambda: s.stack.append(()),
+            b"t": lambda: s._push_marked(tuple),
+            b"\x85": lambda: s._tuple(1),
+            b"\x86": lambda: s._tuple(2),
+            b"\x87": lambda: s._tuple(3),
+            b"]": lambda: s.stack.append(s.new_container([])),
+            b"l": lambda: s._push_marked(list),
+            b"a": s._append,
+            b"e": s._appends,
+            b"}": lambda: s.stack.append(s.new_container({})),
+            b"d": s._dict,
+            b"s": s._setitem,
+            b"u": s._setitems,
+            b"\x8f": lambda: s.stack.append(s.new_container(set())),
+            b"\x90": s._additems,
+            b"\x91": lambda: s._push_marked(frozenset),
+            b"p": lambda: s._put(s._line_int()),
+            b"q": lambda: s._put(s.source.read(1)[0]),
+            b"r": lambda: s._put(s._unpack("<I", 4)),
+            b"\x94": lambda: s._put(len(s.memo)),
+            b"g": lambda: s._get(s._line_int()),
+            b"h": lambda: s._get(s.source.read(1)[0]),
+            b"j": lambda: s._get(s._unpack("<I", 4)),
+            b"c": s._global,
+            b"\x93": s._stack_global,
+            b"R": s._reduce,
+            b"b": s._build,
+            b"\x81": s._newobj,
+            b"\x92": s._newobj_ex,
+            b"i": s._inst,
+            b"o": s._obj,
+            b"P": lambda: s._persid(s._text(s.source.readline(), "ascii")),
+            b"Q": lambda: s._persid(s._pop()),
+            b"\x82": lambda: s._ext(s.source.read(1)[0]),
+            b"\x83": lambda: s._ext(s._unpack("<H", 2)),
+            b"\x84": lambda: s._ext(s._unpack("<i", 4)),
+        }
+        return {key[0]: value for key, value in table.items()}
+
+    def _proto(self) -> None:
+        proto = self.source.read(1)[0]
+        if proto > HIGHEST_PROTOCOL:
+            raise CheckpointError(f"pickle protocol {proto} is newer than 5")
+        self.proto = proto
+
+    def _frame(self) -> None:
+        size = self._unpack("<Q", 8)
+        if size > self.source.remaining():
+            raise CheckpointError(f"a pickle frame of {size} bytes runs past the end of the data")
+
+    def _stop(self) -> None:
+        raise Stop(self._pop())
+
+    def _mark(self) -> None:
+        if len(self.metastack) >= MAX_MARK_DEPTH:
+            raise CheckpointError(f"pickle MARKs nested deeper than {MAX_MARK_DEPTH}")
+        self.metastack.append(self.stack)
+        self.stack = []
+
+    def _pop_op(self) -> None:
+        if self.stack:
+            self.stack.pop()
+        else:
+            self._pop_mark()
+
+    def _pop_mark_op(self) -> None:
+        self._pop_mark()
+
+    def _dup(self) -> None:
+        self.stack.append(self._top())
+
+    def _line_int(self) -> int:
+        try:
+            return int(self.source.readline())
+        except ValueError:
+            raise CheckpointError("a text opcode holds no valid integer") from None
+
+    def _int(self) -> None:
+        line = self.source.readline()
+        if line == b"00":
+            self.stack.append(False)
+        elif line == b"01":
+            self.stack.append(True)
+        else:
+            try:
+                self.stack.append(int(line))
+            except ValueError:
+                raise CheckpointError("INT opcode holds no valid integer") from None
+
+    def _long(self) -> None:
+        line = self.source.readline()
+        if line.endswith(b"L"):
+            line = line[:-1]
+        try:
+            self.stack.append(int(line))
+        except ValueError:
+            raise CheckpointError("LONG opcode holds no valid integer") from None
+
+    def _long_bytes(self, count: int) -> None:
+        self.stack.append(int.from_bytes(self.source.read(count), "little", signed=True))
+
+    def _float(self) -> None:
+        try:
+            self.stack.append(float(self.source.readline()))
+        except ValueError:
+            raise CheckpointError("FLOAT opcode holds no valid number") from None
+
+    def _string(self) -> None:
+        try:
+            raw = codecs.escape_decode(_unquote(self.source.readline()))[0]
+        except ValueError as exc:
+            raise CheckpointError(f"bad STRING opcode: {exc}") from None
+        self.stack.append(self._text(raw, self.encoding))
+
+    def _binstring(self, count: int) -> None:
+        self.stack.append(self._text(self.source.read(count), self.encoding))
+
+    def _unicode(self, count: int) -> None:
+        self.stack.append(self._text(self.source.read(count)))
+
+    def _buffer(self) -> None:
+        raise CheckpointError("out-of-band pickle buffers (protocol 5) are not supported")
+
+    def _push_marked(self, kind: Callable[[list[Any]], Any]) -> None:
+        value = self.new_container(kind(self._pop_mark()))  # pops first: the stack changes
+        self.stack.append(value)
+
+    def _tuple(self, count: int) -> None:
+        if len(self.stack) < count:
+            raise CheckpointError("pickle stack underflow")
+        items = tuple(self.stack[-count:])
+        del self.stack[-count:]
+        self.stack.append(self.new_container(items))
+
+    def _append(self) -> None:
+        item = self._pop()
+        self.append_items(self._top(), [item])
+
+    def _appends(self) -> None:
+        items = self._pop_mark()
+        self.append_items(self._top(), items)
+
+    def _dict(self) -> None:
+        items = self._pop_mark()
+        if len(items) % 2:
+            raise CheckpointError("DICT opcode with an odd number of items")
+        target = self.new_container({})
+        self.set_items(target, items)
+        self.stack.append(target)
+
+    def _setitem(self) -> None:
+        value = self._pop()
+        key = self._pop()
+        self.set_items(self._top(), [key, value])
+
+    def _setitems(self) -> None:
+        items = self._pop_mark()
+        if len(items) % 2:
+            raise CheckpointError("SETITEMS opcode with an odd number of items")
+        self.set_items(self._top(), items)
+
+    def _additems(self) -> None:
+        items = self._pop_mark()
+        self.add_items(self._top(), items)
+
+    def _put(self, index: int) -> None:
+        if index < 0:
+            raise CheckpointError("negative memo index")
+        self.memo[index] = self._top()
+
+    def _get(self, index: int) -> None:
+        try:
+            self.stack.append(self.memo[index])
+        except KeyError:
+            raise CheckpointError(f"memo entry {index} is used before it is set") from None
+
+    def _global(self) -> None:
+        module = self._text(self.source.readline())
+        name = self._text(self.source.readline())
+        self.stack.append(self.find_global(*self._global_names(module, name)))
+
+    def _stack_global(self) -> None:
+        name = self._pop()
+        module = self._pop()
+        if type(module) is not str or type(name) is not str:
+            raise CheckpointError("STACK_GLOBAL needs two strings")
+        self.stack.append(self.find_global(module, name))
+
+    def _reduce(self) -> None:
+        args = self._pop()
+        func = self._top()
+        if type(args) is not tuple:
+            raise CheckpointError("REDUCE arguments are not a tuple")
+        self.stack[-1] = self.call(func, args)
+
+    def _build(self) -> None:
+        state = self._pop()
+        self.build(self._top(), state)
+
+    def _newobj(self) -> None:
+        args = self._pop()
+        cls = self._pop()
+        if type(args) is not tuple:
+            raise CheckpointError("NEWOBJ arguments are not a tuple")
+        self.stack.append(self.new_object(cls, args, {}))
+
+    def _newobj_ex(self) -> None:
+        kwargs = self._pop()
+        args = self._pop()
+        cls = self._pop()
+        if type(args) is not tuple or type(kwargs) is not dict:
+            raise CheckpointError("NEWOBJ_EX arguments are not a tuple and a dict")
+        self.stack.append(self.new_object(cls, args, kwargs))
+
+    def _inst(self) -> None:
+        module = self._text(self.source.readline(), "ascii")
+        name = self._text(self.source.readline(), "ascii")
+        args = tuple(self._pop_mark())
+        cls = self.find_global(*self._global_names(module, name))
+        self.stack.append(self.call(cls, args))
+
+    def _obj(self) -> None:
+        items = self._pop_mark()
+        if not items:
+            raise CheckpointError("OBJ opcode without a class")
+        self.stack.append(self.call(items[0], tuple(items[1:])))
+
+    def _persid(self, pid: Any) -> None:
+        self.stack.append(self.persistent_load(pid))
+
+    def _ext(self, code: int) -> None:
+        raise UnsafeCheckpointError(
+            f"copyreg extension code {code} refused: it names a global through this "
+            "process's extension registry, which compatshim does not consult",
+            (f"<extension {code}>",),
+        )

@@ -1,0 +1,264 @@
+"""Constructors for the allow-listed standard-library globals, each with checked arguments.
+
+Every function takes the resolved global and the REDUCE arguments, checks
+their types and sizes, and builds a fresh object. None of them calls a method
+of an object the file made, and none allocates more than the arguments hold.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import enum
+import os
+import pathlib
+from typing import Any, Callable
+
+from .errors import CheckpointError, UnsafeCheckpointError
+
+Constructor = Callable[[Any, tuple[Any, ...]], Any]
+_PLAIN = (int, float, str, bytes, bool, type(None), complex)
+_FACTORIES = {list, dict, set, int, float, str, tuple, bool, bytes, collections.OrderedDict}
+
+
+def short(value: Any) -> str:
+    """A bounded description of a value from the file (never a deep repr)."""
+    if isinstance(value, (int, float, bool, type(None))):
+        text = repr(value)
+    elif isinstance(value, (str, bytes)):
+        text = repr(value[:40]) + ("..." if len(value) > 40 else "")
+    else:
+        return f"a {type(value).__name__}"
+    return text if len(text) < 60 else text[:57] + "..."
+
+
+def bad(what: str, args: tuple[Any, ...]) -> CheckpointError:
+    shown = ", ".join(short(a) for a in args[:4]) + (", ..." if len(args) > 4 else "")
+    return CheckpointError(f"{what} with unexpected arguments ({shown})")
+
+
+def _ints_or_none(args: tuple[Any, ...]) -> bool:
+    return all(a is None or type(a) is int for a in args)
+
+
+def _iterable(args: tuple[Any, ...], what: str) -> Any:
+    if not args:
+        return ()
+    if len(args) == 1 and type(args[0]) in (list, tuple, set, frozenset):
+        return args[0]
+    raise bad(what, args)
+
+
+def make_set(_: Any, args: tuple[Any, ...]) -> Any:
+    return set(_iterable(args, "set"))
+
+
+def make_frozenset(_: Any, args: tuple[Any, ...]) -> Any:
+    return frozenset(_iterable(args, "frozenset"))
+
+
+def make_slice(_: Any, args: tuple[Any, ...]) -> Any:
+    if not 1 <= len(args) <= 3 or not _ints_or_none(args):
+        raise bad("slice", args)
+    return slice(*args)
+
+
+def make_complex(_: Any, args: tuple[Any, ...]) -> Any:
+    if len(args) > 2 or not all(type(a) in (int, float) for a in args):
+        raise bad("complex", args)
+    return complex(*args)
+
+
+def make_bytearray(_: Any, args: tuple[Any, ...]) -> Any:
+    if not args:
+        return bytearray()
+    if len(args) == 1 and type(args[0]) is bytes:
+        return bytearray(args[0])
+    if len(args) == 2 and type(args[0]) is str and args[1] in ("latin-1", "latin1"):
+        try:
+            return bytearray(args[0].encode("latin-1"))
+        except UnicodeEncodeError:
+            raise bad("bytearray", args) from None
+    raise UnsafeCheckpointError(
+        "bytearray called with anything but bytes refused (bytearray(n) allocates n bytes)",
+        ("builtins.bytearray",),
+    )
+
+
+def codecs_encode(_: Any, args: tuple[Any, ...]) -> Any:
+    if len(args) == 2 and type(args[0]) is str and args[1] in ("latin1", "latin-1"):
+        try:
+            return args[0].encode("latin-1")
+        except UnicodeEncodeError:
+            raise bad("_codecs.encode", args) from None
+    raise UnsafeCheckpointError(
+        "_codecs.encode refused for anything but (str, 'latin1'), the bytes literal of protocol 2",
+        ("_codecs.encode",),
+    )
+
+
+def make_ordered_dict(_: Any, args: tuple[Any, ...]) -> Any:
+    made: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+    for pair in _iterable(args, "OrderedDict") if args else ():
+        if type(pair) not in (list, tuple) or len(pair) != 2:
+            raise bad("OrderedDict", args)
+        made[pair[0]] = pair[1]
+    return made
+
+
+def make_counter(_: Any, args: tuple[Any, ...]) -> Any:
+    if not args:
+        return collections.Counter()
+    if len(args) == 1 and type(args[0]) is dict:
+        counter: collections.Counter[Any] = collections.Counter()
+        for key, value in args[0].items():
+            dict.__setitem__(counter, key, value)
+        return counter
+    raise bad("Counter", args)
+
+
+def make_defaultdict(_: Any, args: tuple[Any, ...]) -> Any:
+    factory = args[0] if args else None
+    if len(args) > 1 or not (factory is None or any(factory is f for f in _FACTORIES)):
+        raise UnsafeCheckpointError(
+            "collections.defaultdict refused: its factory must be None or a builtin "
+            f"container/number type, got {short(factory)}",
+            ("collections.defaultdict",),
+        )
+    return collections.defaultdict(factory)
+
+
+def make_deque(_: Any, args: tuple[Any, ...]) -> Any:
+    items = _iterable(args[:1], "deque")
+    maxlen = args[1] if len(args) > 1 else None
+    if len(args) > 2 or not (maxlen is None or (type(maxlen) is int and maxlen >= 0)):
+        raise bad("deque", args)
+    return collections.deque(items, maxlen)
+
+
+def _state_bytes(value: Any) -> Any:
+    if type(value) is str:  # protocol 0/1 pickles store the packed state as latin-1 text
+        return value.encode("latin-1")
+    return value
+
+
+def _timezone_or_none(value: Any) -> bool:
+    return value is None or type(value) is datetime.timezone
+
+
+def _packed(kind: Any, size: int, name: str) -> Constructor:
+    def make(_: Any, args: tuple[Any, ...]) -> Any:
+        if not args or len(args) > 2:
+            raise bad(f"datetime.{name}", args)
+        packed = _state_bytes(args[0])
+        if type(packed) is not bytes or len(packed) != size:
+            raise bad(f"datetime.{name}", args)
+        if len(args) == 2 and not _timezone_or_none(args[1]):
+            raise bad(f"datetime.{name}", args)
+        return kind(packed, *args[1:])
+
+    return make
+
+
+def make_timedelta(_: Any, args: tuple[Any, ...]) -> Any:
+    if len(args) > 3 or not all(type(a) is int for a in args):
+        raise bad("datetime.timedelta", args)
+    return datetime.timedelta(*args)
+
+
+def make_timezone(_: Any, args: tuple[Any, ...]) -> Any:
+    if not 1 <= len(args) <= 2 or type(args[0]) is not datetime.timedelta:
+        raise bad("datetime.timezone", args)
+    if len(args) == 2 and type(args[1]) is not str:
+        raise bad("datetime.timezone", args)
+    return datetime.timezone(*args)
+
+
+def make_path(cls: Any, args: tuple[Any, ...]) -> Any:
+    if not all(type(a) is str for a in args):
+        raise bad("pathlib path", args)
+    name = cls.__name__
+    if name == "WindowsPath" and os.name != "nt":
+        return pathlib.PureWindowsPath(*args)
+    if name == "PosixPath" and os.name == "nt":
+        return pathlib.PurePosixPath(*args)
+    return cls(*args)
+
+
+def enum_member(cls: Any, args: tuple[Any, ...]) -> Any:
+    """The existing member of ``cls`` whose value is ``args[0]``; nothing is created."""
+    if len(args) != 1 or not _plain_value(args[0]):
+        raise bad(cls.__qualname__, args)
+    value = args[0]
+    try:
+        member = cls._value2member_map_.get(value)
+    except TypeError:
+        member = None
+    if member is None:
+        member = next(
+            (
+                m
+                for m in cls.__members__.values()
+                if type(m._value_) is type(value) and m._value_ == value
+            ),
+            None,
+        )
+    if member is None:
+        raise CheckpointError(f"{cls.__qualname__} has no member with value {short(value)}")
+    return member
+
+
+def enum_member_by_name(cls: Any, name: str) -> Any:
+    member = cls.__members__.get(name)
+    if not isinstance(member, enum.Enum):
+        raise CheckpointError(f"{cls.__qualname__} has no member {name!r:.60}")
+    return member
+
+
+def _plain_value(value: Any) -> bool:
+    if type(value) in _PLAIN:
+        return True
+    return type(value) is tuple and len(value) < 32 and all(type(v) in _PLAIN for v in value)
+
+
+CONSTRUCTORS: dict[str, Constructor] = {
+    "builtins.set": make_set,
+    "builtins.frozenset": make_frozenset,
+    "builtins.slice": make_slice,
+    "builtins.complex": make_complex,
+    "builtins.bytearray": make_bytearray,
+    "_codecs.encode": codecs_encode,
+    "collections.OrderedDict": make_ordered_dict,
+    "collections.Counter": make_counter,
+    "collections.defaultdict": make_defaultdict,
+    "collections.deque": make_deque,
+    "datetime.datetime": _packed(datetime.datetime, 10, "datetime"),
+    "datetime.date": _packed(datetime.date, 4, "date"),
+    "datetime.time": _packed(datetime.time, 6, "time"),
+    "datetime.timedelta": make_timedelta,
+    "datetime.timezone": make_timezone,
+}
+for _name in ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath"):
+    CONSTRUCTORS[f"pathlib.{_name}"] = make_path
+    CONSTRUCTORS[f"pathlib._local.{_name}"] = make_path
+
+
+def is_dunder(key: Any) -> bool:
+    return type(key) is str and key.startswith("__") and key.endswith("__")
+
+
+def set_instance_dict(inst: Any, state: Any, what: str) -> None:
+    """BUILD for plain instances: str-keyed attributes into the instance ``__dict__``."""
+    if type(state) is tuple and len(state) == 2 and state[1] is None:
+        state = state[0]
+    if state is None:
+        return
+    if type(state) is not dict:
+        raise CheckpointError(f"BUILD state for {what} is {short(state)}, expected a dict")
+    for key in state:
+        if type(key) is not str or is_dunder(key):
+            raise UnsafeCheckpointError(
+                f"BUILD on {what} refused: attribute name {short(key)} is not a plain name",
+                (f"BUILD {what}",),
+            )
+    object.__getattribute__(inst, "__dict__").update(state)

@@ -1,0 +1,415 @@
+"""The loading policy: which globals resolve, what may be called, and what may receive state.
+
+Rules, whatever the bytes:
+
+* A global resolves only through compatshim's allowlist or the call's ``allow=``.
+* REDUCE/NEWOBJ reach only handlers chosen by the global's *kind*; the
+  allow-listed originals of rebuild functions are never called with the
+  file's arguments.
+* BUILD, SETITEM, APPEND and ADDITEMS act only on objects this load created
+  (plain lists/dicts/sets from opcodes, or instances a handler registered),
+  never on a global, a class, a function, a module or a shared enum member.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from . import _numpy, _objects, _tensors
+from ._machine import Machine, Source
+from .allowlist import Entry, lookup
+from .errors import CheckpointError, UnsafeCheckpointError
+
+Builder = Callable[[Any, Any], None]
+StorageGetter = Callable[[str, tuple[Any, ...]], Any]
+MAX_NESTING = 1000
+
+
+@dataclass(frozen=True)
+class Role:
+    """What a resolved global is to the loader: its name, kind and handler key."""
+
+    qualname: str
+    kind: str  # an allowlist kind, or "user" for the call's allow=
+    key: str
+    obj: Any
+
+
+def handler_key(entry: Entry) -> str:
+    """One key for the aliases of a global: numpy's two core names, pathlib._local."""
+    if entry.module.startswith(("numpy.core", "numpy._core")):
+        return f"numpy.{entry.name}"
+    return entry.qualname
+
+
+def describe(value: Any) -> str:
+    if isinstance(value, type) or (callable(value) and hasattr(value, "__qualname__")):
+        module = getattr(value, "__module__", None) or "?"
+        return f"{module}.{getattr(value, '__qualname__', '?')}"
+    return f"a {type(value).__name__}"
+
+
+class UserAllow:
+    """``allow=``: objects, "module.name" strings or (object, "module.name") pairs."""
+
+    def __init__(self, items: Iterable[Any]) -> None:
+        self.named: dict[tuple[str, str], Any] = {}
+        for item in items:
+            if isinstance(item, str):
+                module, _, name = item.rpartition(".")
+                if not module:
+                    raise TypeError(f"allow= string {item!r} is not 'module.name'")
+                self.named[(module, name)] = _UNRESOLVED
+            elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str):
+                module, _, name = item[1].rpartition(".")
+                self.named[(module, name)] = item[0]
+            elif hasattr(item, "__module__") and hasattr(item, "__qualname__"):
+                self.named[(item.__module__, item.__qualname__)] = item
+            else:
+                raise TypeError(
+                    f"allow= takes classes, functions, 'module.name' strings or "
+                    f"(object, 'module.name') pairs, got {type(item).__name__}"
+                )
+
+    def resolve(self, module: str, name: str) -> Any:
+        found = self.named.get((module, name), _MISSING)
+        if found is _UNRESOLVED:
+            found = vars(importlib.import_module(module)).get(name, _MISSING)
+            if found is _MISSING:
+                raise LookupError(f"{module}.{name} (named in allow=) does not exist")
+            self.named[(module, name)] = found
+        return found
+
+
+_MISSING = object()
+_UNRESOLVED = object()
+
+
+class SafeMachine(Machine):
+    """The machine ``load`` runs: allowlist, checked handlers, state only on its own objects."""
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        allow: UserAllow,
+        tensors: _tensors.Tensors,
+        storages: StorageGetter | None,
+        load_nested: Callable[[bytes], Any] | None = None,
+    ) -> None:
+        super().__init__(source)
+        self.allow = allow
+        self.tensors = tensors
+        self.storages = storages
+        self.load_nested = load_nested
+        self._roles: dict[int, Role] = {}
+        self._cache: dict[tuple[str, str], Any] = {}
+        self._builders: dict[int, tuple[Any, Builder]] = {}
+        self._dicts: dict[int, Any] = {}  # owned dict subclasses and deques
+
+    # ------------------------------------------------------------------ globals
+    def find_global(self, module: str, name: str) -> Any:
+        key = (module, name)
+        if key in self._cache:
+            return self._cache[key]
+        found = self._resolve(module, name)
+        self._cache[key] = found
+        return found
+
+    def _resolve(self, module: str, name: str) -> Any:
+        try:
+            user = self.allow.resolve(module, name)
+        except (ImportError, LookupError) as exc:
+            raise refused(f"{module}.{name}", f"in allow= but cannot be imported: {exc}") from None
+        if user is not _MISSING:
+            self._roles[id(user)] = Role(f"{module}.{name}", "user", f"{module}.{name}", user)
+            return user
+        entry = lookup(module, name)
+        if entry is None and "." in name:  # an enum member spelled Class.MEMBER (protocol 4)
+            owner, _, member = name.partition(".")
+            owner_entry = lookup(module, owner)
+            if owner_entry is not None and owner_entry.kind == "enum":
+                cls = self._resolve_entry(owner_entry)
+                return _objects.enum_member_by_name(cls, member)
+        if entry is None:
+            raise refused(f"{module}.{name}", "not on compatshim's allowlist")
+        return self._resolve_entry(entry)
+
+    def _resolve_entry(self, entry: Entry) -> Any:
+        try:
+            obj = entry.resolve()
+        except LookupError as exc:
+            raise refused(entry.qualname, str(exc)) from None
+        self._roles[id(obj)] = Role(entry.qualname, entry.kind, handler_key(entry), obj)
+        return obj
+
+    def role_of(self, value: Any) -> Role | None:
+        role = self._roles.get(id(value))
+        return role if role is not None and role.obj is value else None
+
+    # ------------------------------------------------------------------ registration
+    def register_builder(self, obj: Any, builder: Builder) -> None:
+        self._builders[id(obj)] = (obj, builder)
+
+    def register_dict(self, obj: Any) -> None:
+        self._dicts[id(obj)] = obj
+
+    # ------------------------------------------------------------------ calls
+    def call(self, func: Any, args: tuple[Any, ...]) -> Any:
+        role = self.role_of(func)
+        if role is None:
+            raise UnsafeCheckpointError(
+                f"call of {describe(func)} refused: only allow-listed globals may be called",
+                (f"call {describe(func)}",),
+            )
+        kind = role.kind
+        if kind == "user":
+            return self._call_user(func, args)
+        if kind == "constant":
+            raise UnsafeCheckpointError(f"{role.qualname} may not be called", (role.qualname,))
+        if kind == "enum":
+            return _objects.enum_member(func, args)
+        if kind in ("instance", "dict-subclass"):
+            if args:
+                raise _objects.bad(role.qualname, args)
+            return self.new_object(func, (), {})
+        return self._call_handler(role, func, args)
+
+    def _call_handler(self, role: Role, func: Any, args: tuple[Any, ...]) -> Any:
+        key = role.key
+        rebuild = _tensors.REBUILDS.get(key)
+        if rebuild is not None:
+            return rebuild(self.tensors, args)
+        if key == "torch._tensor._rebuild_from_type_v2":
+            return _tensors.rebuild_from_type_v2(self.tensors, args, self._tensor_rebuild)
+        if key == "numpy._reconstruct":
+            return _numpy.reconstruct(func, args, self.register_builder)
+        if key == "numpy._frombuffer":
+            return _numpy.frombuffer(func, args)
+        if key == "numpy.scalar":
+            return _numpy.scalar(func, args)
+        if key == "numpy.dtype":
+            return _numpy.make_dtype(func, args, self.register_builder)
+        if key == "torch.Size":
+            return _tensors.make_size(func, args)
+        if key == "torch.device":
+            return _tensors.make_device(func, args)
+        if key == "copyreg._reconstructor":
+            return self._reconstructor(args)
+        if key == "torch.storage._load_from_bytes":
+            return self._storage_from_bytes(args)
+        made = _objects.CONSTRUCTORS[key](func, args)
+        if isinstance(made, collections.deque):
+            self.register_dict(made)  # owned: APPENDS may fill it
+        elif isinstance(
+            made, (collections.OrderedDict, collections.Counter, collections.defaultdict)
+        ):
+            self.register_dict(made)
+            self.register_builder(made, lambda o, s: _objects.set_instance_dict(o, s, key))
+        return made
+
+    def _tensor_rebuild(self, func: Any) -> _tensors.TensorRebuild | None:
+        role = self.role_of(func)
+        return _tensors.REBUILDS.get(role.key) if role is not None else None
+
+    def _call_user(self, func: Any, args: tuple[Any, ...]) -> Any:
+        made = func(*args)
+        if isinstance(func, type) and type(made) is func:
+            self._register_user_instance(made)
+        return made
+
+    def _register_user_instance(self, made: Any) -> None:
+        if isinstance(made, enum.Enum):
+            return  # members are shared: never receive state
+        if isinstance(made, dict):
+            self.register_dict(made)
+        self.register_builder(made, _user_build)
+
+    def _reconstructor(self, args: tuple[Any, ...]) -> Any:
+        if len(args) != 3:
+            raise _objects.bad("copyreg._reconstructor", args)
+        cls, base, state = args
+        role = self.role_of(cls)
+        if role is None or role.kind not in ("instance", "dict-subclass", "user"):
+            raise UnsafeCheckpointError(
+                f"copyreg._reconstructor of {describe(cls)} refused", (describe(cls),)
+            )
+        if base is object and state is None:
+            return self.new_object(cls, (), {})
+        if base is dict and type(state) is dict and role.kind != "instance":
+            made = self.new_object(cls, (), {})
+            dict.update(made, state)
+            return made
+        raise _objects.bad("copyreg._reconstructor", args)
+
+    def _storage_from_bytes(self, args: tuple[Any, ...]) -> Any:
+        if len(args) != 1 or type(args[0]) is not bytes or self.load_nested is None:
+            raise _objects.bad("torch.storage._load_from_bytes", args)
+        import torch
+
+        storage = self.load_nested(args[0])
+        if not isinstance(storage, (torch.storage.TypedStorage, torch.UntypedStorage)):
+            raise CheckpointError("a pickled storage holds something else than a storage")
+        return self.tensors.add_storage(storage)
+
+    def new_object(self, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        role = self.role_of(cls)
+        kind = role.kind if role is not None else None
+        if kind == "user" and isinstance(cls, type):
+            made = cls.__new__(cls, *args, **kwargs)
+            if type(made) is cls:
+                self._register_user_instance(made)
+            return made
+        if role is None or kind not in ("instance", "dict-subclass") or args or kwargs:
+            raise UnsafeCheckpointError(
+                f"NEWOBJ of {describe(cls)} refused: only allow-listed plain classes, "
+                "without arguments",
+                (f"NEWOBJ {describe(cls)}",),
+            )
+        if kind == "dict-subclass":
+            made = dict.__new__(cls)
+            self.register_dict(made)
+        else:
+            if cls.__new__ is not object.__new__:
+                raise UnsafeCheckpointError(
+                    f"{role.qualname} has its own __new__: refused", (role.qualname,)
+                )
+            made = object.__new__(cls)
+        self.register_builder(made, lambda o, s: _objects.set_instance_dict(o, s, role.qualname))
+        return made
+
+    # ------------------------------------------------------------------ state
+    def build(self, inst: Any, state: Any) -> None:
+        registered = self._builders.get(id(inst))
+        if registered is None or registered[0] is not inst:
+            raise UnsafeCheckpointError(
+                f"BUILD on {describe(inst)} refused: state is set only on objects this file "
+                "created, of allowed types",
+                (f"BUILD {describe(inst)}",),
+            )
+        registered[1](inst, state)
+
+    def set_items(self, target: Any, pairs: list[Any]) -> None:
+        if type(target) is dict:
+            setter: Callable[[Any, Any, Any], None] = dict.__setitem__
+        elif self._dicts.get(id(target)) is target:
+            if isinstance(target, collections.OrderedDict):
+                setter = collections.OrderedDict.__setitem__
+            else:
+                setter = dict.__setitem__
+        else:
+            raise UnsafeCheckpointError(
+                f"SETITEM into {describe(target)} refused: only dicts this file created",
+                (f"SETITEM {describe(target)}",),
+            )
+        for index in range(0, len(pairs), 2):
+            setter(target, pairs[index], pairs[index + 1])
+
+    def append_items(self, target: Any, items: list[Any]) -> None:
+        if type(target) is collections.deque and self._dicts.get(id(target)) is target:
+            target.extend(items)
+            return
+        if type(target) is not list:
+            raise UnsafeCheckpointError(
+                f"APPEND to {describe(target)} refused: only lists this file created",
+                (f"APPEND {describe(target)}",),
+            )
+        target.extend(items)
+
+    def add_items(self, target: Any, items: list[Any]) -> None:
+        if type(target) is not set:
+            raise UnsafeCheckpointError(
+                f"ADDITEMS to {describe(target)} refused: only sets this file created",
+                (f"ADDITEMS {describe(target)}",),
+            )
+        target.update(items)
+
+    def persistent_load(self, pid: Any) -> Any:
+        if type(pid) is not tuple or not pid:
+            raise CheckpointError(f"persistent id is {_objects.short(pid)}, expected a tuple")
+        typename = pid[0].decode("ascii", "replace") if type(pid[0]) is bytes else pid[0]
+        if typename != "storage":
+            extra = (
+                " (a legacy nn.Module container record; torch would compare its source "
+                "code and may write a .patch file)"
+                if typename == "module"
+                else ""
+            )
+            raise UnsafeCheckpointError(
+                f"persistent id of type {_objects.short(typename)} refused{extra}",
+                (f"persistent id {_objects.short(typename)}",),
+            )
+        if self.storages is None or len(pid) < 2:
+            raise UnsafeCheckpointError(
+                "a storage reference in a plain pickle refused (no storage records)",
+                ("persistent id 'storage'",),
+            )
+        role = self.role_of(pid[1])
+        if role is None or role.key.rpartition(".")[2] not in _tensors.STORAGE_DTYPES:
+            raise CheckpointError(f"storage type {describe(pid[1])} is not a known storage type")
+        storage = self.storages(role.key.rpartition(".")[2], pid[2:])
+        return self.tensors.add_storage(storage)
+
+
+def _user_build(inst: Any, state: Any) -> None:
+    """BUILD on an instance of a class the caller allowed: its own __setstate__ if it has one."""
+    setstate = getattr(type(inst), "__setstate__", None)
+    if setstate is not None and setstate is not getattr(object, "__setstate__", None):
+        inst.__setstate__(state)
+        return
+    _objects.set_instance_dict(inst, state, describe(type(inst)))
+
+
+def refused(qualname: str, why: str) -> UnsafeCheckpointError:
+    return UnsafeCheckpointError(f"global {qualname} refused: {why}", (qualname,))
+
+
+def check_nesting(value: Any, what: str, limit: int = MAX_NESTING) -> None:
+    """Refuse results nested deeper than ``limit`` (iterative: no recursion here)."""
+    containers = (list, tuple, dict, set, frozenset, collections.deque)
+    seen: set[int] = set()
+    todo: list[tuple[Any, int]] = [(value, 0)]
+    while todo:
+        current, depth = todo.pop()
+        if depth > limit:
+            raise CheckpointError(f"{what}: values nested deeper than {limit} levels")
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        children: Iterable[Any]
+        if isinstance(current, dict):
+            children = [*current.keys(), *current.values()]
+            extra = getattr(current, "__dict__", None)
+            if extra:
+                children = [*children, *extra.values()]
+        elif isinstance(current, containers):
+            children = current
+        else:
+            extra = getattr(current, "__dict__", None) if _is_plain_instance(current) else None
+            if not extra:
+                continue
+            children = extra.values()
+        for child in children:
+            if isinstance(child, containers) or _is_plain_instance(child):
+                todo.append((child, depth + 1))
+
+
+def _is_plain_instance(value: Any) -> bool:
+    return type(value).__module__ in _PLAIN_MODULES
+
+
+_PLAIN_MODULES = frozenset(
+    {
+        "argparse",
+        "lightning.fabric.utilities.data",
+        "lightning.pytorch.utilities.parsing",
+        "lightning_fabric.utilities.data",
+        "pytorch_lightning.utilities.parsing",
+        "deepspeed.runtime.fp16.loss_scaler",
+        "deepspeed.utils.tensor_fragment",
+    }
+)

@@ -1,0 +1,163 @@
+"""A machine that runs a pickle symbolically: it constructs nothing the file names.
+
+Globals become :class:`Symbol` values, calls become symbols of their result,
+BUILD does nothing. What it records: every global with how often the pickle
+refers to it, every storage declared through a persistent id, every tensor
+rebuild with its dtype. ``inspect`` reports from it, ``load`` uses it to name
+every refused global at once, and the legacy reader to learn storage sizes
+before it allocates anything.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._machine import Machine, Source
+from ._tensors import STORAGE_DTYPES
+
+TENSOR_REBUILDS = frozenset(
+    {
+        "torch._utils._rebuild_tensor",
+        "torch._utils._rebuild_tensor_v2",
+        "torch._utils._rebuild_tensor_v3",
+        "torch._utils._rebuild_meta_tensor_no_storage",
+    }
+)
+
+
+class Symbol:
+    """A global, or the result of calling one, standing in for the real object."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+@dataclass(frozen=True)
+class StorageDecl:
+    """A storage as a persistent id declares it: no data read."""
+
+    key: str
+    type_name: str
+    numel: int
+    location: str
+    view: tuple[Any, ...] | None = None
+
+    @property
+    def dtype(self) -> str:
+        return STORAGE_DTYPES.get(self.type_name, ("?", 0))[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * STORAGE_DTYPES.get(self.type_name, ("?", 0))[1]
+
+
+@dataclass
+class ScanResult:
+    globals: collections.Counter[str] = field(default_factory=collections.Counter)
+    storages: dict[str, StorageDecl] = field(default_factory=dict)
+    tensor_dtypes: collections.Counter[str] = field(default_factory=collections.Counter)
+    persistent_kinds: collections.Counter[str] = field(default_factory=collections.Counter)
+    protocol: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+class ScanMachine(Machine):
+    """Symbolic run; see the module docstring."""
+
+    def __init__(self, source: Source) -> None:
+        super().__init__(source)
+        self.found = ScanResult()
+        self._symbols: dict[str, Symbol] = {}
+
+    def run(self) -> Any:
+        value = super().run()
+        self.found.protocol = self.proto
+        return value
+
+    def find_global(self, module: str, name: str) -> Any:
+        qualname = f"{module}.{name}"
+        self.found.globals[qualname] += 1
+        symbol = self._symbols.get(qualname)
+        if symbol is None:
+            symbol = self._symbols[qualname] = Symbol(qualname)
+        return symbol
+
+    def _get(self, index: int) -> None:
+        super()._get(index)
+        top = self.stack[-1]
+        if type(top) is Symbol and self._symbols.get(top.name) is top:
+            self.found.globals[top.name] += 1
+
+    def call(self, func: Any, args: tuple[Any, ...]) -> Any:
+        name = func.name if type(func) is Symbol else f"<{type(func).__name__}>"
+        if name in TENSOR_REBUILDS:
+            self.found.tensor_dtypes[self._tensor_dtype(name, args)] += 1
+        elif name == "torch._tensor._rebuild_from_type_v2" and len(args) == 4:
+            inner = args[2] if type(args[2]) is tuple else ()
+            self.call(args[0], inner)
+        return Symbol(f"{name}()")
+
+    def _tensor_dtype(self, name: str, args: tuple[Any, ...]) -> str:
+        if name.endswith("_v3") and len(args) > 6 and type(args[6]) is Symbol:
+            return args[6].name.rpartition(".")[2]
+        if name.endswith("no_storage") and args and type(args[0]) is Symbol:
+            return args[0].name.rpartition(".")[2]
+        if args and type(args[0]) is StorageDecl:
+            return args[0].dtype
+        return "?"
+
+    def new_object(self, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        name = cls.name if type(cls) is Symbol else f"<{type(cls).__name__}>"
+        return Symbol(f"{name}.__new__()")
+
+    def build(self, inst: Any, state: Any) -> None:
+        return None
+
+    def persistent_load(self, pid: Any) -> Any:
+        if type(pid) is not tuple or not pid:
+            self.found.persistent_kinds["<not a tuple>"] += 1
+            return Symbol("<persistent id>")
+        kind = pid[0].decode("ascii", "replace") if type(pid[0]) is bytes else str(pid[0])
+        self.found.persistent_kinds[kind] += 1
+        if kind != "storage" or len(pid) < 5 or type(pid[1]) is not Symbol:
+            return Symbol(f"<persistent {kind}>")
+        type_name = pid[1].name.rpartition(".")[2]
+        key, location, numel = pid[2], pid[3], pid[4]
+        view = pid[5] if len(pid) > 5 else None
+        if type(key) is not str or type(numel) is not int or numel < 0:
+            self.found.problems.append(f"malformed storage id for key {str(key)[:20]!r}")
+            return Symbol("<bad storage>")
+        if type(location) is bytes:
+            location = location.decode("ascii", "replace")
+        decl = StorageDecl(key, type_name, numel, str(location), view)
+        known = self.found.storages.setdefault(key, decl)
+        if (known.type_name, known.numel) != (type_name, numel):
+            self.found.problems.append(f"storage {key!r} declared twice with different sizes")
+        return decl
+
+    def set_items(self, target: Any, pairs: list[Any]) -> None:
+        if type(target) is dict:
+            for index in range(0, len(pairs), 2):
+                with contextlib.suppress(TypeError):
+                    target[pairs[index]] = pairs[index + 1]
+
+    def append_items(self, target: Any, items: list[Any]) -> None:
+        if type(target) is list:
+            target.extend(items)
+
+    def add_items(self, target: Any, items: list[Any]) -> None:
+        return None
+
+
+def scan(source: Source) -> ScanResult:
+    machine = ScanMachine(source)
+    machine.run()
+    return machine.found

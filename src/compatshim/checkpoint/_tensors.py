@@ -1,0 +1,292 @@
+"""Tensors rebuilt from the storages the container holds, with every view checked first.
+
+torch's ``_rebuild_*`` functions are never called with the file's arguments:
+each is re-implemented here. A view (offset, size, stride) is checked to lie
+inside its storage before ``Tensor.set_``; storages come only from the
+container reader (``persistent_load``), whose sizes were checked against the
+bytes the file holds; hooks must be empty; attribute state is plain names only.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable
+
+from ._objects import bad, is_dunder, short
+from .errors import CheckpointError, UnsafeCheckpointError
+
+MAX_DIMS = 64
+MAX_NUMEL = 2**62
+METADATA_KEYS = {"conj", "neg"}
+
+# storage type name (as torch.save writes it) -> (torch dtype attribute, item size)
+STORAGE_DTYPES: dict[str, tuple[str, int]] = {
+    "DoubleStorage": ("float64", 8),
+    "FloatStorage": ("float32", 4),
+    "HalfStorage": ("float16", 2),
+    "BFloat16Storage": ("bfloat16", 2),
+    "ComplexDoubleStorage": ("complex128", 16),
+    "ComplexFloatStorage": ("complex64", 8),
+    "LongStorage": ("int64", 8),
+    "IntStorage": ("int32", 4),
+    "ShortStorage": ("int16", 2),
+    "CharStorage": ("int8", 1),
+    "ByteStorage": ("uint8", 1),
+    "BoolStorage": ("bool", 1),
+    "UntypedStorage": ("uint8", 1),
+}
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+class Tensors:
+    """The storages and tensors one load made, so later opcodes can only use those."""
+
+    def __init__(self) -> None:
+        self._storages: dict[int, Any] = {}
+        self._tensors: dict[int, Any] = {}
+
+    def add_storage(self, storage: Any) -> Any:
+        self._storages[id(storage)] = storage
+        return storage
+
+    def storage(self, value: Any, what: str) -> Any:
+        if self._storages.get(id(value)) is not value:
+            raise CheckpointError(f"{what}: first argument is {short(value)}, not a storage")
+        return value
+
+    def add_tensor(self, tensor: Any) -> Any:
+        self._tensors[id(tensor)] = tensor
+        return tensor
+
+    def tensor(self, value: Any, what: str) -> Any:
+        if self._tensors.get(id(value)) is not value:
+            raise CheckpointError(f"{what}: data is {short(value)}, not a tensor of this file")
+        return value
+
+
+def _ints(value: Any, what: str, name: str) -> tuple[int, ...]:
+    torch = _torch()
+    if type(value) not in (tuple, list, torch.Size) or len(value) > MAX_DIMS:
+        raise CheckpointError(f"{what}: {name} is {short(value)}, expected a tuple of ints")
+    for item in value:
+        if type(item) is not int or item < 0:
+            raise CheckpointError(f"{what}: {name} holds {short(item)}")
+    return tuple(value)
+
+
+def check_view(
+    offset: Any, size: Any, stride: Any, storage_items: int, what: str
+) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """Offset/size/stride as ints whose furthest element lies inside the storage."""
+    if type(offset) is not int or offset < 0:
+        raise CheckpointError(f"{what}: storage offset is {short(offset)}")
+    size_t = _ints(size, what, "size")
+    stride_t = _ints(stride, what, "stride")
+    if len(size_t) != len(stride_t):
+        raise CheckpointError(f"{what}: {len(size_t)} sizes but {len(stride_t)} strides")
+    numel = 1
+    furthest = offset
+    for dim, step in zip(size_t, stride_t):
+        numel *= dim
+        furthest += (dim - 1) * step if dim else 0
+    if numel > MAX_NUMEL:
+        raise CheckpointError(f"{what}: {numel} elements is more than any tensor holds")
+    if numel and furthest >= storage_items:
+        raise CheckpointError(
+            f"{what}: a view reaching element {furthest} of a storage of {storage_items} "
+            "elements (size/stride/offset larger than the data)"
+        )
+    return offset, size_t, stride_t
+
+
+def _hooks_empty(hooks: Any, what: str) -> None:
+    if hooks is None:
+        return
+    if type(hooks) not in (dict, collections.OrderedDict) or hooks:
+        raise UnsafeCheckpointError(
+            f"{what}: backward hooks in a file refused (hooks are callables)", (f"{what} hooks",)
+        )
+
+
+def _item_size(dtype: Any) -> int:
+    return int(_torch().empty((), dtype=dtype).element_size())
+
+
+def _rebuild(
+    tensors: Tensors,
+    storage: Any,
+    offset: Any,
+    size: Any,
+    stride: Any,
+    dtype: Any,
+    requires_grad: Any,
+    hooks: Any,
+    metadata: Any,
+    what: str,
+) -> Any:
+    torch = _torch()
+    storage = tensors.storage(storage, what)
+    if not isinstance(dtype, torch.dtype):
+        raise CheckpointError(f"{what}: dtype is {short(dtype)}")
+    if type(requires_grad) is not bool:
+        raise CheckpointError(f"{what}: requires_grad is {short(requires_grad)}")
+    _hooks_empty(hooks, what)
+    untyped = storage._untyped_storage if hasattr(storage, "_untyped_storage") else storage
+    items = untyped.nbytes() // _item_size(dtype)
+    offset, size_t, stride_t = check_view(offset, size, stride, items, what)
+    tensor = torch.empty((0,), dtype=dtype, device=untyped.device)
+    tensor.set_(untyped, offset, size_t, stride_t)
+    if requires_grad:
+        tensor.requires_grad = True
+    if metadata:
+        if type(metadata) is not dict or not set(metadata) <= METADATA_KEYS:
+            raise CheckpointError(f"{what}: tensor metadata is {short(metadata)}")
+        if not all(type(v) is bool for v in metadata.values()):
+            raise CheckpointError(f"{what}: tensor metadata values must be bools")
+        torch._C._set_tensor_metadata(tensor, metadata)
+    if hooks is not None:
+        tensor._backward_hooks = collections.OrderedDict()
+    return tensors.add_tensor(tensor)
+
+
+def _storage_dtype(storage: Any) -> Any:
+    return storage.dtype
+
+
+def rebuild_tensor(tensors: Tensors, args: tuple[Any, ...]) -> Any:
+    what = "torch._utils._rebuild_tensor"
+    if len(args) != 4:
+        raise bad(what, args)
+    storage = tensors.storage(args[0], what)
+    return _rebuild(tensors, storage, *args[1:], _storage_dtype(storage), False, None, None, what)
+
+
+def rebuild_tensor_v2(tensors: Tensors, args: tuple[Any, ...]) -> Any:
+    what = "torch._utils._rebuild_tensor_v2"
+    if len(args) not in (6, 7):
+        raise bad(what, args)
+    storage = tensors.storage(args[0], what)
+    offset, size, stride, requires_grad, hooks = args[1:6]
+    metadata = args[6] if len(args) == 7 else None
+    return _rebuild(
+        tensors, storage, offset, size, stride, _storage_dtype(storage), requires_grad, hooks,
+        metadata, what,
+    )  # fmt: skip
+
+
+def rebuild_tensor_v3(tensors: Tensors, args: tuple[Any, ...]) -> Any:
+    what = "torch._utils._rebuild_tensor_v3"
+    if len(args) not in (7, 8):
+        raise bad(what, args)
+    storage, offset, size, stride, requires_grad, hooks, dtype = args[:7]
+    metadata = args[7] if len(args) == 8 else None
+    return _rebuild(
+        tensors, storage, offset, size, stride, dtype, requires_grad, hooks, metadata, what
+    )
+
+
+def rebuild_meta(tensors: Tensors, args: tuple[Any, ...]) -> Any:
+    what = "torch._utils._rebuild_meta_tensor_no_storage"
+    torch = _torch()
+    if len(args) != 4 or not isinstance(args[0], torch.dtype) or type(args[3]) is not bool:
+        raise bad(what, args)
+    _, size_t, stride_t = check_view(0, args[1], args[2], MAX_NUMEL, what)
+    tensor = torch.empty_strided(size_t, stride_t, dtype=args[0], device="meta")
+    if args[3]:
+        tensor.requires_grad = True
+    return tensors.add_tensor(tensor)
+
+
+def set_plain_attributes(obj: Any, state: Any, what: str) -> None:
+    """Python attributes saved with a tensor/Parameter: plain names not defined by torch."""
+    if type(state) is tuple and len(state) == 2:
+        if state[1]:
+            raise UnsafeCheckpointError(f"{what}: slot state refused", (f"{what} slots",))
+        state = state[0]
+    if state is None:
+        return
+    if type(state) not in (dict, collections.OrderedDict):
+        raise CheckpointError(f"{what}: attribute state is {short(state)}")
+    for key in state:
+        if type(key) is not str or is_dunder(key) or hasattr(type(obj), key):
+            raise UnsafeCheckpointError(
+                f"{what}: attribute {short(key)} refused (not a plain attribute name)",
+                (f"{what} attribute",),
+            )
+    for key, value in state.items():
+        setattr(obj, key, value)
+
+
+def rebuild_parameter(tensors: Tensors, args: tuple[Any, ...]) -> Any:
+    what = "torch._utils._rebuild_parameter"
+    if len(args) != 3 or type(args[1]) is not bool:
+        raise bad(what, args)
+    data = tensors.tensor(args[0], what)
+    _hooks_empty(args[2], what)
+    param = _torch().nn.Parameter(data, args[1])
+    param._backward_hooks = collections.OrderedDict()
+    return tensors.add_tensor(param)
+
+
+def rebuild_parameter_with_state(tensors: Tensors, args: tuple[Any, ...]) -> Any:
+    what = "torch._utils._rebuild_parameter_with_state"
+    if len(args) != 4:
+        raise bad(what, args)
+    param = rebuild_parameter(tensors, args[:3])
+    set_plain_attributes(param, args[3], what)
+    return param
+
+
+TensorRebuild = Callable[[Tensors, tuple[Any, ...]], Any]
+REBUILDS: dict[str, TensorRebuild] = {
+    "torch._utils._rebuild_tensor": rebuild_tensor,
+    "torch._utils._rebuild_tensor_v2": rebuild_tensor_v2,
+    "torch._utils._rebuild_tensor_v3": rebuild_tensor_v3,
+    "torch._utils._rebuild_meta_tensor_no_storage": rebuild_meta,
+    "torch._utils._rebuild_parameter": rebuild_parameter,
+    "torch._utils._rebuild_parameter_with_state": rebuild_parameter_with_state,
+}
+
+
+def rebuild_from_type_v2(
+    tensors: Tensors, args: tuple[Any, ...], rebuild_of: Callable[[Any], TensorRebuild | None]
+) -> Any:
+    """Tensors with Python attributes: (rebuild function, torch.Tensor, args, attribute state)."""
+    what = "torch._tensor._rebuild_from_type_v2"
+    torch = _torch()
+    if len(args) != 4 or type(args[2]) is not tuple:
+        raise bad(what, args)
+    func, new_type, inner_args, state = args
+    rebuild = rebuild_of(func)
+    if rebuild is None:
+        raise UnsafeCheckpointError(f"{what}: rebuild function {short(func)} refused", (what,))
+    if new_type is not torch.Tensor and new_type is not torch.nn.Parameter:
+        name = getattr(new_type, "__qualname__", type(new_type).__name__)
+        raise UnsafeCheckpointError(
+            f"{what}: tensor subclass {name} refused (only torch.Tensor and Parameter)",
+            (f"{what}({name})",),
+        )
+    tensor = rebuild(tensors, inner_args)
+    if type(tensor) is not new_type:
+        tensor = tensors.add_tensor(tensor.as_subclass(new_type))
+    set_plain_attributes(tensor, state, what)
+    return tensor
+
+
+def make_size(_: Any, args: tuple[Any, ...]) -> Any:
+    if len(args) != 1:
+        raise bad("torch.Size", args)
+    return _torch().Size(_ints(args[0], "torch.Size", "dims"))
+
+
+def make_device(_: Any, args: tuple[Any, ...]) -> Any:
+    if not 1 <= len(args) <= 2 or type(args[0]) is not str or len(args[0]) > 64:
+        raise bad("torch.device", args)
+    if len(args) == 2 and (type(args[1]) is not int or not 0 <= args[1] < 2**16):
+        raise bad("torch.device", args)
+    return _torch().device(*args)

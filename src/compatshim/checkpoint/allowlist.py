@@ -1,0 +1,509 @@
+"""compatshim's curated allowlist: the globals a checkpoint may name, and why each is safe.
+
+A pickle names every class and function it needs as ``module.name``; loading
+it means importing that module and calling that object. An :class:`Entry`
+says which ``module.name`` compatshim's loader accepts, for which releases of
+which distribution (``distribution=None``: the standard library, and then
+``versions`` is a Python version range), what kind of object it is (which
+decides what the loader may do with it), why it cannot run code, and whether
+it is also safe under torch's *own* weights-only unpickler (``torch_safe``),
+which calls allowed callables with unchecked arguments and BUILDs any
+instance of an allowed type, so a loader that patches torch may register only
+those entries with ``torch.serialization.add_safe_globals``.
+
+Kinds (what compatshim's loader does with each; see ``_objects.py``):
+
+``constant``
+    pushed as a value, never called (dtypes, storage types, factory types).
+``constructor``
+    called with arguments the loader checks first (``set``, ``datetime``, ...).
+``enum``
+    an ``Enum`` class: only an existing member is ever returned.
+``instance``
+    a plain class: an empty instance is made without ``__init__`` and its
+    ``__dict__`` filled from a dict of str keys (``argparse.Namespace``).
+``dict-subclass``
+    a ``dict`` subclass: made empty, filled through ``dict.__setitem__``.
+``rebuild``
+    a function compatshim re-implements with checked arguments (tensors,
+    numpy arrays); the original is never called with the file's arguments.
+
+Left out on purpose: omegaconf containers. A ``DictConfig`` value such as
+``"${eval:...}"`` is an interpolation that resolves through the resolvers the
+process registered when the training script reads it (many projects register
+``eval``), its metadata carries classes that ``OmegaConf.to_object``
+instantiates, and its ``__setstate__`` trusts its dict; none of that can be
+checked at load time. Also left out: numpy object arrays, ``bytearray(n)``,
+tensor subclasses, sparse / quantized / nested tensors, TorchScript.
+
+Keep :class:`Entry` and the names here stable: patches import them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["constant", "constructor", "enum", "instance", "dict-subclass", "rebuild"]
+KINDS: tuple[str, ...] = ("constant", "constructor", "enum", "instance", "dict-subclass", "rebuild")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One allowed global (``module.name``) and the releases it applies to."""
+
+    module: str
+    name: str
+    distribution: str | None
+    versions: str
+    kind: Kind
+    reason: str
+    torch_safe: bool
+    importable: bool = True
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.module}.{self.name}"
+
+    def applies(self) -> bool:
+        """Whether the installed distribution (or Python) is inside :attr:`versions`."""
+        return _version_problem(self) is None
+
+    def resolve(self) -> Any:
+        """The object this entry names in this process; LookupError says why not.
+
+        Imports the module only when :attr:`importable` and the distribution is
+        installed in range; numpy's ``numpy.core`` / ``numpy._core`` names resolve
+        to whichever the running numpy has, without importing the deprecated one.
+        """
+        problem = _version_problem(self)
+        if problem is not None:
+            raise LookupError(problem)
+        for module_name in _candidate_modules(self.module):
+            module = sys.modules.get(module_name)
+            if module is None and self.importable:
+                try:
+                    module = importlib.import_module(module_name)
+                except ImportError:
+                    continue
+            if module is None:
+                continue
+            found = vars(module).get(self.name, _MISSING)
+            if found is not _MISSING:
+                _check_kind(self, found)
+                return found
+        if not self.importable:
+            raise LookupError(f"{self.module} is not imported and this entry does not import it")
+        raise LookupError(f"{self.qualname} does not exist in this install")
+
+
+_MISSING = object()
+
+
+def _installed(distribution: str) -> str | None:
+    from .._versions import installed_version
+
+    return installed_version(distribution)
+
+
+def _version_problem(entry: Entry) -> str | None:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    if entry.distribution is None:
+        version = ".".join(map(str, sys.version_info[:3]))
+        what = "Python"
+    else:
+        found = _installed(entry.distribution)
+        if found is None:
+            return f"{entry.distribution} is not installed"
+        version, what = found, entry.distribution
+    if not entry.versions:
+        return None
+    try:
+        parsed = Version(version.split("+")[0])
+    except ValueError:
+        return f"cannot read the {what} version {version!r}"
+    if not SpecifierSet(entry.versions).contains(parsed, prereleases=True):
+        return f"allow-listed for {what} {entry.versions}, installed {version}"
+    return None
+
+
+def numpy_major() -> int | None:
+    """The installed numpy's major version, from metadata (numpy is not imported)."""
+    version = _installed("numpy")
+    if version is None:
+        return None
+    try:
+        return int(version.split(".")[0])
+    except ValueError:
+        return None
+
+
+def _candidate_modules(module: str) -> tuple[str, ...]:
+    """Where to look for ``module`` here: numpy's core renamed in 2.0, pathlib split in 3.13."""
+    for old in ("numpy.core", "numpy._core"):
+        if module == old or module.startswith(old + "."):
+            rest = module[len(old) :]
+            running = "numpy._core" if (numpy_major() or 0) >= 2 else "numpy.core"
+            return (running + rest,)
+    if module == "pathlib._local" and sys.version_info < (3, 13):
+        return ("pathlib",)
+    return (module,)
+
+
+def _check_kind(entry: Entry, found: Any) -> None:
+    import enum
+
+    if entry.kind == "enum" and not (isinstance(found, type) and issubclass(found, enum.Enum)):
+        raise LookupError(f"{entry.qualname} is not an Enum here")
+    if entry.kind in ("instance", "dict-subclass") and not isinstance(found, type):
+        raise LookupError(f"{entry.qualname} is not a class here")
+    if entry.kind == "dict-subclass" and not issubclass(found, dict):
+        raise LookupError(f"{entry.qualname} is not a dict subclass here")
+
+
+# --------------------------------------------------------------------------- the table
+
+_NUMPY = ">=1.21"
+_TORCH = ">=2.0"
+_DS = ">=0.10,<1"  # checked against the source of deepspeed 0.10.0 and 0.16.4
+
+
+def _std(module: str, name: str, kind: Kind, reason: str, torch_safe: bool, py: str = "") -> Entry:
+    return Entry(module, name, None, py, kind, reason, torch_safe)
+
+
+def _torch(name: str, kind: Kind, reason: str, module: str = "torch") -> Entry:
+    return Entry(module, name, "torch", _TORCH, kind, reason, torch_safe=True)
+
+
+_TORCH_DTYPES = [
+    "float64",
+    "float32",
+    "float16",
+    "bfloat16",
+    "complex32",
+    "complex64",
+    "complex128",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "bool",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "double",
+    "float",
+    "half",
+    "cfloat",
+    "cdouble",
+    "short",
+    "int",
+    "long",
+]
+_STORAGE_TYPES = [
+    "DoubleStorage",
+    "FloatStorage",
+    "HalfStorage",
+    "BFloat16Storage",
+    "ComplexDoubleStorage",
+    "ComplexFloatStorage",
+    "LongStorage",
+    "IntStorage",
+    "ShortStorage",
+    "CharStorage",
+    "ByteStorage",
+    "BoolStorage",
+    "UntypedStorage",
+]
+_NUMPY_DTYPE_CLASSES = [
+    "BoolDType",
+    "Int8DType",
+    "UInt8DType",
+    "Int16DType",
+    "UInt16DType",
+    "Int32DType",
+    "UInt32DType",
+    "Int64DType",
+    "UInt64DType",
+    "ByteDType",
+    "UByteDType",
+    "ShortDType",
+    "UShortDType",
+    "IntDType",
+    "UIntDType",
+    "LongDType",
+    "ULongDType",
+    "LongLongDType",
+    "ULongLongDType",
+    "Float16DType",
+    "Float32DType",
+    "Float64DType",
+    "LongDoubleDType",
+    "Complex64DType",
+    "Complex128DType",
+    "CLongDoubleDType",
+    "BytesDType",
+    "StrDType",
+    "DateTime64DType",
+    "TimeDelta64DType",
+]
+_PATH_CLASSES = ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath")
+_AT = "lightning"
+
+
+def _build_table() -> tuple[Entry, ...]:
+    e: list[Entry] = []
+    # ---- standard library
+    e += [
+        _std("builtins", "set", "constructor", "set(list) of already-built items", True),
+        _std("builtins", "frozenset", "constructor", "frozenset(list) of built items", True),
+        _std("builtins", "slice", "constructor", "slice of ints or None", True),
+        _std("builtins", "complex", "constructor", "complex(float, float) only", True),
+        _std(
+            "builtins",
+            "bytearray",
+            "constructor",
+            "bytearray(bytes) or (str, 'latin-1') only; never bytearray(n)",
+            False,
+        ),
+    ]
+    for name in ("object", "list", "dict", "int", "float", "str", "tuple", "bool", "bytes"):
+        e.append(
+            _std(
+                "builtins",
+                name,
+                "constant",
+                "a builtin type used as a value (defaultdict factory, copyreg base); never called",
+                False,
+            )
+        )
+    e += [
+        _std(
+            "_codecs",
+            "encode",
+            "rebuild",
+            "(str, 'latin1') -> bytes, as protocol 2 writes bytes",
+            False,
+        ),
+        _std(
+            "copyreg",
+            "_reconstructor",
+            "rebuild",
+            "protocol 0/1 object: (allowed class, object or dict, None) -> empty instance",
+            False,
+        ),
+        _std("collections", "OrderedDict", "constructor", "empty or from (key, value) pairs", True),
+        _std("collections", "Counter", "constructor", "from a dict of counts", True),
+        _std(
+            "collections",
+            "defaultdict",
+            "constructor",
+            "factory must be a builtin container/number type; torch would accept any callable",
+            False,
+        ),
+        _std("collections", "deque", "constructor", "deque(list, maxlen int or None)", True),
+        _std("argparse", "Namespace", "instance", "plain attribute holder, no __setstate__", True),
+    ]
+    for name in ("datetime", "date", "time", "timedelta", "timezone"):
+        e.append(
+            _std("datetime", name, "constructor", "C type built from checked bytes/ints", True)
+        )
+    for name in _PATH_CLASSES:
+        reason = "path from str parts; a WindowsPath off Windows comes back as PureWindowsPath"
+        e.append(_std("pathlib", name, "constructor", reason, True))
+        e.append(_std("pathlib._local", name, "constructor", reason + " (Python 3.13 name)", True))
+    # ---- numpy, under both the 1.x and 2.x module names
+    for core in ("numpy.core", "numpy._core"):
+        e += [
+            Entry(
+                f"{core}.multiarray",
+                "_reconstruct",
+                "numpy",
+                _NUMPY,
+                "rebuild",
+                "plain ndarray only (no subclass, no object dtype), data length checked first",
+                torch_safe=False,
+            ),
+            Entry(
+                f"{core}.multiarray",
+                "scalar",
+                "numpy",
+                _NUMPY,
+                "rebuild",
+                "numpy scalar from a non-object dtype and exactly itemsize bytes",
+                torch_safe=False,
+            ),
+            Entry(
+                f"{core}.numeric",
+                "_frombuffer",
+                "numpy",
+                _NUMPY,
+                "rebuild",
+                "protocol-5 array: non-object dtype, buffer length checked before use",
+                torch_safe=False,
+            ),
+        ]
+    e += [
+        Entry(
+            "numpy",
+            "ndarray",
+            "numpy",
+            _NUMPY,
+            "constant",
+            "the ndarray type as _reconstruct's argument; never called",
+            False,
+        ),
+        Entry(
+            "numpy",
+            "dtype",
+            "numpy",
+            _NUMPY,
+            "constructor",
+            "simple (non-object, non-structured) dtypes; state checked before __setstate__",
+            False,
+        ),
+    ]
+    for name in _NUMPY_DTYPE_CLASSES:
+        e.append(
+            Entry(
+                "numpy.dtypes",
+                name,
+                "numpy",
+                ">=1.25",
+                "constant",
+                "a dtype class as a value; never called",
+                False,
+            )
+        )
+    # ---- torch
+    for name in _TORCH_DTYPES:
+        e.append(_torch(name, "constant", "a torch.dtype value"))
+    for name in _STORAGE_TYPES:
+        e.append(_torch(name, "constant", "a storage type naming a dtype in persistent ids"))
+    e.append(_torch("UntypedStorage", "constant", "untyped storage type", module="torch.storage"))
+    for name in ("contiguous_format", "channels_last", "channels_last_3d", "preserve_format"):
+        e.append(_torch(name, "constant", "a torch.memory_format value"))
+    e += [
+        _torch("Size", "constructor", "torch.Size of non-negative ints"),
+        _torch("device", "constructor", "torch.device(str[, int])"),
+        _torch("Tensor", "constant", "the tensor type as _rebuild_from_type_v2's argument"),
+        _torch("Parameter", "constant", "the Parameter type", module="torch.nn.parameter"),
+    ]
+    for name in (
+        "_rebuild_tensor",
+        "_rebuild_tensor_v2",
+        "_rebuild_tensor_v3",
+        "_rebuild_parameter",
+        "_rebuild_parameter_with_state",
+        "_rebuild_meta_tensor_no_storage",
+    ):
+        e.append(
+            _torch(
+                name,
+                "rebuild",
+                "re-implemented: storage offset/size/stride checked against the storage",
+                module="torch._utils",
+            )
+        )
+    e.append(
+        _torch(
+            "_rebuild_from_type_v2",
+            "rebuild",
+            "re-implemented: only torch.Tensor / Parameter with plain attributes",
+            module="torch._tensor",
+        )
+    )
+    e.append(
+        Entry(
+            "torch.storage",
+            "_load_from_bytes",
+            "torch",
+            _TORCH,
+            "rebuild",
+            "a storage pickled with plain pickle: its bytes are loaded by this same loader",
+            torch_safe=False,
+        )
+    )
+    # ---- frameworks
+    for module, dist, versions in (
+        ("lightning.fabric.utilities.data", _AT, ">=2.0"),
+        ("lightning.pytorch.utilities.parsing", _AT, ">=2.0"),
+        ("lightning_fabric.utilities.data", "lightning-fabric", ">=2.0"),
+        ("pytorch_lightning.utilities.parsing", "pytorch-lightning", ">=1.0"),
+    ):
+        e.append(
+            Entry(
+                module,
+                "AttributeDict",
+                dist,
+                versions,
+                "dict-subclass",
+                "dict subclass with attribute access only; filled via dict.__setitem__",
+                torch_safe=True,
+            )
+        )
+    for module, name, kind, versions in (
+        ("deepspeed.runtime.zero.config", "ZeroStageEnum", "enum", _DS),
+        ("deepspeed.runtime.zero.offload_config", "OffloadDeviceEnum", "enum", _DS),
+        ("deepspeed.runtime.zero.offload_config", "OffloadStateTypeEnum", "enum", ">=0.16,<1"),
+        ("deepspeed.runtime.fp16.loss_scaler", "LossScaler", "instance", _DS),
+        ("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler", "instance", _DS),
+        ("deepspeed.utils.tensor_fragment", "fragment_address", "instance", _DS),
+    ):
+        reason = (
+            "Enum: only an existing member is returned (not torch-safe: torch's BUILD could "
+            "mutate a shared member)"
+            if kind == "enum"
+            else "plain class with numeric attributes, no __setstate__"
+        )
+        e.append(
+            Entry(module, name, "deepspeed", versions, kind, reason, torch_safe=kind != "enum")  # type: ignore[arg-type]
+        )
+    return tuple(e)
+
+
+ENTRIES: tuple[Entry, ...] = _build_table()
+_INDEX: dict[tuple[str, str], Entry] = {(x.module, x.name): x for x in ENTRIES}
+
+
+def entries() -> tuple[Entry, ...]:
+    """Every entry, whether or not it applies to this install."""
+    return ENTRIES
+
+
+def lookup(module: str, name: str) -> Entry | None:
+    """The entry for ``module.name`` (as the pickle names it), or None."""
+    return _INDEX.get((module, name))
+
+
+def torch_safe_globals() -> list[Any]:
+    """Objects safe under torch's own weights-only semantics that resolve here without importing.
+
+    For ``torch.serialization.add_safe_globals``: only entries with ``torch_safe``,
+    only modules already imported (registering must not import frameworks).
+    """
+    found: list[Any] = []
+    seen: set[int] = set()
+    for entry in ENTRIES:
+        if not entry.torch_safe or entry.kind == "rebuild":
+            continue
+        if not any(m in sys.modules for m in _candidate_modules(entry.module)):
+            continue
+        try:
+            obj = entry.resolve()
+        except LookupError:
+            continue
+        if id(obj) not in seen:
+            seen.add(id(obj))
+            found.append(obj)
+    return found

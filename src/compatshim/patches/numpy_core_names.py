@@ -1,0 +1,373 @@
+"""Patch ``numpy-core-names``: pickles load across numpy's ``numpy.core`` -> ``numpy._core`` rename.
+
+What breaks
+    numpy 2 renamed ``numpy.core`` to ``numpy._core``; its pickles (and every
+    ``torch.save`` file holding numpy values) name ``numpy._core.multiarray.
+    _reconstruct``, ``numpy._core.multiarray.scalar``, ``numpy._core.numeric.
+    _frombuffer`` (protocol 5) and, for recarrays, ``numpy.rec.recarray``.
+    Under numpy 1.x they fail with ``ModuleNotFoundError: No module named
+    'numpy._core'`` (numpy issue 28340, ray 48053, nnUNet 2299): numpy 1.24
+    has no ``numpy._core`` at all, numpy 1.26 only stubs for ``multiarray``,
+    ``umath``, ``_multiarray_umath``, ``_internal``, ``_dtype`` and
+    ``_dtype_ctypes`` (so ``numpy._core.numeric`` still fails). The other
+    way, numpy 2 loads numpy-1 pickles through its ``numpy.core`` shims, but
+    ``numpy.core.numeric._frombuffer`` raises a ``DeprecationWarning`` (an
+    error under ``-W error``). torch's weights-only unpickler matches
+    allow-listed globals by name, so a user who allow-listed the running
+    numpy's ``_reconstruct`` still gets the other spelling refused.
+
+Which versions
+    numpy 1.x reading numpy-2 names; numpy 2.x reading numpy-1 names whose
+    shim warns (tested: 1.24, 1.26, 2.x). Written against the layouts of
+    numpy 1.17-2.4; on a newer release the probe decides.
+
+How it is detected
+    numpy 1.x: a numpy-2 module name (``numpy._core``, its ``multiarray``,
+    ``numeric``, ``_multiarray_umath``, ``umath``; ``numpy.rec``) that no
+    finder on ``sys.meta_path`` can find, looked up without importing it.
+    numpy 2.x: a name that numpy-1 pickles use and that is not a plain
+    attribute of its ``numpy.core`` shim (so the shim's ``__getattr__``
+    would warn), for shims already imported; a shim not yet imported counts
+    until this patch watches it.
+
+The fix
+    numpy 1.x: :class:`AliasFinder` on ``sys.meta_path`` answers only for
+    those numpy-2 names that nothing else finds, with the numpy-1 module
+    that holds the same objects (``numpy._core.numeric`` *is*
+    ``numpy.core.numeric``): no copies, nothing executed twice, identical
+    functions and classes. It answers on demand, so ``import numpy`` gives
+    ordinary code exactly what it gave before: no ``numpy._core`` in
+    ``sys.modules`` and no ``numpy._core`` attribute until something (a
+    pickle) imports that name. Libraries that test ``hasattr(numpy, "_core")``
+    to pick a spelling (seen in the wild: ``(np._core if hasattr(np, "_core")
+    else np.core).multiarray._reconstruct``) then get the same object either
+    way; this is also what numpy 1.26's own stubs do once imported.
+
+    numpy 2.x: when a ``numpy.core`` shim module is imported (post-import
+    hook, never eagerly), the reconstructor names that numpy-1 pickles use
+    (``multiarray._reconstruct``/``scalar``, ``numeric._frombuffer``, the
+    ufuncs in ``_multiarray_umath``) become plain attributes holding the
+    ``numpy._core`` objects, which is what numpy itself already does for
+    ``_reconstruct`` and ``scalar``. Every other ``numpy.core`` attribute
+    keeps its deprecation warning.
+
+    torch's weights-only unpickler (torch 2.4+, where it accepts numpy at
+    all, once the user allow-lists it): when ``torch._weights_only_unpickler``
+    is imported, its table of user-allowed globals also answers to the other
+    numpy spelling of each allow-listed numpy object. Nothing is trusted that
+    the user did not allow: the same object under the name the file uses.
+
+The revert
+    The finder leaves ``sys.meta_path``; alias entries it created leave
+    ``sys.modules`` and the parent attributes importlib set for them; the
+    shim attributes and torch's function are put back, and the post-import
+    hooks are discarded, all through the :class:`Patcher`.
+"""
+
+from __future__ import annotations
+
+from .._patch import Patch
+
+TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any, Callable
+
+    from .._patching import Patcher
+
+__all__ = ["PATCH", "AliasFinder"]
+
+#: numpy-2 module prefixes and their numpy-1 homes (numpy 1.x direction).
+_NUMPY2_TO_NUMPY1 = {
+    "numpy._core": "numpy.core",
+    "numpy.rec": "numpy.core.records",
+    "numpy.char": "numpy.core.defchararray",
+}
+#: numpy-2 names that numpy-2 pickles use; the probe checks these can be found.
+_NUMPY2_PICKLE_MODULES = (
+    "numpy._core",
+    "numpy._core.multiarray",
+    "numpy._core.numeric",
+    "numpy._core._multiarray_umath",
+    "numpy._core.umath",
+    "numpy.rec",
+)
+#: numpy.core shim -> names numpy-1 pickles use there (``None``: every ufunc of the module).
+_NUMPY1_PICKLE_NAMES: dict[str, tuple[str, ...] | None] = {
+    "numpy.core.multiarray": ("_reconstruct", "scalar"),
+    "numpy.core.numeric": ("_frombuffer",),
+    "numpy.core._multiarray_umath": None,
+}
+_TORCH_UNPICKLER = "torch._weights_only_unpickler"
+_OTHER_SPELLING = (("numpy.core.", "numpy._core."), ("numpy._core.", "numpy.core."))
+
+
+def _numpy_major(numpy: ModuleType) -> int:
+    return int(str(numpy.__version__).split(".")[0])
+
+
+# -- numpy 1.x: numpy-2 names as aliases ------------------------------------------------------
+def _alias_target(fullname: str) -> str | None:
+    for numpy2, numpy1 in _NUMPY2_TO_NUMPY1.items():
+        if fullname == numpy2 or fullname.startswith(numpy2 + "."):
+            return numpy1 + fullname[len(numpy2) :]
+    return None
+
+
+class _AliasLoader:
+    """Hands importlib the existing numpy-1 module; keeps that module's own spec."""
+
+    def __init__(self, target: str, patcher: Patcher) -> None:
+        self._target = target
+        self._patcher = patcher
+        self._name = ""
+        self._spec: Any = None
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType:
+        from importlib import import_module
+
+        module = import_module(self._target)
+        self._name = spec.name
+        self._spec = module.__spec__
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        """Runs nothing; restores the spec and records how to forget the alias."""
+        import sys
+
+        module.__spec__ = self._spec  # importlib wrote the alias spec over the real one
+        parent_name, _, child = self._name.rpartition(".")
+        parent = sys.modules.get(parent_name)
+        had_attribute = parent is not None and child in vars(parent)
+        self._patcher.on_revert(_forget_alias(self._name, module, parent, child, had_attribute))
+
+
+class AliasFinder:
+    """A ``sys.meta_path`` finder answering only for numpy-2 names that nothing else finds."""
+
+    def __init__(self, patcher: Patcher) -> None:
+        from _thread import _local
+
+        self._patcher = patcher
+        self._busy = _local()
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        aliased_to = _alias_target(fullname)
+        if aliased_to is None or getattr(self._busy, "on", False):
+            return None
+        import sys
+
+        parent_name = fullname.rpartition(".")[0]
+        parent = sys.modules.get(parent_name)
+        parent_target = _alias_target(parent_name)
+        parent_is_alias = (
+            parent is not None
+            and parent_target is not None
+            and (parent is sys.modules.get(parent_target))
+        )
+        # A real parent (numpy 1.26's stubs, whose __name__ they overwrite): a real module of
+        # this name wins. An alias parent has numpy-1's __path__, where the real finders would
+        # load a second copy of numpy.core.<name>: answer for it instead.
+        if not parent_is_alias and self._found_elsewhere(fullname, path, target):
+            return None
+        if not self._target_exists(aliased_to):
+            return None
+        from importlib.machinery import ModuleSpec
+
+        return ModuleSpec(fullname, _AliasLoader(aliased_to, self._patcher))  # type: ignore[arg-type]
+
+    def _found_elsewhere(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None
+    ) -> bool:
+        import sys
+
+        self._busy.on = True
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                if finder.find_spec(fullname, path, target) is not None:
+                    return True
+            return False
+        finally:
+            self._busy.on = False
+
+    def _target_exists(self, name: str) -> bool:
+        import sys
+        from importlib.util import find_spec
+
+        if name in sys.modules:
+            return True
+        self._busy.on = True
+        try:
+            return find_spec(name) is not None
+        except (ImportError, ValueError):
+            return False
+        finally:
+            self._busy.on = False
+
+
+def _forget_alias(
+    fullname: str, module: ModuleType, parent: ModuleType | None, child: str, had_attribute: bool
+) -> Callable[[], None]:
+    def undo() -> None:
+        import sys
+
+        if sys.modules.get(fullname) is module:
+            del sys.modules[fullname]
+        if parent is not None and not had_attribute and vars(parent).get(child) is module:
+            delattr(parent, child)
+
+    return undo
+
+
+def _natively_findable(fullname: str, numpy: ModuleType) -> bool:
+    """Whether the real finders find ``fullname`` (a numpy submodule), importing nothing."""
+    from importlib.machinery import PathFinder
+
+    path: Any = list(numpy.__path__)
+    parts = fullname.split(".")[1:]
+    for depth, _ in enumerate(parts):
+        name = ".".join(["numpy", *parts[: depth + 1]])
+        spec = PathFinder.find_spec(name, path)
+        if spec is None:
+            return False
+        path = spec.submodule_search_locations
+        if path is None and depth < len(parts) - 1:
+            return False
+    return True
+
+
+def _numpy1_defect(numpy: ModuleType) -> bool:
+    import sys
+
+    if any(isinstance(finder, AliasFinder) for finder in sys.meta_path):
+        return False
+    return not all(_natively_findable(name, numpy) for name in _NUMPY2_PICKLE_MODULES)
+
+
+# -- numpy 2.x: numpy-1 reconstructor names as plain shim attributes --------------------------
+_watching: set[str] = set()  # shims whose post-import hook this patch has armed
+
+
+def _missing_shim_names(shim: ModuleType) -> dict[str, Any]:
+    """Names numpy-1 pickles use that ``shim`` gives only through its warning ``__getattr__``."""
+    from importlib import import_module
+
+    real = import_module(shim.__name__.replace("numpy.core", "numpy._core", 1))
+    names = _NUMPY1_PICKLE_NAMES[shim.__name__]
+    if names is None:
+        import numpy
+
+        names = tuple(n for n, v in vars(real).items() if isinstance(v, numpy.ufunc))
+    present = vars(shim)
+    return {n: getattr(real, n) for n in names if n not in present and hasattr(real, n)}
+
+
+def _numpy2_defect() -> bool:
+    import sys
+
+    for shim_name in _NUMPY1_PICKLE_NAMES:
+        shim = sys.modules.get(shim_name)
+        if shim is None:
+            if shim_name not in _watching:
+                return True
+        elif _missing_shim_names(shim):
+            return True
+    return False
+
+
+def _unwatch(shim_name: str) -> Callable[[], None]:
+    def undo() -> None:
+        _watching.discard(shim_name)
+
+    return undo
+
+
+def _fill_shim(patcher: Patcher) -> Callable[[ModuleType], None]:
+    def fill(shim: ModuleType) -> None:
+        for name, value in _missing_shim_names(shim).items():
+            patcher.setattr(shim, name, value)
+
+    return fill
+
+
+# -- torch's weights-only allowlist answers to both spellings ---------------------------------
+def _other_spelling(name: str) -> str | None:
+    for old, new in _OTHER_SPELLING:
+        if name.startswith(old):
+            return new + name[len(old) :]
+    return None
+
+
+def _both_spellings(original: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    def user_allowed_globals() -> dict[str, Any]:
+        allowed = original()
+        for name, obj in list(allowed.items()):
+            twin = _other_spelling(name)
+            if twin is not None:
+                allowed.setdefault(twin, obj)
+        return allowed
+
+    user_allowed_globals.__wrapped__ = original  # type: ignore[attr-defined]
+    return user_allowed_globals
+
+
+def _alias_torch_allowlist(patcher: Patcher) -> Callable[[ModuleType], None]:
+    def alias(unpickler: ModuleType) -> None:
+        original = vars(unpickler).get("_get_user_allowed_globals")
+        if original is None:  # torch < 2.4 has no user allowlist (and refuses numpy)
+            return
+        if getattr(original, "__wrapped__", None) is None:
+            patcher.setattr(unpickler, "_get_user_allowed_globals", _both_spellings(original))
+
+    return alias
+
+
+def _watch(name: str, callback: Callable[[ModuleType], None], patcher: Patcher) -> None:
+    from .. import _import_hooks
+
+    _import_hooks.when_imported(name, callback)
+    patcher.on_revert(lambda: _import_hooks.discard(name, callback))
+
+
+# -- the patch ---------------------------------------------------------------------------------
+def probe(numpy: ModuleType) -> bool:
+    """True while a pickle naming the other numpy's modules would fail or warn."""
+    if _numpy_major(numpy) < 2:
+        return _numpy1_defect(numpy)
+    return _numpy2_defect()
+
+
+def apply(numpy: ModuleType, patcher: Patcher) -> None:
+    if _numpy_major(numpy) < 2:
+        import sys
+
+        finder = AliasFinder(patcher)
+        sys.meta_path.insert(0, finder)
+        patcher.on_revert(lambda: sys.meta_path.remove(finder))
+    else:
+        for shim_name in _NUMPY1_PICKLE_NAMES:
+            _watching.add(shim_name)
+            patcher.on_revert(_unwatch(shim_name))
+            _watch(shim_name, _fill_shim(patcher), patcher)
+    _watch(_TORCH_UNPICKLER, _alias_torch_allowlist(patcher), patcher)
+
+
+PATCH = Patch(
+    name="numpy-core-names",
+    distribution="numpy",
+    requires=">=1.17",
+    tested=">=1.24,<2.5",
+    targets=("numpy",),
+    probe=probe,
+    apply=apply,
+    description=(
+        "pickles naming numpy._core.* load under numpy 1.x, and numpy.core.* ones load without "
+        "warnings under numpy 2 (same objects; torch's weights-only allowlist takes both names)"
+    ),
+)

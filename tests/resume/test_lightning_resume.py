@@ -1,0 +1,102 @@
+"""Lightning's own checkpoints through its own resume paths, with and without compatshim.
+
+``trainer.fit(ckpt_path=...)`` and ``LightningModule.load_from_checkpoint`` on
+torch 2.6+: Lightning 2.3 and 2.6 call ``torch.load`` without ``weights_only``
+and break on their own hyper-parameters; 2.4 and 2.5 pass
+``weights_only=False`` and keep working (the patch must leave them alone).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("lightning.pytorch")  # not tests/lightning, a folder of this repo
+
+from .jobs import release, run_job, torch_loads_weights_only_by_default
+
+SCRIPT = "lightning_job.py"
+KINDS = ("namespace", "fabric-attributedict", "attributedict")
+
+
+def lightning_breaks() -> bool:
+    """Whether this Lightning's resume uses torch's default (2.4 and 2.5 pass weights_only=False)."""
+    return torch_loads_weights_only_by_default() and release("lightning") not in ((2, 4), (2, 5))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder: Path = tmp_path_factory.mktemp("lightning")
+    saved = run_job(SCRIPT, "save", folder, compatshim=False)
+    return {
+        "saved": saved,
+        "plain": run_job(SCRIPT, "resume", folder, compatshim=False),
+        "patched": run_job(SCRIPT, "resume", folder, compatshim=True),
+        "unrestricted": run_job(SCRIPT, "resume", folder, compatshim=False, unrestricted=True),
+        "folder": folder,
+    }
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_plain_lightning_resume_breaks_only_where_expected(runs: dict[str, Any], kind: str) -> None:
+    plain = runs["plain"][kind]
+    if lightning_breaks():
+        for step in ("fit", "load_from_checkpoint"):
+            assert not plain[step]["ok"], step
+            assert plain[step]["error_type"].endswith("UnpicklingError")
+            assert "Unsupported global" in plain[step]["error"]
+    else:
+        assert plain["fit"]["ok"] and plain["load_from_checkpoint"]["ok"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_lightning_resumes_with_compatshim(runs: dict[str, Any], kind: str) -> None:
+    fit = runs["patched"][kind]["fit"]
+    assert fit["ok"], fit.get("traceback")
+    assert fit["resumed_at"] == 4 and fit["global_step"] == 8
+    assert fit == runs["unrestricted"][kind]["fit"]  # what a full (unsafe) load gives
+    if release("lightning") >= (2, 4):  # 2.3 itself ends elsewhere, even with a full load
+        assert fit["weights"] == runs["saved"]["reference"][kind]  # as if never interrupted
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_load_from_checkpoint_gives_the_saved_types(runs: dict[str, Any], kind: str) -> None:
+    loaded = runs["patched"][kind]["load_from_checkpoint"]
+    assert loaded["ok"], loaded.get("traceback")
+    assert loaded["hp"] == runs["saved"]["saved"][kind]  # same type, same content
+    assert loaded["hparams_type"] == runs["saved"]["hparams_type"][kind]
+    assert loaded == runs["unrestricted"][kind]["load_from_checkpoint"]
+
+
+def test_compatshim_retries_only_where_lightning_breaks(runs: dict[str, Any]) -> None:
+    folder = str(runs["folder"])
+    retried = [line for line in runs["patched"]["retries"] if folder in line]
+    if lightning_breaks():
+        for kind in KINDS:
+            assert any(f"{kind}/step=4.ckpt" in line for line in retried), retried
+    else:  # 2.4/2.5 pass weights_only=False: what they load must not change
+        assert retried == []
+        for kind in KINDS:
+            assert runs["plain"][kind] == runs["patched"][kind]
+
+
+def test_omegaconf_hyper_parameters(runs: dict[str, Any]) -> None:
+    """compatshim's allowlist leaves omegaconf out: the refusal is torch's, named, and warned."""
+    if "omegaconf" not in runs["patched"]:
+        pytest.skip("omegaconf is not installed")
+    patched = runs["patched"]["omegaconf"]
+    if not lightning_breaks():
+        assert patched["load_from_checkpoint"]["ok"]
+        assert patched["load_from_checkpoint"]["hp"]["type"] == "omegaconf.dictconfig.DictConfig"
+        return
+    for step in ("fit", "load_from_checkpoint"):
+        assert not patched[step]["ok"]
+        assert patched[step]["error_type"].endswith("UnpicklingError")  # torch's own error
+        assert "Unsupported global" in patched[step]["error"]
+        (note,) = patched[step]["notes"]
+        assert "compatshim.checkpoint.load refused it too" in note
+        assert "omegaconf.dictconfig.DictConfig" in note
+    warned = runs["patched"]["compatshim_warnings"]
+    assert len(warned) == 2 and all(w.startswith("CheckpointRefusedWarning") for w in warned)
