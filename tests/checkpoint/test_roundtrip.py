@@ -1,4 +1,4 @@
-"""checkpoint.load gives what torch.load(weights_only=False) gives, for every way files are written."""
+"""checkpoint.load returns what torch.load(weights_only=False) does, however a file is written."""
 
 from __future__ import annotations
 
