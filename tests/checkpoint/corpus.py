@@ -545,25 +545,25 @@ def zip_duplicate_names(marker: Path, folder: Path) -> Path:
 @case("unsafe")
 def zip_traversal_name(marker: Path, folder: Path) -> Path:
     entries = [("archive/data.pkl", _OK_PICKLE), ("archive/../evil", b"x")]
-    return _zip_with(folder, entries + [("archive/version", b"3\n")])
+    return _zip_with(folder, [*entries, ("archive/version", b"3\n")])
 
 
 @case("unsafe")
 def zip_absolute_name(marker: Path, folder: Path) -> Path:
     entries = [("archive/data.pkl", _OK_PICKLE), ("/etc/evil", b"x")]
-    return _zip_with(folder, entries + [("archive/version", b"3\n")])
+    return _zip_with(folder, [*entries, ("archive/version", b"3\n")])
 
 
 @case("unsafe")
 def zip_two_archive_folders(marker: Path, folder: Path) -> Path:
     entries = [("archive/data.pkl", _OK_PICKLE), ("other/data.pkl", b"x")]
-    return _zip_with(folder, entries + [("archive/version", b"3\n")])
+    return _zip_with(folder, [*entries, ("archive/version", b"3\n")])
 
 
 @case("damaged")
 def zip_compressed_record(marker: Path, folder: Path) -> Path:
     entries = [("archive/data.pkl", _OK_PICKLE), ("archive/data/0", b"\0" * 4096)]
-    return _zip_with(folder, entries + [("archive/version", b"3\n")], zipfile.ZIP_DEFLATED)
+    return _zip_with(folder, [*entries, ("archive/version", b"3\n")], zipfile.ZIP_DEFLATED)
 
 
 @case("damaged")
