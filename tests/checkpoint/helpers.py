@@ -191,6 +191,8 @@ def digest(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         total = float(value.astype(np.float64).sum()) if value.dtype.kind in "biuf" else str(value)
         return ["ndarray", value.dtype.str, list(value.shape), total]
+    if isinstance(value, np.dtype):
+        return ["npdtype", value.str]
     if isinstance(value, np.generic):
         return ["npscalar", value.dtype.str, value.item()]
     if isinstance(value, dict):
