@@ -28,15 +28,16 @@ def test_every_entry_is_well_formed() -> None:
 
 
 def test_applicable_entries_resolve_here() -> None:
+    """Every applicable callable resolves; constants may be missing (dtypes differ by release)."""
     unresolved = []
     for entry in entries():
         if entry.distribution in ("torch", "numpy", None) and entry.applies():
             try:
                 entry.resolve()
             except LookupError as exc:
-                unresolved.append(f"{entry.qualname}: {exc}")
-    allowed_missing = ("pathlib._local", "torch.float8", "torch.uint", "torch.complex32")
-    assert not [u for u in unresolved if not u.startswith(allowed_missing)], unresolved
+                if entry.kind != "constant":
+                    unresolved.append(f"{entry.qualname}: {exc}")
+    assert not unresolved
 
 
 def test_numpy_names_of_both_majors_resolve_to_this_numpy_without_warnings() -> None:
