@@ -59,7 +59,9 @@ def describe_source(f: Any) -> str:
 def restorer(map_location: Any) -> Restore:
     """torch.load's map_location semantics: None, str, torch.device, dict or callable."""
     import torch
-    from torch.serialization import default_restore_location
+    from torch import serialization
+
+    default_restore_location: Any = serialization.default_restore_location
 
     def to(storage: Any, location: str) -> Any:
         if not _LOCATION.fullmatch(location):
@@ -145,7 +147,7 @@ class ZipStorages:
         if self.swap and item_size > 1:
             untyped.byteswap(dtype)
         untyped = self.restore(untyped, location)
-        typed = torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+        typed = _tensors.typed_storage(untyped, dtype)
         self.loaded[key] = typed
         return typed
 
@@ -356,7 +358,6 @@ class LegacyStorages:
         self.views: dict[str, Any] = {}
 
     def __call__(self, type_name: str, rest: tuple[Any, ...]) -> Any:
-        import torch
 
         if len(rest) != 4:
             raise CheckpointError(f"a legacy storage id has {len(rest) + 2} fields, not 6")
@@ -381,7 +382,7 @@ class LegacyStorages:
             raise CheckpointError(f"legacy storage view reaches past storage {key}")
         item = _tensors.STORAGE_DTYPES[type_name][1]
         sliced = typed._untyped_storage[offset * item : (offset + size) * item]
-        made = torch.storage.TypedStorage(wrap_storage=sliced, dtype=typed.dtype, _internal=True)
+        made = _tensors.typed_storage(sliced, typed.dtype)
         self.views[view_key] = made
         return made
 
@@ -397,7 +398,7 @@ class LegacyStorages:
         resume = self.file.tell()  # the main pickle is being read from the same file
         self.file.seek(self.offsets[decl.key])
         if decl.nbytes:
-            view = memoryview(buffer.numpy()) if _numpy_ok() else None
+            view = buffer.numpy().data if _numpy_ok() else None
             if view is not None:
                 got = self.file.readinto(view)  # type: ignore[attr-defined]
             else:
@@ -408,7 +409,7 @@ class LegacyStorages:
                 raise CheckpointError(f"legacy storage {decl.key} ends early")
         self.file.seek(resume)
         untyped = self.restore(buffer.untyped_storage(), location)
-        return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+        return _tensors.typed_storage(untyped, dtype)
 
 
 def _numpy_ok() -> bool:

@@ -310,8 +310,9 @@ class SafeMachine(Machine):
             setter(target, pairs[index], pairs[index + 1])
 
     def append_items(self, target: Any, items: list[Any]) -> None:
-        if type(target) is collections.deque and self._dicts.get(id(target)) is target:
-            target.extend(items)
+        owned: Any = self._dicts.get(id(target))
+        if type(target) is collections.deque and owned is target:
+            owned.extend(items)
             return
         if type(target) is not list:
             raise UnsafeCheckpointError(
