@@ -705,24 +705,17 @@ def mem_dup_bomb(marker: Path, folder: Path) -> Path:
     return _pickle_file(folder, P2 + b"](" + b"]" + b"2" * 200_000 + b"e" + STOP)
 
 
-@case("damaged")
-def rec_nested_lists(marker: Path, folder: Path) -> Path:
-    return _pickle_file(folder, deep_lists(100_000))
+for _label, _deep in [
+    ("lists", deep_lists),
+    ("dicts", deep_dicts),
+    ("tuples", deep_tuples),
+    ("marks", deep_marks),
+]:
 
+    def _nested(marker: Path, folder: Path, deep: Callable[[int], bytes] = _deep) -> Path:
+        return _pickle_file(folder, deep(100_000))
 
-@case("damaged")
-def rec_nested_dicts(marker: Path, folder: Path) -> Path:
-    return _pickle_file(folder, deep_dicts(100_000))
-
-
-@case("damaged")
-def rec_nested_tuples(marker: Path, folder: Path) -> Path:
-    return _pickle_file(folder, deep_tuples(100_000))
-
-
-@case("damaged")
-def rec_nested_marks(marker: Path, folder: Path) -> Path:
-    return _pickle_file(folder, deep_marks(100_000))
+    case("damaged", f"rec_nested_{_label}")(_nested)
 
 
 @case("loads")
