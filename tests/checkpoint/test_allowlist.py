@@ -27,6 +27,17 @@ def test_every_entry_is_well_formed() -> None:
             assert not entry.torch_safe, entry
 
 
+def test_every_callable_entry_has_a_checked_handler() -> None:
+    from compatshim.checkpoint._safe import HANDLED, handler_key
+
+    missing = [
+        e.qualname
+        for e in entries()
+        if e.kind in ("constructor", "rebuild") and handler_key(e) not in HANDLED
+    ]
+    assert not missing
+
+
 def test_applicable_entries_resolve_here() -> None:
     """Every applicable callable resolves; constants may be missing (dtypes differ by release)."""
     unresolved = []

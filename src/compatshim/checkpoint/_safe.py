@@ -181,6 +181,8 @@ class SafeMachine(Machine):
 
     def _call_handler(self, role: Role, func: Any, args: tuple[Any, ...]) -> Any:
         key = role.key
+        if key not in HANDLED:
+            raise UnsafeCheckpointError(f"{role.qualname} has no checked handler", (role.qualname,))
         rebuild = _tensors.REBUILDS.get(key)
         if rebuild is not None:
             return rebuild(self.tensors, args)
@@ -356,6 +358,23 @@ class SafeMachine(Machine):
         return self.tensors.add_storage(storage)
 
 
+HANDLED = frozenset(
+    {
+        *_tensors.REBUILDS,
+        *_objects.CONSTRUCTORS,
+        "torch._tensor._rebuild_from_type_v2",
+        "numpy._reconstruct",
+        "numpy._frombuffer",
+        "numpy.scalar",
+        "numpy.dtype",
+        "torch.Size",
+        "torch.device",
+        "copyreg._reconstructor",
+        "torch.storage._load_from_bytes",
+    }
+)
+
+
 def _user_build(inst: Any, state: Any) -> None:
     """BUILD on an instance of a class the caller allowed: its own __setstate__ if it has one."""
     setstate = getattr(type(inst), "__setstate__", None)
@@ -406,6 +425,8 @@ def _is_plain_instance(value: Any) -> bool:
 _PLAIN_MODULES = frozenset(
     {
         "argparse",
+        "torch",  # tensors and Parameters may carry Python attributes
+        "torch.nn.parameter",
         "lightning.fabric.utilities.data",
         "lightning.pytorch.utilities.parsing",
         "lightning_fabric.utilities.data",
