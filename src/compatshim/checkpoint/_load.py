@@ -223,7 +223,6 @@ class Loader:
 
     # ------------------------------------------------------------------ pickle / legacy
     def _pickle_or_legacy(self, file: IO[bytes], what: str) -> Any:
-        start = file.tell()
         first = self._run(Source(file), None)
         if type(first) is not int or first != LEGACY_MAGIC:
             return first
@@ -235,9 +234,9 @@ class Loader:
             raise CheckpointError(
                 "legacy torch file written on a big-endian machine or without system info"
             )
-        return self._legacy(file, start)
+        return self._legacy(file)
 
-    def _legacy(self, file: IO[bytes], _start: int) -> Any:
+    def _legacy(self, file: IO[bytes]) -> Any:
         main = file.tell()
         scanner = ScanMachine(Source(file))
         scanner.run()
@@ -245,7 +244,7 @@ class Loader:
         keys = self._run(Source(file), None)
         if type(keys) is not list or not all(type(k) is str for k in keys):
             raise CheckpointError("legacy storage key list is malformed")
-        roots = {k: d for k, d in declared.items()}
+        roots = dict(declared)
         if sorted(keys) != sorted(roots) or len(set(keys)) != len(keys):
             raise CheckpointError(
                 "legacy storage key list does not match the storages the pickle names"
