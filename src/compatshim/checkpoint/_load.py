@@ -59,7 +59,9 @@ def describe_source(f: Any) -> str:
 def restorer(map_location: Any) -> Restore:
     """torch.load's map_location semantics: None, str, torch.device, dict or callable."""
     import torch
-    from torch.serialization import default_restore_location
+    from torch import serialization
+
+    default_restore_location: Any = serialization.default_restore_location
 
     def to(storage: Any, location: str) -> Any:
         if not _LOCATION.fullmatch(location):
@@ -145,7 +147,7 @@ class ZipStorages:
         if self.swap and item_size > 1:
             untyped.byteswap(dtype)
         untyped = self.restore(untyped, location)
-        typed = torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+        typed = _tensors.typed_storage(untyped, dtype)
         self.loaded[key] = typed
         return typed
 
@@ -221,7 +223,6 @@ class Loader:
 
     # ------------------------------------------------------------------ pickle / legacy
     def _pickle_or_legacy(self, file: IO[bytes], what: str) -> Any:
-        start = file.tell()
         first = self._run(Source(file), None)
         if type(first) is not int or first != LEGACY_MAGIC:
             return first
@@ -233,9 +234,9 @@ class Loader:
             raise CheckpointError(
                 "legacy torch file written on a big-endian machine or without system info"
             )
-        return self._legacy(file, start)
+        return self._legacy(file)
 
-    def _legacy(self, file: IO[bytes], _start: int) -> Any:
+    def _legacy(self, file: IO[bytes]) -> Any:
         main = file.tell()
         scanner = ScanMachine(Source(file))
         scanner.run()
@@ -243,7 +244,7 @@ class Loader:
         keys = self._run(Source(file), None)
         if type(keys) is not list or not all(type(k) is str for k in keys):
             raise CheckpointError("legacy storage key list is malformed")
-        roots = {k: d for k, d in declared.items()}
+        roots = dict(declared)
         if sorted(keys) != sorted(roots) or len(set(keys)) != len(keys):
             raise CheckpointError(
                 "legacy storage key list does not match the storages the pickle names"
@@ -356,7 +357,6 @@ class LegacyStorages:
         self.views: dict[str, Any] = {}
 
     def __call__(self, type_name: str, rest: tuple[Any, ...]) -> Any:
-        import torch
 
         if len(rest) != 4:
             raise CheckpointError(f"a legacy storage id has {len(rest) + 2} fields, not 6")
@@ -381,7 +381,7 @@ class LegacyStorages:
             raise CheckpointError(f"legacy storage view reaches past storage {key}")
         item = _tensors.STORAGE_DTYPES[type_name][1]
         sliced = typed._untyped_storage[offset * item : (offset + size) * item]
-        made = torch.storage.TypedStorage(wrap_storage=sliced, dtype=typed.dtype, _internal=True)
+        made = _tensors.typed_storage(sliced, typed.dtype)
         self.views[view_key] = made
         return made
 
@@ -397,7 +397,7 @@ class LegacyStorages:
         resume = self.file.tell()  # the main pickle is being read from the same file
         self.file.seek(self.offsets[decl.key])
         if decl.nbytes:
-            view = memoryview(buffer.numpy()) if _numpy_ok() else None
+            view = buffer.numpy().data if _numpy_ok() else None
             if view is not None:
                 got = self.file.readinto(view)  # type: ignore[attr-defined]
             else:
@@ -408,7 +408,7 @@ class LegacyStorages:
                 raise CheckpointError(f"legacy storage {decl.key} ends early")
         self.file.seek(resume)
         untyped = self.restore(buffer.untyped_storage(), location)
-        return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+        return _tensors.typed_storage(untyped, dtype)
 
 
 def _numpy_ok() -> bool:

@@ -81,7 +81,9 @@ def _datetime_metadata_ok(dtype: Any, metadata: Any) -> bool:
         return True
     if dtype.kind not in "Mm":
         return False
-    if type(metadata) is not tuple or len(metadata) != 2 or metadata[0] is not None:
+    if type(metadata) is not tuple or len(metadata) != 2:
+        return False
+    if metadata[0] is not None and metadata[0] != {}:  # numpy < 2.4 writes an empty dict
         return False
     unit = metadata[1]
     return (

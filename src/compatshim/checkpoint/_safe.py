@@ -181,6 +181,8 @@ class SafeMachine(Machine):
 
     def _call_handler(self, role: Role, func: Any, args: tuple[Any, ...]) -> Any:
         key = role.key
+        if key not in HANDLED:
+            raise UnsafeCheckpointError(f"{role.qualname} has no checked handler", (role.qualname,))
         rebuild = _tensors.REBUILDS.get(key)
         if rebuild is not None:
             return rebuild(self.tensors, args)
@@ -310,8 +312,9 @@ class SafeMachine(Machine):
             setter(target, pairs[index], pairs[index + 1])
 
     def append_items(self, target: Any, items: list[Any]) -> None:
-        if type(target) is collections.deque and self._dicts.get(id(target)) is target:
-            target.extend(items)
+        owned: Any = self._dicts.get(id(target))
+        if type(target) is collections.deque and owned is target:
+            owned.extend(items)
             return
         if type(target) is not list:
             raise UnsafeCheckpointError(
@@ -353,6 +356,23 @@ class SafeMachine(Machine):
             raise CheckpointError(f"storage type {describe(pid[1])} is not a known storage type")
         storage = self.storages(role.key.rpartition(".")[2], pid[2:])
         return self.tensors.add_storage(storage)
+
+
+HANDLED = frozenset(
+    {
+        *_tensors.REBUILDS,
+        *_objects.CONSTRUCTORS,
+        "torch._tensor._rebuild_from_type_v2",
+        "numpy._reconstruct",
+        "numpy._frombuffer",
+        "numpy.scalar",
+        "numpy.dtype",
+        "torch.Size",
+        "torch.device",
+        "copyreg._reconstructor",
+        "torch.storage._load_from_bytes",
+    }
+)
 
 
 def _user_build(inst: Any, state: Any) -> None:
@@ -405,6 +425,8 @@ def _is_plain_instance(value: Any) -> bool:
 _PLAIN_MODULES = frozenset(
     {
         "argparse",
+        "torch",  # tensors and Parameters may carry Python attributes
+        "torch.nn.parameter",
         "lightning.fabric.utilities.data",
         "lightning.pytorch.utilities.parsing",
         "lightning_fabric.utilities.data",

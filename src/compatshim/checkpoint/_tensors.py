@@ -43,6 +43,11 @@ def _torch() -> Any:
     return torch
 
 
+def typed_storage(untyped: Any, dtype: Any) -> Any:
+    """torch.load's wrapper around each storage (what its persistent_load returns)."""
+    return _torch().storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+
+
 class Tensors:
     """The storages and tensors one load made, so later opcodes can only use those."""
 

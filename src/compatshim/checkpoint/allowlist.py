@@ -402,7 +402,6 @@ def _build_table() -> tuple[Entry, ...]:
     for name in (
         "_rebuild_tensor",
         "_rebuild_tensor_v2",
-        "_rebuild_tensor_v3",
         "_rebuild_parameter",
         "_rebuild_parameter_with_state",
         "_rebuild_meta_tensor_no_storage",
@@ -415,6 +414,17 @@ def _build_table() -> tuple[Entry, ...]:
                 module="torch._utils",
             )
         )
+    e.append(
+        Entry(
+            "torch._utils",
+            "_rebuild_tensor_v3",
+            "torch",
+            ">=2.2",
+            "rebuild",
+            "re-implemented: as _rebuild_tensor_v2, dtype given (no storage type for it)",
+            torch_safe=True,
+        )
+    )
     e.append(
         _torch(
             "_rebuild_from_type_v2",
