@@ -23,7 +23,12 @@ from ._records import DoctorRow
 from ._versions import installed_version
 
 #: adapters with a ``doctor_rows()``; breakage 1 is reported by its patch row.
-ADAPTER_PROVIDERS = ("compatshim.rng", "compatshim.master", "compatshim.dist")
+ADAPTER_PROVIDERS = (
+    "compatshim.checkpoint",
+    "compatshim.rng",
+    "compatshim.master",
+    "compatshim.dist",
+)
 
 
 def _devices() -> dict[str, Any]:

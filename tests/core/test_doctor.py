@@ -75,3 +75,15 @@ def test_cli_help(argv: list[str]) -> None:
         [sys.executable, "-m", "compatshim", *argv], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0 and "doctor" in done.stdout
+
+
+def test_doctor_lists_the_checkpoint_patches_and_adapter() -> None:
+    code, out = _doctor("--json")
+    payload = json.loads(out)
+    names = {row["name"] for row in payload["checks"]}
+    assert {"torch-load-safe-globals", "numpy-core-names", "checkpoint"} <= names, names
+    adapter = _check(payload, "checkpoint")
+    assert adapter["applies"] and "allow-listed globals" in adapter["detail"], adapter
+    loader = _check(payload, "torch-load-safe-globals")
+    # weights-only by default from torch 2.6: there the patch has something to fix
+    assert loader["present"] in (True, False) and (loader["fixed"] is True or not loader["present"])

@@ -1,4 +1,4 @@
-"""transformers Trainer and accelerate resume from their own checkpoints, with and without compatshim.
+"""transformers Trainer and accelerate resume their own checkpoints, with and without compatshim.
 
 On torch 2.6+ transformers 4.46's ``_load_rng_state`` calls plain
 ``torch.load`` on ``rng_state.pth`` (numpy arrays; transformers issue 40500)
@@ -97,7 +97,7 @@ def test_accelerate_resumes_with_compatshim(accelerate_runs: dict[str, Any]) -> 
 
 
 def test_a_swallowed_refusal_still_warns(accelerate_runs: dict[str, Any], tmp_path: Path) -> None:
-    """A random-states file neither torch nor compatshim accepts: accelerate may swallow, we warn."""
+    """A random-states file neither torch nor compatshim accepts: accelerate swallows, we warn."""
     import shutil
     from fractions import Fraction
 

@@ -22,7 +22,7 @@ KINDS = ("namespace", "fabric-attributedict", "attributedict")
 
 
 def lightning_breaks() -> bool:
-    """Whether this Lightning's resume uses torch's default (2.4 and 2.5 pass weights_only=False)."""
+    """Whether this Lightning resumes with torch's default (2.4 and 2.5 pass weights_only=False)."""
     return torch_loads_weights_only_by_default() and release("lightning") not in ((2, 4), (2, 5))
 
 

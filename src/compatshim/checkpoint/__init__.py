@@ -21,7 +21,14 @@ from typing import Any, Iterable
 
 from .errors import CheckpointError, UnsafeCheckpointError
 
-__all__ = ["CheckpointError", "CheckpointInfo", "UnsafeCheckpointError", "inspect", "load"]
+__all__ = [
+    "CheckpointError",
+    "CheckpointInfo",
+    "UnsafeCheckpointError",
+    "doctor_rows",
+    "inspect",
+    "load",
+]
 
 log = logging.getLogger("compatshim.checkpoint")
 
@@ -65,6 +72,13 @@ def load(
     from ._load import load as safe_load
 
     return safe_load(f, map_location, allow=allow, mmap=mmap)
+
+
+def doctor_rows() -> list[Any]:
+    """``compatshim doctor`` rows: the allowlist, and torch's own loader where it is unsafe."""
+    from .doctor import doctor_rows as rows
+
+    return list(rows())
 
 
 def inspect(f: Any) -> CheckpointInfo:

@@ -61,7 +61,7 @@ def doctor_rows() -> list[DoctorRow]:
             fixed=True if numpy is not None else None,
             detail=(
                 f"numpy {numpy}: numpy 2 pickles name numpy._core, numpy 1.x ones numpy.core; "
-                "compatshim.rng.read reads both"
+                "compatshim.rng.read loads both names into the running numpy's objects"
                 if numpy is not None
                 else "numpy not installed"
             ),
