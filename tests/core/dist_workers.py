@@ -30,6 +30,7 @@ def _catch(fn: Any) -> dict[str, Any]:
         return {
             "raised": True,
             "report": exc.report,
+            "message": str(exc),
             "ranks": sorted(exc.ranks),
             "elapsed": time.monotonic() - start,
         }
@@ -125,3 +126,47 @@ def watchdog_collective_hang(rank: int, world_size: int, timeout: float, report_
     else:
         time.sleep(timeout * 4)  # <- sleep-site
     return "not reached"
+
+
+def _leftovers() -> tuple[object, int, set[str]]:
+    """sys.excepthook, compatshim's atexit handlers still registered, thread names."""
+    import atexit
+    import sys
+    import threading
+
+    from compatshim.dist.monitor import get_monitor
+
+    before = atexit._ncallbacks()
+    atexit.unregister(get_monitor()._at_exit)  # a no-op unless it is still registered
+    ours = before - atexit._ncallbacks()
+    return sys.excepthook, ours, {t.name for t in threading.enumerate()}
+
+
+def monitor_gone_after_destroy(rank: int, world_size: int) -> dict[str, Any]:
+    """A sync point starts the monitor; destroying the process group must stop and unhook it."""
+    import torch.distributed as dist
+
+    hook, _, threads = _leftovers()
+    sync_point("before destroy", timeout=30)
+    running = _leftovers()[2] - threads
+    dist.destroy_process_group()
+    after_hook, handlers, after_threads = _leftovers()
+    return {
+        "ran": sorted(running),
+        "left": sorted(after_threads - threads),
+        "excepthook_restored": after_hook is hook,
+        "atexit_handlers": handlers,
+    }
+
+
+def world_of_one(rank: int, world_size: int) -> dict[str, Any]:
+    """A one-rank group has nobody to be out of step with: no monitor, no hooks."""
+    hook, _, threads = _leftovers()
+    sync_point("alone", timeout=30)
+    check_module_consistency(_model(8), timeout=30)
+    after_hook, handlers, after_threads = _leftovers()
+    return {
+        "left": sorted(after_threads - threads),
+        "excepthook_restored": after_hook is hook,
+        "atexit_handlers": handlers,
+    }

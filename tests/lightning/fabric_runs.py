@@ -24,6 +24,10 @@ from pathlib import Path
 from harness.dist import free_port, python_env
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+from _common import FABRIC_MODULE  # noqa: E402  (the scripts' own choice of Fabric module)
+
+__all__ = ["FABRIC_MODULE", "Run", "run_script", "site_line"]
 MARKER = "COMPATSHIM_TEST_RUN"
 
 

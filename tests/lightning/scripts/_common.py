@@ -1,18 +1,29 @@
 """Shared bits of the Fabric scenario scripts: one Fabric set-up and a tiny model.
 
 Each scenario is a plain training script a user could have written; the tests
-launch it as ``python <script>`` and Fabric re-executes it for rank 1.
+launch it as ``python <script>`` and Fabric re-executes it for rank 1. Fabric
+comes from the ``lightning`` distribution (``lightning.fabric``) when it is
+installed, else from the standalone ``lightning-fabric`` one (``lightning_fabric``).
 """
 
 from __future__ import annotations
 
+import importlib.util
+from typing import Any
+
 import torch
 
+FABRIC_MODULE = (
+    "lightning.fabric" if importlib.util.find_spec("lightning") is not None else "lightning_fabric"
+)
 
-def make_fabric() -> object:
-    from lightning.fabric import Fabric
 
-    return Fabric(accelerator="cpu", devices=2, strategy="ddp")
+def fabric_class() -> Any:
+    return importlib.import_module(FABRIC_MODULE).Fabric
+
+
+def make_fabric(devices: int = 2) -> Any:
+    return fabric_class()(accelerator="cpu", devices=devices, strategy="ddp")
 
 
 class Net(torch.nn.Module):
