@@ -19,12 +19,10 @@ from importlib import import_module
 from typing import Any
 
 from . import _registry
+from ._records import DoctorRow
 from ._versions import installed_version
-from .patches import all_patches
 
-#: adapters with a ``doctor_rows()``; breakage 1 is reported by its patch row, so
-#: ``compatshim.cloning`` is not asked (in this child the patch is armed, which would
-#: make a live deepcopy probe there say "absent").
+#: adapters with a ``doctor_rows()``; breakage 1 is reported by its patch row.
 ADAPTER_PROVIDERS = ("compatshim.rng", "compatshim.master", "compatshim.dist")
 
 
@@ -46,35 +44,22 @@ def _devices() -> dict[str, Any]:
 
 
 def _import_targets() -> list[dict[str, str]]:
+    """Import each target whose distribution applies, so the probes meet the live code."""
     problems = []
     for row in _registry.status():
-        if row["installed_version"] is None or row["range_position"] == "below":
+        if not row.applies:
             continue
-        for target in row["targets"]:
+        for target in row.targets:
             try:
                 with contextlib.redirect_stdout(io.StringIO()):
                     import_module(target)
             except Exception as exc:
-                problems.append({"patch": row["name"], "target": target, "error": repr(exc)})
+                problems.append({"patch": row.name, "target": target, "error": repr(exc)})
     return problems
 
 
-def _probe_disabled(rows: list[dict[str, Any]]) -> None:
-    """Probe patches the user switched off, so the doctor can say "present, not fixed"."""
-    catalogue = {patch.name: patch for patch in all_patches()}
-    for row in rows:
-        patch = catalogue.get(row["name"])
-        if row["armed"] or row["installed_version"] is None or patch is None:
-            continue
-        found = [bool(patch.probe(sys.modules[t])) for t in patch.targets if t in sys.modules]
-        row["disabled"] = True
-        if found:
-            row["defect"] = "present" if any(found) else "absent"
-            row["fixed"] = False
-
-
-def _adapter_rows() -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+def _adapter_rows() -> list[DoctorRow]:
+    rows: list[DoctorRow] = []
     for provider in ADAPTER_PROVIDERS:
         started = time.perf_counter()
         try:
@@ -88,35 +73,36 @@ def _adapter_rows() -> list[dict[str, Any]]:
             found = [_error_row(provider, exc)]
         except Exception as exc:
             found = [_error_row(provider, exc)]
-        for row in found:
-            row.setdefault("provider", provider)
-            row.setdefault("seconds", round(time.perf_counter() - started, 2))
-        rows.extend(found)
+        for item in found:
+            row = item if isinstance(item, DoctorRow) else DoctorRow.from_dict(dict(item))
+            row.provider = row.provider or provider
+            if row.seconds is None:
+                row.seconds = round(time.perf_counter() - started, 2)
+            rows.append(row)
     return rows
 
 
-def _error_row(provider: str, exc: BaseException) -> dict[str, Any]:
-    return {
-        "name": provider,
-        "kind": "adapter",
-        "applies": True,
-        "present": None,
-        "fixed": False,
-        "detail": f"doctor check crashed: {type(exc).__name__}: {exc}",
-        "traceback": traceback.format_exc(limit=5),
-    }
+def _error_row(provider: str, exc: BaseException) -> DoctorRow:
+    return DoctorRow(
+        name=provider,
+        kind="adapter",
+        applies=True,
+        present=None,
+        fixed=False,
+        detail=f"doctor check crashed: {type(exc).__name__}: {exc}",
+        extra={"traceback": traceback.format_exc(limit=5)},
+    )
 
 
 def main() -> int:
     _registry.install()
     import_problems = _import_targets()
-    patches = _registry.status()
-    _probe_disabled(patches)
+    _registry.probe_unarmed()
     report = {
         "devices": _safe(_devices, {}),
         "import_problems": import_problems,
-        "patches": patches,
-        "adapters": _adapter_rows(),
+        "patches": [row.as_dict() for row in _registry.status()],
+        "adapters": [row.as_dict() for row in _safe(_adapter_rows, [])],
     }
     json.dump(report, sys.stdout, default=str)
     return 0

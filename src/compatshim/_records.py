@@ -46,6 +46,24 @@ class PatchStatus:
     fixed: bool | None
     error: str | None = None
     version_note: str | None = None
+    decisions: list[str] = field(default_factory=list)
+
+    def __getitem__(self, key: str) -> Any:
+        """``row["name"]``: rows were plain dicts before 0.2, and scripts read them that way."""
+        if key == "in_range":
+            return self.in_range
+        if key in self.__dataclass_fields__:
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key == "in_range" or key in self.__dataclass_fields__
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
 
     @property
     def in_range(self) -> bool:

@@ -1,306 +1,485 @@
 """The patch registry: version-gated, probe-confirmed, reversible import-time patches.
 
-A patch is declared in its own module under ``compatshim.patches`` as a
-:class:`Patch`. ``install()`` only arms post-import hooks (cheap; nothing is
-imported). When a target module is imported, the registry reads the installed
-version from metadata, runs the patch's probe against the live module, and
-applies the fix only when the defect is really there. After applying, the
-probe runs again to confirm the fix.
+``install()`` imports the patch catalogue (small modules that import no
+framework) and arms post-import hooks; nothing else is imported. When a
+target module and its parent packages have finished importing, the hook reads
+the installed version from metadata, runs the patch's probe against the live
+module, applies the fix only when the defect is really there, and probes again
+to confirm it.
+
+Promises, and how they are kept:
+
+- Nothing compatshim does inside a user's import raises into it: every step
+  of a hook is guarded, warnings go through :func:`_decisions.warn` (which
+  cannot raise under ``-W error``), and a broken install warns once and stays
+  disarmed.
+- Thread safety without deadlock: ``_lock`` guards only this module's tables
+  and is never held while probing, applying, importing or warning. A hook
+  claims its (patch, target) under the lock, works without it, and records the
+  outcome under it again; if the patch was uninstalled meanwhile, the hook
+  reverts its own change. ``uninstall()`` waits for hooks still working.
+- Exact revert: every change goes through a :class:`~compatshim._patching.Patcher`.
 """
 
 from __future__ import annotations
 
-import os
-from _thread import RLock
+import sys
+from _thread import RLock, get_ident
 
-from . import _import_hooks
+from . import _decisions, _import_hooks, _settings
 from ._patching import Patcher
-from ._versions import installed_version, range_position
 
 TYPE_CHECKING = False  # no ``typing`` import at run time: ``import compatshim.auto`` stays cheap
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import Any, Callable, Iterable
+    from typing import Callable, Iterable
 
-    Probe = Callable[[ModuleType], bool]
-    Apply = Callable[[ModuleType, Patcher], None]
+    from ._patch import Patch
+    from ._records import PatchStatus, Position
 
-
-class Patch:
-    """A declared fix for one upstream defect.
-
-    ``probe(module)`` returns True while the defect is present in ``module``;
-    ``apply(module, patcher)`` makes every change through ``patcher`` so that
-    revert is exact. Both are called once per target module, after it is
-    imported. ``specifier`` is the tested version range of ``distribution``;
-    on a release newer than it the probe alone decides, on an older one the
-    patch stays off. ``target_distributions`` names the distribution of a
-    target that ships in another package (``lightning_fabric`` comes from
-    ``lightning-fabric``, ``lightning.fabric`` from ``lightning``).
-    """
-
-    __slots__ = (
-        "apply",
-        "description",
-        "distribution",
-        "name",
-        "probe",
-        "specifier",
-        "target_distributions",
-        "targets",
-    )
-
-    def __init__(
-        self,
-        *,
-        name: str,
-        distribution: str,
-        specifier: str,
-        targets: tuple[str, ...],
-        probe: Probe,
-        apply: Apply,
-        description: str,
-        target_distributions: dict[str, str] | None = None,
-    ) -> None:
-        self.name = name
-        self.distribution = distribution
-        self.specifier = specifier
-        self.targets = targets
-        self.probe = probe
-        self.apply = apply
-        self.description = description
-        self.target_distributions = dict(target_distributions or {})
-
-    def distribution_for(self, target: str) -> str:
-        return self.target_distributions.get(target, self.distribution)
-
-    def installed(self) -> tuple[str, str | None]:
-        """The first of this patch's distributions that is installed, and its version."""
-        names = dict.fromkeys([self.distribution, *self.target_distributions.values()])
-        for name in names:
-            version = installed_version(name)
-            if version is not None:
-                return name, version
-        return self.distribution, None
+_WAIT_FOR_HOOKS_S = 30.0
 
 
 class _State:
-    """What the registry knows about one patch in this process.
+    """What the registry knows about one patch in this process."""
 
-    The ``Patch`` itself is loaded on first need (a target was imported, or
-    ``status()`` was asked for): arming needs only the name and the targets.
-    """
-
-    def __init__(self, name: str, targets: tuple[str, ...], loader: Callable[[], Patch]) -> None:
+    def __init__(self, name: str, patch: Patch | None, load_error: str | None = None) -> None:
         self.name = name
-        self.targets = targets
-        self._loader = loader
-        self._patch: Patch | None = None
+        self.patch = patch
+        self.load_error = load_error
         self.armed = False
+        self.generation = 0
         self.patcher = Patcher()
+        self.claimed: set[str] = set()  # targets decided, or being decided, this generation
+        self.workers: list[int] = []  # threads working on a target outside the lock
         self.applied_targets: list[str] = []
         self.defect: dict[str, bool] = {}  # target -> present before the fix
         self.fixed: dict[str, bool] = {}  # target -> probe passes after the fix
+        self.position: Position | None = None
+        self.version_note: str | None = None
         self.error: str | None = None
         self.hooks: dict[str, Callable[[ModuleType], None]] = {}
 
     @property
-    def patch(self) -> Patch:
-        if self._patch is None:
-            patch = self._loader()
-            if patch.name != self.name or tuple(patch.targets) != self.targets:
-                raise RuntimeError(
-                    f"compatshim: patch module for {self.name!r} declares name {patch.name!r} "
-                    f"and targets {patch.targets}, but the catalogue says {self.targets}"
-                )
-            self._patch = patch
-        return self._patch
+    def targets(self) -> tuple[str, ...]:
+        return self.patch.targets if self.patch is not None else ()
+
+    def reset_outcomes(self) -> None:
+        self.claimed.clear()
+        self.applied_targets.clear()
+        self.defect.clear()
+        self.fixed.clear()
+        self.error = None
+
+
+class _Outcome:
+    """What one hook found for one target; recorded under the lock afterwards."""
+
+    def __init__(self) -> None:
+        self.position: Position | None = None
+        self.version_note: str | None = None
+        self.defect: bool | None = None
+        self.fixed: bool | None = None
+        self.patcher: Patcher | None = None
+        self.error: str | None = None
 
 
 _lock = RLock()
 _states: dict[str, _State] = {}
-_catalogue_loaded = False
+_loaded = False
+_warned: set[str] = set()
 
 
+# -- the catalogue -----------------------------------------------------------------------------
 def _load() -> dict[str, _State]:
-    global _catalogue_loaded
-    with _lock:
-        if not _catalogue_loaded:
-            from .patches import CATALOGUE, load_patch
+    """Every catalogue patch as a state; a module that fails to import becomes a broken state."""
+    global _loaded
+    if not _loaded:
+        from .patches import load_catalogue  # imported outside the lock: it imports modules
 
-            for name, (_, targets) in CATALOGUE.items():
-
-                def loader(name: str = name) -> Patch:
-                    return load_patch(name)
-
-                _states.setdefault(name, _State(name, targets, loader))
-            _catalogue_loaded = True
-        return _states
+        found = load_catalogue()
+        with _lock:
+            for name, patch, error in found:
+                _states.setdefault(name, _State(name, patch, error))
+            _loaded = True
+    return _states
 
 
 def register(patch: Patch) -> None:
     """Add a patch to the catalogue (the built-in ones come from ``compatshim.patches``)."""
+    states = _load()
     with _lock:
-        states = _load()
         if patch.name in states and states[patch.name].patch is not patch:
             raise ValueError(f"a different patch named {patch.name!r} is already registered")
-        states.setdefault(patch.name, _State(patch.name, tuple(patch.targets), lambda: patch))
+        states.setdefault(patch.name, _State(patch.name, patch))
 
 
 def unregister(name: str) -> None:
     """Uninstall and drop a patch from the catalogue."""
-    with _lock:
-        if name in _load():
-            uninstall([name])
-            del _states[name]
+    if name in _load():
+        uninstall([name])
+        with _lock:
+            _states.pop(name, None)
 
 
-def _select(names: Iterable[str] | None) -> list[_State]:
+# -- selection ---------------------------------------------------------------------------------
+def _names(names: Iterable[str] | str | None) -> list[str] | None:
+    """A bare string is one name (``exclude="torch-processgroup-copy"``), never its letters."""
+    if names is None:
+        return None
+    if isinstance(names, str):
+        return [names]
+    listed = list(names)
+    bad = [n for n in listed if not isinstance(n, str)]
+    if bad:
+        raise TypeError(f"patch names must be strings, got {bad!r}")
+    return listed
+
+
+def _select(names: list[str] | None) -> list[_State]:
     states = _load()
     if names is None:
         return list(states.values())
-    if isinstance(names, str):
-        names = [names]
     unknown = sorted(set(names) - set(states))
     if unknown:
         raise ValueError(f"unknown patch name(s) {unknown}; known: {sorted(states)}")
     return [states[n] for n in names]
 
 
-def _disabled_by_env() -> set[str]:
-    raw = os.environ.get("COMPATSHIM_DISABLE", "")
-    return {part.strip() for part in raw.split(",") if part.strip()}
+def _canonical(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
 
 
-def _warn(message: str) -> None:
-    import warnings
+def _disabled_by_env(known: Iterable[str]) -> set[str]:
+    """Names in ``COMPATSHIM_DISABLE``; spelling slips are honoured, unknown names warned about."""
+    by_canonical = {_canonical(name): name for name in known}
+    disabled = set()
+    for raw in _settings.disabled_names():
+        name = by_canonical.get(_canonical(raw))
+        if name is not None:
+            disabled.add(name)
+        if name != raw:
+            what = f"taken as {name!r}" if name else "matches no patch; ignored"
+            _warn_once(
+                f"env:{raw}",
+                f"compatshim: {_settings.DISABLE} entry {raw!r} {what}; known patches: "
+                f"{', '.join(sorted(by_canonical.values()))}",
+            )
+    return disabled
 
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+def _warn_once(key: str, message: str) -> None:
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    _decisions.warn(message)
+
+
+def _dependencies_missing() -> str | None:
+    try:
+        import packaging  # noqa: F401  (the package only: its submodules load inside hooks)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+# -- what a hook does --------------------------------------------------------------------------
+def _decide(patch: Patch, target: str, module: ModuleType, *, apply: bool = True) -> _Outcome:
+    """Gate, probe, then (when ``apply``) apply and confirm, for one target. Never raises."""
+    from ._versions import installed_version, position
+
+    outcome = _Outcome()
+    distribution = patch.distribution_for(target)
+    version = installed_version(distribution)
+    try:
+        outcome.position, outcome.version_note = position(
+            distribution, version, patch.requires, patch.tested
+        )
+    except Exception as exc:  # packaging unusable: the version cannot gate, so nothing applies
+        outcome.error = f"version check failed for {distribution} {version}: {_describe(exc)}"
+        return outcome
+    if outcome.position == "unsupported":
+        return outcome
+    try:
+        outcome.defect = bool(patch.probe(module))
+    except Exception as exc:  # a probe that cannot decide leaves the module alone
+        outcome.error = f"probe failed on {target}: {_describe(exc)}"
+        return outcome
+    if not outcome.defect or not apply:
+        return outcome
+    patcher = Patcher()
+    try:
+        patch.apply(module, patcher)
+        outcome.fixed = not patch.probe(module)
+    except Exception as exc:
+        failure: BaseException = exc
+        try:
+            patcher.revert()
+        except Exception as revert_exc:  # worse: say so rather than claim "unchanged"
+            failure = revert_exc
+        outcome.error = (
+            f"could not be applied to {target} ({distribution} {version}): "
+            f"{_describe(failure)}; the module is left unchanged"
+        )
+        return outcome
+    outcome.patcher = patcher
+    return outcome
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return type(exc).__name__
 
 
 def _on_import(state: _State, target: str, module: ModuleType) -> None:
-    """Probe, apply, confirm. Runs inside the user's import: it never raises into it."""
+    """The hook: claim, decide without the lock, record. Runs inside the user's import."""
+    patch = state.patch
     with _lock:
-        if not state.armed or target in state.applied_targets or target in state.defect:
+        if patch is None or not state.armed or target in state.claimed:
             return
-        try:
-            patch = state.patch
-        except Exception as exc:
-            state.error = f"patch module failed to load: {type(exc).__name__}: {exc}"
-            _warn(
-                f"compatshim: patch {state.name!r} is unusable ({state.error}); {target} unchanged"
-            )
-            return
-        distribution = patch.distribution_for(target)
-        version = installed_version(distribution)
-        if version is not None and range_position(version, patch.specifier) == "below":
-            return
-        try:
-            present = bool(patch.probe(module))
-        except Exception as exc:  # a probe that cannot decide leaves the module alone
-            state.error = f"probe failed on {target}: {type(exc).__name__}: {exc}"
-            return
-        state.defect[target] = present
-        if not present:
-            return
-        patcher = Patcher()
-        try:
-            patch.apply(module, patcher)
-            state.fixed[target] = not patch.probe(module)
-        except Exception as exc:
-            patcher.revert()
-            state.error = f"apply failed on {target}: {type(exc).__name__}: {exc}"
-            _warn(
-                f"compatshim: patch {patch.name!r} could not be applied to {target} "
-                f"({distribution} {version}): {exc}; the module is left unchanged"
-            )
-            return
-        state.patcher.on_revert(patcher.revert)
+        state.claimed.add(target)
+        state.workers.append(get_ident())
+        generation = state.generation
+    outcome = _Outcome()
+    try:
+        outcome = _decide(patch, target, module)
+    finally:
+        with _lock:
+            state.workers.remove(get_ident())
+            current = state.armed and state.generation == generation
+            if current:
+                _record(state, target, outcome)
+    if not current and outcome.patcher is not None:
+        outcome.patcher.revert()  # uninstalled while this hook worked
+    _report(state.name, target, outcome, applied=current)
+
+
+def _record(state: _State, target: str, outcome: _Outcome) -> None:
+    state.position = outcome.position
+    state.version_note = outcome.version_note
+    if outcome.error is not None:
+        state.error = outcome.error
+    if outcome.defect is not None:
+        state.defect[target] = outcome.defect
+    if outcome.patcher is not None:
+        state.patcher.on_revert(outcome.patcher.revert)
         state.applied_targets.append(target)
+        state.fixed[target] = bool(outcome.fixed)
 
 
+def _report(name: str, target: str, outcome: _Outcome, *, applied: bool) -> None:
+    if outcome.position == "unsupported":
+        _decisions.record(name, "left alone", f"{target}: older than the patch supports")
+    elif outcome.error is not None:
+        _decisions.record(name, "failed", outcome.error)
+        _warn_once(f"{name}:{outcome.error}", f"compatshim: patch {name!r} {outcome.error}")
+    elif outcome.defect is False:
+        _decisions.record(name, "defect absent", target)
+    elif outcome.patcher is not None and applied:
+        note = "" if outcome.position == "tested" else f"; {outcome.version_note or 'untested'}"
+        _decisions.record(name, "applied", f"{target}, fixed={outcome.fixed}{note}")
+        if not outcome.fixed:
+            _warn_once(
+                f"{name}:unfixed",
+                f"compatshim: patch {name!r} applied to {target} but its probe still finds "
+                "the defect",
+            )
+
+
+# -- public API --------------------------------------------------------------------------------
 def install(
-    include: Iterable[str] | None = None, exclude: Iterable[str] | None = None
+    include: Iterable[str] | str | None = None, exclude: Iterable[str] | str | None = None
 ) -> list[str]:
     """Arm every selected patch; return the names armed.
 
-    Nothing is imported: each patch applies when its target module is imported
-    (at once if it already is). Installing twice is installing once.
-    ``COMPATSHIM_DISABLE=name,name`` removes patches from the selection.
+    Nothing is imported but compatshim's own patch modules: each patch applies
+    when its target module is imported (at once if it already is). Installing
+    twice is installing once. ``COMPATSHIM_DISABLE=name,name`` removes patches
+    from the selection; a bare string for ``include``/``exclude`` is one name.
     """
-    excluded = set(exclude or ()) | _disabled_by_env()
+    include_names, exclude_names = _names(include), _names(exclude)
+    missing = _dependencies_missing()
+    if missing is not None:
+        _warn_once(
+            "dependencies",
+            f"compatshim: a dependency is missing ({missing}); no patch is armed. "
+            "Reinstall compatshim with its dependencies (pip install compatshim).",
+        )
+        return []
+    selected = _select(include_names)
+    _select(exclude_names or [])  # validate explicit names
+    excluded = set(exclude_names or ()) | _disabled_by_env(_states)
     armed: list[str] = []
+    to_settle: list[str] = []
     with _lock:
-        selected = _select(include)
-        _select(excluded - _disabled_by_env())  # validate explicit names
         for state in selected:
             if state.name in excluded:
+                continue
+            if state.patch is None:
+                _decisions.record(state.name, "not armed", state.load_error or "")
                 continue
             armed.append(state.name)
             if state.armed:
                 continue
             state.armed = True
+            state.generation += 1
+            state.reset_outcomes()
             for target in state.targets:
 
                 def hook(module: ModuleType, state: _State = state, target: str = target) -> None:
                     _on_import(state, target, module)
 
                 state.hooks[target] = hook
-                _import_hooks.when_imported(target, hook)
+                _import_hooks.register(target, hook)
+                to_settle.append(target)
+            _decisions.record(state.name, "armed", ", ".join(state.targets))
+    for state in selected:
+        if state.patch is None and state.name not in excluded:
+            _warn_once(
+                f"load:{state.name}",
+                f"compatshim: patch {state.name!r} is unusable ({state.load_error}); not armed",
+            )
+    _import_hooks.settle(to_settle)
     return armed
 
 
-def uninstall(names: Iterable[str] | None = None) -> list[str]:
+def uninstall(names: Iterable[str] | str | None = None) -> list[str]:
     """Disarm patches and restore the original objects exactly; return the names undone."""
     undone: list[str] = []
     with _lock:
-        for state in _select(names):
+        for state in _select(_names(names)):
             if not state.armed:
                 continue
             for target, hook in state.hooks.items():
                 _import_hooks.discard(target, hook)
             state.hooks.clear()
-            state.patcher.revert()
             state.armed = False
-            state.applied_targets.clear()
-            state.defect.clear()
-            state.fixed.clear()
+            state.generation += 1
+            state.patcher.revert()
+            state.reset_outcomes()
             undone.append(state.name)
+            _decisions.record(state.name, "uninstalled")
+    _wait_for_hooks(undone)
     return undone
 
 
-def status() -> list[dict[str, Any]]:
-    """Per patch: target distribution and version, range, defect, applied, fixed."""
-    import sys
+def _wait_for_hooks(names: list[str]) -> None:
+    """Let hooks still deciding for ``names`` in other threads finish (and revert themselves)."""
+    import time
 
-    rows: list[dict[str, Any]] = []
+    deadline = time.monotonic() + _WAIT_FOR_HOOKS_S
+    me = get_ident()
+    while time.monotonic() < deadline:
+        with _lock:
+            busy = [name for name in names if any(worker != me for worker in _states[name].workers)]
+        if not busy:
+            return
+        time.sleep(0.001)
+
+
+def probe_unarmed() -> None:
+    """Probe patches that are not armed (disabled), so the doctor can say "present, not fixed".
+
+    Same version gate and guards as a hook; nothing is applied. Targets must
+    already be imported: nothing is imported here.
+    """
+    for state in list(_load().values()):
+        patch = state.patch
+        with _lock:
+            if patch is None or state.armed:
+                continue
+        for target in patch.targets:
+            module = _import_hooks.ready(target)
+            if module is None:
+                continue
+            outcome = _decide(patch, target, module, apply=False)
+            with _lock:
+                if not state.armed:
+                    _record(state, target, outcome)  # never holds a patcher: nothing applied
+
+
+def status() -> list[PatchStatus]:
+    """One :class:`~compatshim._records.PatchStatus` per patch; never raises for one bad patch."""
+    from ._records import PatchStatus
+
+    _import_hooks.run_due()
+    disabled = _disabled_by_env(_load())
+    rows: list[PatchStatus] = []
     with _lock:
-        for state in _load().values():
-            patch = state.patch
-            distribution, version = patch.installed()
-            position = range_position(version, patch.specifier) if version else None
-            imported = [t for t in patch.targets if t in sys.modules]
-            if state.defect:
-                defect = "present" if any(state.defect.values()) else "absent"
-            else:
-                defect = "not probed"
-            rows.append(
-                {
-                    "name": patch.name,
-                    "description": patch.description,
-                    "distribution": distribution,
-                    "installed_version": version,
-                    "specifier": patch.specifier,
-                    "in_range": position == "in",
-                    "range_position": position,
-                    "armed": state.armed,
-                    "targets": list(patch.targets),
-                    "targets_imported": imported,
-                    "defect": defect,
-                    "applied": bool(state.applied_targets),
-                    "applied_targets": list(state.applied_targets),
-                    "fixed": (all(state.fixed.values()) if state.fixed else None),
-                    "error": state.error,
-                }
-            )
+        states = list(_states.values())
+    for state in states:
+        with _lock:
+            rows.append(_status_row(PatchStatus, state, state.name in disabled))
     return rows
+
+
+def _status_row(record: type[PatchStatus], state: _State, disabled: bool) -> PatchStatus:
+    from ._versions import installed_version, position
+
+    patch = state.patch
+    if patch is None:
+        return record(
+            name=state.name,
+            description="",
+            distribution="",
+            installed_version=None,
+            requires="",
+            tested="",
+            range_position=None,
+            armed=False,
+            disabled=disabled,
+            targets=[],
+            targets_imported=[],
+            defect="not probed",
+            applied=False,
+            applied_targets=[],
+            fixed=None,
+            error=f"patch module failed to load: {state.load_error}",
+            decisions=_decisions.recent(state.name),
+        )
+    distribution, version = _installed(patch)
+    where, note = state.position, state.version_note
+    if where is None and note is None:
+        try:
+            where, note = position(distribution, version, patch.requires, patch.tested)
+        except Exception as exc:
+            note = f"version check failed: {_describe(exc)}"
+    if version is None:
+        version = installed_version(distribution)
+    defect = "not probed"
+    if state.defect:
+        defect = "present" if any(state.defect.values()) else "absent"
+    return record(
+        name=patch.name,
+        description=patch.description,
+        distribution=distribution,
+        installed_version=version,
+        requires=patch.requires,
+        tested=patch.tested,
+        range_position=where,
+        armed=state.armed,
+        disabled=disabled,
+        targets=list(patch.targets),
+        targets_imported=[t for t in patch.targets if t in sys.modules],
+        defect=defect,  # type: ignore[arg-type]
+        applied=bool(state.applied_targets),
+        applied_targets=list(state.applied_targets),
+        fixed=(all(state.fixed.values()) if state.fixed else None),
+        error=state.error,
+        version_note=note,
+        decisions=_decisions.recent(state.name),
+    )
+
+
+def _installed(patch: Patch) -> tuple[str, str | None]:
+    """The first of the patch's distributions that is installed, and its version."""
+    from ._versions import installed_version
+
+    for name in patch.distributions():
+        version = installed_version(name)
+        if version is not None:
+            return name, version
+    return patch.distribution, None

@@ -1,6 +1,15 @@
-"""Installed versions read from distribution metadata, never by importing the package."""
+"""Installed versions read from distribution metadata, never by importing the package.
+
+Nothing here raises on what it finds installed: a version that is not PEP 440
+(a stray ``torch-notaversion.dist-info`` folder) is reported as unreadable,
+and the caller lets the probe decide.
+"""
 
 from __future__ import annotations
+
+TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
+if TYPE_CHECKING:
+    from ._records import Position
 
 _cache: dict[str, str | None] = {}
 
@@ -19,10 +28,10 @@ def _from_dist_info(distribution: str) -> str | None:
     import sys
 
     wanted = _normalise(distribution)
-    for entry in sys.path:
+    for entry in list(sys.path):
         try:
             names = os.listdir(entry or ".")
-        except OSError:
+        except (OSError, TypeError, ValueError):
             continue
         for name in names:
             if name.endswith(".dist-info"):
@@ -32,37 +41,63 @@ def _from_dist_info(distribution: str) -> str | None:
     return None
 
 
+def _from_metadata(distribution: str) -> str | None:
+    try:
+        from importlib import metadata
+
+        return metadata.version(distribution)
+    except Exception:  # not installed, or metadata too broken to read
+        return None
+
+
 def installed_version(distribution: str) -> str | None:
-    """The installed version of ``distribution``, or None when it is not installed."""
+    """The installed version of ``distribution`` as written in its metadata, or None."""
     if distribution not in _cache:
         version = _from_dist_info(distribution)
         if version is None:  # egg-info, zipped or unusual layouts
-            from importlib import metadata
-
-            try:
-                version = metadata.version(distribution)
-            except metadata.PackageNotFoundError:
-                version = None
+            version = _from_metadata(distribution)
         _cache[distribution] = version
     return _cache[distribution]
 
 
-def range_position(version: str, specifier: str) -> str:
-    """Where ``version`` falls against ``specifier``: "in", "below" or "above".
+def position(
+    distribution: str, version: str | None, requires: str, tested: str
+) -> tuple[Position | None, str | None]:
+    """Where ``version`` falls for a patch: ``(position, note)``.
 
-    "below" means older than a lower bound (the patch's code is not meant for
-    it); "above" means newer than the tested range, where the probe decides.
+    ``"unsupported"`` outside ``requires``, ``"tested"`` inside ``tested``,
+    ``"untested"`` otherwise. ``(None, note)`` when the distribution is not
+    installed or its version cannot be parsed: the probe decides, the note says why.
     """
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
+    if version is None:
+        return None, f"{distribution} is not installed"
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
 
-    spec = SpecifierSet(specifier)
-    parsed = Version(version)
-    if spec.contains(parsed, prereleases=True):
-        return "in"
-    for item in spec:
-        if item.operator in (">=", ">", "~=", "==") and not item.contains(parsed, prereleases=True):
-            bound = Version(item.version.rstrip(".*"))
-            if parsed < bound:
-                return "below"
-    return "above"
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        return None, (
+            f"{distribution} reports version {version!r}, which is not a PEP 440 version; "
+            "the probe decides"
+        )
+    try:
+        if requires and not SpecifierSet(requires).contains(parsed, prereleases=True):
+            return "unsupported", None
+        if tested and SpecifierSet(tested).contains(parsed, prereleases=True):
+            return "tested", None
+    except InvalidSpecifier as exc:
+        return None, f"the patch declares an invalid version range ({exc}); the probe decides"
+    return "untested", None
+
+
+def version_at_least(version: str | None, minimum: str) -> bool:
+    """``version >= minimum``; False when not installed or unreadable."""
+    if version is None:
+        return False
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version) >= Version(minimum)
+    except InvalidVersion:
+        return False

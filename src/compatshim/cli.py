@@ -19,5 +19,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from . import doctor as doctor_module
 
-    timeout = args.timeout if args.timeout is not None else doctor_module.PROBE_TIMEOUT_S
-    return doctor_module.main(as_json=args.json, timeout=timeout)
+    return doctor_module.main(as_json=args.json, timeout=args.timeout)

@@ -20,7 +20,7 @@ import threading
 import types
 from typing import Any, Iterable, TypeVar
 
-__all__ = ["clone_module", "doctor_rows", "shared_handle_types"]
+__all__ = ["clone_module", "shared_handle_types"]
 
 M = TypeVar("M")
 
@@ -186,51 +186,3 @@ def clone_module(module: M, *, share: Iterable[Any] = ()) -> M:
     for handle in _find_handles(module, handle_types, shared_ids):
         memo[id(handle)] = handle
     return copy.deepcopy(module, memo)
-
-
-def doctor_rows() -> list[dict[str, Any]]:
-    """One row for ``compatshim doctor``: does deepcopy of a SyncBatchNorm model fail here?
-
-    Imports torch (inherently a framework import, about a second); needs no
-    process group: it builds a bare, unregistered one.
-    """
-    from ._versions import installed_version
-
-    version = installed_version("torch")
-    row: dict[str, Any] = {
-        "name": "clone_module",
-        "kind": "adapter",
-        "applies": version is not None,
-        "present": None,
-        "fixed": None,
-        "detail": "torch is not installed" if version is None else "",
-    }
-    if version is None:
-        return [row]
-    try:
-        import torch
-        import torch.distributed as dist
-
-        if not dist.is_available():
-            row["detail"] = f"torch {version} is built without torch.distributed"
-            row["applies"] = False
-            return [row]
-        from .patches.torch_processgroup_copy import _bare_group
-
-        group = _bare_group(dist.ProcessGroup)
-        model = torch.nn.Sequential(torch.nn.SyncBatchNorm(2, process_group=group))
-        try:
-            copy.deepcopy(model)
-            row["present"] = False
-        except Exception:
-            row["present"] = True
-        clone = clone_module(model)
-        row["fixed"] = clone[0].process_group is group and clone[0].weight is not model[0].weight
-        row["detail"] = (
-            f"torch {version}: plain deepcopy of a SyncBatchNorm holding a ProcessGroup "
-            f"{'fails' if row['present'] else 'works'}; clone_module "
-            f"{'shares the group' if row['fixed'] else 'did NOT share the group'}"
-        )
-    except Exception as exc:
-        row["detail"] = f"torch {version}: check failed: {type(exc).__name__}: {exc}"
-    return [row]

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from typing import Any
 
+from . import _settings
+from ._records import DoctorRow, PatchStatus
 from ._versions import installed_version
 
 DISTRIBUTIONS = (
@@ -28,7 +30,6 @@ DISTRIBUTIONS = (
     "transformers",
     "accelerate",
 )
-PROBE_TIMEOUT_S = float(os.environ.get("COMPATSHIM_DOCTOR_TIMEOUT", "300"))
 
 
 def versions() -> dict[str, str | None]:
@@ -37,12 +38,10 @@ def versions() -> dict[str, str | None]:
     return found
 
 
-def run_probes(timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
+def run_probes(timeout: float) -> dict[str, Any]:
     """Run the live probes in a child interpreter; never raises."""
     env = dict(os.environ)
-    env.pop(
-        "COMPATSHIM_AUTO", None
-    )  # the child installs explicitly; COMPATSHIM_DISABLE is honoured
+    env.pop(_settings.AUTO, None)  # the child installs explicitly; COMPATSHIM_DISABLE is honoured
     try:
         done = subprocess.run(
             [sys.executable, "-m", "compatshim._doctor_probe"],
@@ -61,57 +60,66 @@ def run_probes(timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
     return report
 
 
-def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """One uniform row per patch and adapter check."""
-    out: list[dict[str, Any]] = []
-    for patch in report.get("patches", []):
-        version = patch["installed_version"]
-        applies = version is not None and patch["range_position"] != "below"
-        present = {"present": True, "absent": False}.get(patch["defect"])
-        if not applies:
-            detail = (
-                f"{patch['distribution']} not installed"
-                if version is None
-                else "older than supported"
-            )
-        elif patch.get("disabled"):
-            state = {True: "present", False: "absent", None: "not probed"}[present]
-            detail = (
-                f"{patch['distribution']} {version}: defect {state}; disabled by COMPATSHIM_DISABLE"
-            )
-        elif present is None:
-            detail = patch.get("error") or "target not imported, not probed"
-        elif not present:
-            detail = f"{patch['distribution']} {version}: defect absent, nothing to do"
-        else:
-            note = "" if patch["in_range"] else " (newer than the tested range; the probe decided)"
-            detail = f"{patch['distribution']} {version}: {patch['description']}{note}"
-        out.append(
-            {
-                "name": patch["name"],
-                "kind": "patch",
-                "applies": applies,
-                "present": present,
-                "fixed": patch["fixed"] if present else None,
-                "detail": detail,
-            }
+def _status(data: dict[str, Any]) -> PatchStatus:
+    known = PatchStatus.__dataclass_fields__
+    return PatchStatus(**{k: v for k, v in data.items() if k in known})
+
+
+def patch_row(patch: PatchStatus) -> DoctorRow:
+    """The doctor's line for one patch, from its ``status()`` record."""
+    version = patch.installed_version
+    present = {"present": True, "absent": False}.get(patch.defect)
+    where = f"{patch.distribution} {version}"
+    if not patch.applies:
+        detail = (
+            f"{patch.distribution} not installed"
+            if version is None
+            else f"{where}: older than the patch supports ({patch.requires})"
         )
-    out.extend(report.get("adapters", []))
+    elif patch.disabled:
+        state = {True: "present", False: "absent", None: "not probed"}[present]
+        detail = f"{where}: defect {state}; disabled by {_settings.DISABLE}"
+    elif present is None:
+        detail = patch.error or "target not imported, not probed"
+    elif not present:
+        detail = f"{where}: defect absent, nothing to do"
+    else:
+        note = ""
+        if not patch.in_range:
+            note = f" ({patch.version_note or 'outside the tested range ' + patch.tested}; "
+            note += "the probe decided)"
+        detail = f"{where}: {patch.description}{note}"
+    if patch.error and present is not None:
+        detail += f" [error: {patch.error}]"
+    return DoctorRow(
+        name=patch.name,
+        kind="patch",
+        applies=patch.applies,
+        present=present,
+        fixed=(bool(patch.fixed) and not patch.disabled) if present else None,
+        detail=detail,
+    )
+
+
+def rows(report: dict[str, Any]) -> list[DoctorRow]:
+    """One uniform row per patch and adapter check."""
+    out = [patch_row(_status(patch)) for patch in report.get("patches", [])]
+    out.extend(DoctorRow.from_dict(row) for row in report.get("adapters", []))
     return out
 
 
-def verdict(table: list[dict[str, Any]], report: dict[str, Any]) -> tuple[int, str]:
+def verdict(table: list[DoctorRow], report: dict[str, Any]) -> tuple[int, str]:
     if "error" in report:
         return 2, f"could not run the live probes: {report['error']}"
-    unfixed = [r for r in table if r["applies"] and r["present"] and not r["fixed"]]
-    unknown = [r for r in table if r["applies"] and r["present"] is None and r["kind"] == "patch"]
+    unfixed = [r for r in table if r.applies and r.present and not r.fixed]
+    unknown = [r for r in table if r.applies and r.present is None and r.kind == "patch"]
     if unfixed:
-        names = ", ".join(r["name"] for r in unfixed)
+        names = ", ".join(r.name for r in unfixed)
         return 1, f"{len(unfixed)} applicable breakage(s) not fixed: {names}"
     if unknown:
-        names = ", ".join(r["name"] for r in unknown)
+        names = ", ".join(r.name for r in unknown)
         return 1, f"could not probe: {names}"
-    present = sum(1 for r in table if r["applies"] and r["present"])
+    present = sum(1 for r in table if r.applies and r.present)
     if not present:
         return 0, "ok: no known breakage applies to this install"
     return 0, f"ok: {present} breakage(s) present in this install, all fixed by compatshim"
@@ -121,7 +129,7 @@ def _mark(value: Any) -> str:
     return {True: "yes", False: "no", None: "-"}.get(value, str(value))
 
 
-def render(ver: dict[str, str | None], report: dict[str, Any], table: list[dict[str, Any]]) -> str:
+def render(ver: dict[str, str | None], report: dict[str, Any], table: list[DoctorRow]) -> str:
     lines = ["compatshim doctor", "", "Installed (from metadata):"]
     width = max(len(k) for k in ver)
     lines += [f"  {name:<{width}}  {version or 'not installed'}" for name, version in ver.items()]
@@ -131,14 +139,7 @@ def render(ver: dict[str, str | None], report: dict[str, Any], table: list[dict[
         lines += [f"  {key}: {value}" for key, value in devices.items()]
     header = ("check", "kind", "applies", "present", "fixed", "detail")
     body = [
-        (
-            r["name"],
-            r["kind"],
-            _mark(r["applies"]),
-            _mark(r["present"]),
-            _mark(r["fixed"]),
-            r["detail"],
-        )
+        (r.name, r.kind, _mark(r.applies), _mark(r.present), _mark(r.fixed), r.detail)
         for r in table
     ]
     widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(5)]
@@ -151,7 +152,12 @@ def render(ver: dict[str, str | None], report: dict[str, Any], table: list[dict[
     return "\n".join(lines)
 
 
-def main(as_json: bool = False, timeout: float = PROBE_TIMEOUT_S) -> int:
+def main(as_json: bool = False, timeout: float | None = None) -> int:
+    try:
+        timeout = _settings.doctor_timeout(timeout)
+    except _settings.SettingError as exc:
+        print(f"compatshim doctor: {exc}", file=sys.stderr)
+        return 2
     ver = versions()
     report = run_probes(timeout)
     table = rows(report)
@@ -160,7 +166,7 @@ def main(as_json: bool = False, timeout: float = PROBE_TIMEOUT_S) -> int:
         payload = {
             "versions": ver,
             "report": report,
-            "checks": table,
+            "checks": [row.as_dict() for row in table],
             "exit": code,
             "reason": reason,
         }

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 import compatshim
-from compatshim.cloning import doctor_rows, shared_handle_types
+from compatshim.cloning import shared_handle_types
 from compatshim.patches import torch_processgroup_copy as patch_module
 from core.pg_workers import distributed_results
 
@@ -131,13 +131,6 @@ def test_no_global_state_changes_and_thread_safe(model: Tagged) -> None:
 def test_handle_types_found_without_importing_anything() -> None:
     types = shared_handle_types()
     assert dist.ProcessGroup in types and type(threading.Lock()) in types
-
-
-def test_doctor_row() -> None:
-    compatshim.uninstall([NAME])
-    (row,) = doctor_rows()
-    assert row["name"] == "clone_module" and row["kind"] == "adapter"
-    assert (row["applies"], row["present"], row["fixed"]) == (True, True, True), row
 
 
 @pytest.mark.dist

@@ -105,7 +105,7 @@ def test_patch_armed_before_torch_is_imported() -> None:
         assert copy.deepcopy([group])[0] is group
         model = torch.nn.SyncBatchNorm(2, process_group=group)
         assert copy.deepcopy(model).process_group is group
-        print(json.dumps([r for r in compatshim.status() if r["name"] == {NAME!r}][0]))
+        print(json.dumps([r.as_dict() for r in compatshim.status() if r.name == {NAME!r}][0]))
         """
     )
     done = subprocess.run(

@@ -20,8 +20,10 @@ import pytest
 
 import compatshim
 from compatshim import _import_hooks, _registry
+from compatshim._patch import Patch
 from compatshim._patching import Patcher
-from compatshim._registry import Patch
+
+from .patch_factory import make_patch
 
 TARGET = "cs_registry_target"
 
@@ -39,16 +41,8 @@ def _apply(module: ModuleType, patcher: Patcher) -> None:
     patcher.setattr(module, "ADDED", True)
 
 
-def _make_patch(name: str, specifier: str = ">=1", distribution: str = "packaging") -> Patch:
-    return Patch(
-        name=name,
-        distribution=distribution,
-        specifier=specifier,
-        targets=(TARGET,),
-        probe=_probe,
-        apply=_apply,
-        description="test patch",
-    )
+def _make_patch(name: str, requires: str = ">=1", tested: str = ">=1") -> Patch:
+    return make_patch(name, (TARGET,), _probe, _apply, requires=requires, tested=tested)
 
 
 @pytest.fixture
@@ -153,26 +147,26 @@ def test_probe_decides_when_defect_absent(target_dir: Path, patch_name: str) -> 
 
 def test_version_below_range_is_left_alone(target_dir: Path) -> None:
     name = "test-below-range"
-    _registry.register(_make_patch(name, specifier=">=999"))
+    _registry.register(_make_patch(name, requires=">=999"))
     try:
         module = importlib.import_module(TARGET)
         compatshim.install(include=[name])
         assert module.Thing().method() == "broken"
         row = _row(name)
-        assert row["range_position"] == "below" and not row["applied"]
+        assert row["range_position"] == "unsupported" and not row["applied"]
     finally:
         _registry.unregister(name)
 
 
 def test_version_above_range_lets_probe_decide(target_dir: Path) -> None:
     name = "test-above-range"
-    _registry.register(_make_patch(name, specifier="<1"))
+    _registry.register(_make_patch(name, tested="<1"))
     try:
         module = importlib.import_module(TARGET)
         compatshim.install(include=[name])
         assert module.Thing().method() == "fixed"
         row = _row(name)
-        assert row["range_position"] == "above" and row["applied"] and not row["in_range"]
+        assert row["range_position"] == "untested" and row["applied"] and not row["in_range"]
     finally:
         _registry.unregister(name)
 
@@ -183,17 +177,7 @@ def test_failed_apply_leaves_module_unchanged(target_dir: Path) -> None:
         raise RuntimeError("layout changed")
 
     name = "test-bad-apply"
-    _registry.register(
-        Patch(
-            name=name,
-            distribution="packaging",
-            specifier=">=1",
-            targets=(TARGET,),
-            probe=_probe,
-            apply=bad_apply,
-            description="",
-        )
-    )
+    _registry.register(make_patch(name, (TARGET,), _probe, bad_apply))
     try:
         module = importlib.import_module(TARGET)
         original = module.Thing.__dict__["method"]
@@ -234,7 +218,7 @@ def test_import_compatshim_auto_imports_no_framework() -> None:
     code = (
         "import sys, compatshim.auto, compatshim; "
         "heavy = [m for m in ('torch', 'numpy', 'nuscenes', 'lightning', 'colossalai', "
-        "'packaging') "
+        "'packaging.version', 'packaging.specifiers') "
         "if m in sys.modules]; assert not heavy, heavy; "
         "assert all(r['armed'] for r in compatshim.status())"
     )
@@ -259,22 +243,29 @@ def test_startup_hook_honours_compatshim_auto(value: str, armed: bool) -> None:
     assert out.stdout.strip() == str(armed)
 
 
-def test_catalogue_agrees_with_patch_modules() -> None:
-    """install() arms from the catalogue table; each patch module must say the same."""
-    from compatshim.patches import CATALOGUE, load_patch
+def test_catalogue_modules_declare_themselves_once() -> None:
+    """A patch's name, targets and versions live only in its module's PATCH."""
+    from packaging.specifiers import SpecifierSet
 
-    for name, (_, targets) in CATALOGUE.items():
-        patch = load_patch(name)
-        assert (patch.name, tuple(patch.targets)) == (name, targets)
+    from compatshim.patches import CATALOGUE, load_catalogue, patch_name
+
+    found = load_catalogue()
+    assert [name for name, _, _ in found] == [patch_name(m) for m in CATALOGUE]
+    for name, patch, error in found:
+        assert error is None and patch is not None, (name, error)
+        assert patch.name == name and patch.targets and patch.description
+        SpecifierSet(patch.requires)
+        SpecifierSet(patch.tested)
 
 
-def test_auto_imports_no_patch_module_and_nothing_heavy() -> None:
-    """The start-up path stays cheap: patch modules load when their target is imported."""
+def test_start_up_path_imports_nothing_heavy() -> None:
+    """``import compatshim.auto`` imports the patch modules, which must stay cheap."""
     code = (
         "import sys; before = set(sys.modules); import compatshim.auto; "
         "new = set(sys.modules) - before; "
-        "bad = sorted(m for m in new if m.startswith('compatshim.patches.') "
-        "or m in ('typing', 'pickle', 'copy', 'inspect', 'importlib.metadata', 'packaging')); "
+        "bad = sorted(m for m in new if m in ('typing', 'pickle', 'copy', 'inspect', "
+        "'importlib.metadata', 'packaging.version', 'packaging.specifiers', 'dataclasses', "
+        "'logging', 'torch', 'numpy')); "
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -283,15 +274,13 @@ def test_auto_imports_no_patch_module_and_nothing_heavy() -> None:
 def test_target_distribution_gates_that_target(target_dir: Path) -> None:
     """A target shipped by another distribution is version-gated by that distribution."""
     name = "test-target-distribution"
-    patch = Patch(
-        name=name,
+    patch = make_patch(
+        name,
+        (TARGET,),
+        _probe,
+        _apply,
         distribution="no-such-distribution",
-        specifier=">=1",
-        targets=(TARGET,),
         target_distributions={TARGET: "packaging"},
-        probe=_probe,
-        apply=_apply,
-        description="",
     )
     _registry.register(patch)
     try:

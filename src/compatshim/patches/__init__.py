@@ -1,41 +1,47 @@
 """The patch catalogue: one small module per upstream defect.
 
-Each module defines ``PATCH``. To support a new release, edit that one module
-(its specifier, probe or fix) and the pin set in ``matrix/``.
+Each module ends with ``PATCH = Patch(...)``, the one place its name, targets
+and versions are written; the module is named after the patch
+(``torch-processgroup-copy`` lives in ``torch_processgroup_copy.py``). To support
+a new release, edit that one module (its ``tested`` range, probe or fix) and
+the pin set in ``matrix/``; to add a patch, add its module and one line here.
+
+``install()`` imports every module listed here, on the start-up path of every
+process that sets ``COMPATSHIM_AUTO=1``: a patch module's top level imports
+nothing heavier than compatshim's own ``_patch``/``_patching`` (frameworks,
+``pickle``, ``typing``... are imported inside its functions).
 """
 
 from __future__ import annotations
 
-from importlib import import_module
-
 TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
 if TYPE_CHECKING:
-    from .._registry import Patch
+    from .._patch import Patch
 
-#: patch name -> (its module in this package, the modules whose import triggers it).
-#: ``install()`` arms post-import hooks from this table alone, so ``import compatshim.auto``
-#: imports no patch module (they need pickle, copy, typing...): a patch module is imported
-#: when one of its targets is. Each module's ``PATCH`` must agree with its row here
-#: (tests/core/test_registry.py checks).
-CATALOGUE: dict[str, tuple[str, tuple[str, ...]]] = {
-    "torch-processgroup-copy": ("torch_processgroup_copy", ("torch.distributed",)),
-    "nuscenes-dict-views": (
-        "nuscenes_dict_views",
-        ("nuscenes.eval.detection.data_classes", "nuscenes.eval.panoptic.evaluate"),
-    ),
-    "lightning-fabric-desync": (
-        "lightning_fabric_desync",
-        ("lightning.fabric.fabric", "lightning_fabric.fabric"),
-    ),
-}
+CATALOGUE = (
+    "torch_processgroup_copy",
+    "nuscenes_dict_views",
+    "lightning_fabric_desync",
+)
 
 
-def load_patch(name: str) -> Patch:
-    """Import the module of catalogue entry ``name`` and return its ``PATCH``."""
-    module_name, _ = CATALOGUE[name]
-    patch: Patch = import_module(f"{__name__}.{module_name}").PATCH
-    return patch
+def patch_name(module_name: str) -> str:
+    return module_name.replace("_", "-")
 
 
-def all_patches() -> list[Patch]:
-    return [load_patch(name) for name in CATALOGUE]
+def load_catalogue() -> list[tuple[str, Patch | None, str | None]]:
+    """``(name, PATCH, None)`` per catalogue module; ``(name, None, why)`` for one that fails."""
+    from importlib import import_module
+
+    found: list[tuple[str, Patch | None, str | None]] = []
+    for module_name in CATALOGUE:
+        name = patch_name(module_name)
+        try:
+            patch = import_module(f"{__name__}.{module_name}").PATCH
+            if patch.name != name:
+                raise ValueError(f"module {module_name} declares a patch named {patch.name!r}")
+        except Exception as exc:
+            found.append((name, None, f"{type(exc).__name__}: {exc}"))
+            continue
+        found.append((name, patch, None))
+    return found

@@ -34,11 +34,15 @@ Revert: every wrapped method is put back through the ``Patcher``.
 from __future__ import annotations
 
 import functools
-from types import ModuleType
-from typing import Any, Callable
 
-from .._patching import Patcher
-from .._registry import Patch
+from .._patch import Patch
+
+TYPE_CHECKING = False  # no ``typing`` import at run time: install() imports this module at start-up
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any, Callable
+
+    from .._patching import Patcher
 
 MARK = "__compatshim_desync__"
 COLLECTIVES = ("barrier", "broadcast", "all_reduce", "all_gather")
@@ -171,7 +175,8 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
 PATCH = Patch(
     name="lightning-fabric-desync",
     distribution="lightning",
-    specifier=">=2.4,<2.7",
+    requires=">=2.4",
+    tested=">=2.4,<=2.6.6",
     targets=("lightning.fabric.fabric", "lightning_fabric.fabric"),
     target_distributions={"lightning_fabric.fabric": "lightning-fabric"},
     probe=probe,

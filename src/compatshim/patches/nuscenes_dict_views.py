@@ -59,12 +59,16 @@ The revert
 from __future__ import annotations
 
 import gc
-from types import ModuleType
-from typing import Any, Callable
 
-from .._patching import Patcher
-from .._registry import Patch
+from .._patch import Patch
 from .._versions import installed_version
+
+TYPE_CHECKING = False  # no ``typing`` import at run time: install() imports this module at start-up
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any, Callable
+
+    from .._patching import Patcher
 
 __all__ = ["AFFECTED", "PATCH", "DictViewRef", "is_dict_view", "rebuild_dict_view"]
 
@@ -271,7 +275,8 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
 PATCH = Patch(
     name="nuscenes-dict-views",
     distribution="nuscenes-devkit",
-    specifier="<=1.2.0",
+    requires="",
+    tested=">=1.1.11,<=1.2.0",
     targets=tuple(AFFECTED),
     probe=probe,
     apply=apply,

@@ -63,14 +63,17 @@ The revert
 
 from __future__ import annotations
 
-import copy
-import pickle
-from types import ModuleType
-from typing import Any
+from _pickle import PicklingError  # pickle.PicklingError itself, without importing pickle
 
-from .._patching import Patcher
-from .._registry import Patch
+from .._patch import Patch
 from .._versions import installed_version
+
+TYPE_CHECKING = False  # no ``typing`` import at run time: install() imports this module at start-up
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any
+
+    from .._patching import Patcher
 
 __all__ = [
     "PATCH",
@@ -84,7 +87,7 @@ _REGISTRY_LAYOUTS = ("distributed_c10d._world.pg_group_ranks", "distributed_c10d
 _NAME_LAYOUTS = ("distributed_c10d._world.pg_names", "distributed_c10d._pg_names")
 
 
-class ProcessGroupPickleError(pickle.PicklingError):
+class ProcessGroupPickleError(PicklingError):
     """A ProcessGroup cannot be pickled because torch.distributed does not know its ranks."""
 
 
@@ -316,6 +319,9 @@ def _bare_group(cls: type) -> Any:
 
 
 def _probe(module: ModuleType) -> bool:
+    import copy
+    import pickle
+
     cls = _process_group_class(module)
     if cls is None:
         return False  # a torch build without torch.distributed has nothing to copy
@@ -345,7 +351,8 @@ def _apply(module: ModuleType, patcher: Patcher) -> None:
 PATCH = Patch(
     name="torch-processgroup-copy",
     distribution="torch",
-    specifier=">=2.0,<=2.13",
+    requires=">=2.0",
+    tested=">=2.1,<=2.13.0",
     targets=("torch.distributed",),
     probe=_probe,
     apply=_apply,

@@ -1,0 +1,71 @@
+"""Why a patch did or did not apply: each decision, on the ``compatshim`` logger at DEBUG.
+
+Decisions made at start-up (``install()`` under ``COMPATSHIM_AUTO=1``) come
+before ``logging`` is imported, and importing it there would cost every
+process a few milliseconds. So decisions are kept in a short in-memory list
+and sent to the logger once ``logging`` is imported by anyone (a framework
+import always does it), oldest first. ``COMPATSHIM_LOG=debug`` also prints
+them to stderr. The last few decisions of each patch appear in ``status()``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from . import _settings
+
+LOGGER = "compatshim"
+_KEEP_PER_PATCH = 8
+_pending: list[str] = []
+_by_patch: dict[str, list[str]] = {}
+_stderr_attached = False
+
+
+def record(patch: str, event: str, detail: str = "") -> None:
+    """Note one decision about ``patch`` (e.g. ``armed``, ``applied``, ``probe failed``)."""
+    line = f"{patch}: {event}" + (f" ({detail})" if detail else "")
+    kept = _by_patch.setdefault(patch, [])
+    kept.append(line)
+    del kept[:-_KEEP_PER_PATCH]
+    _pending.append(line)
+    if "logging" in sys.modules or _settings.log_level() == "debug":
+        _flush()
+
+
+def recent(patch: str) -> list[str]:
+    return list(_by_patch.get(patch, ()))
+
+
+def _flush() -> None:
+    global _stderr_attached
+    try:
+        import logging
+
+        logger = logging.getLogger(LOGGER)
+        if _settings.log_level() == "debug" and not _stderr_attached:
+            _stderr_attached = True
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("compatshim: %(message)s"))
+            logger.addHandler(handler)
+            logger.setLevel(logging.DEBUG)
+        while True:
+            try:
+                line = _pending.pop(0)
+            except IndexError:  # another thread took the last one
+                break
+            logger.debug(line)
+    except Exception:  # a log line must never break an import
+        _pending.clear()
+
+
+def warn(message: str) -> None:
+    """A ``RuntimeWarning`` that can never raise, even under ``python -W error``."""
+    try:
+        import warnings
+
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    except Exception:  # the filters turned it into an error: say it on stderr instead
+        try:  # noqa: SIM105 (contextlib would cost start-up time)
+            sys.stderr.write(f"RuntimeWarning: {message}\n")
+        except Exception:
+            pass

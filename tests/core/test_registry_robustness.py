@@ -1,0 +1,378 @@
+"""The registry's promises under attack: no deadlock, no hook that raises into an import,
+clear handling of bad arguments, environment and installs (issue 10, items 1-3).
+
+Most cases run in fresh interpreters: they are about what happens inside a real first
+``import torch``, at interpreter start-up, or under warning filters a test process
+cannot undo.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Iterator
+
+import pytest
+
+import compatshim
+from compatshim import _registry
+from compatshim._patching import Patcher
+
+from .patch_factory import make_patch
+
+SRC = str(Path(compatshim.__file__).resolve().parents[1])
+
+
+def _python(
+    code: str,
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 180,
+    flags: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("COMPATSHIM_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, *flags, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+    )
+
+
+# -- 1. deadlock and half-initialised modules --------------------------------------------------
+RACE = """
+    import copy, sys, threading
+    import compatshim
+    stop = threading.Event()
+    errors = []
+
+    def churn(kind):
+        try:
+            while not stop.is_set():
+                if kind == 0:
+                    compatshim.install()
+                elif kind == 1:
+                    compatshim.uninstall()
+                    compatshim.install()
+                else:
+                    compatshim.status()
+        except BaseException as exc:
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=churn, args=(k,), daemon=True) for k in range(3)]
+    for thread in threads:
+        thread.start()
+    import torch  # the first import of torch, racing install/uninstall/status
+    import torch.distributed as dist
+    stop.set()
+    for thread in threads:
+        thread.join(60)
+    assert not any(t.is_alive() for t in threads), "a churn thread is stuck"
+    assert not errors, errors
+    compatshim.install()
+    from compatshim.patches.torch_processgroup_copy import _bare_group
+    group = _bare_group(dist.ProcessGroup)
+    assert copy.deepcopy(group) is group
+    row = next(r for r in compatshim.status() if r.name == "torch-processgroup-copy")
+    assert row.applied and row.fixed, row
+    print("RACE-OK")
+"""
+
+
+@pytest.mark.slow
+def test_threads_racing_the_first_import_torch_never_deadlock() -> None:
+    """install/uninstall/status in 3 threads during the first ``import torch``, 8 processes."""
+    pytest.importorskip("torch")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPATSHIM_")}
+    code = textwrap.dedent(RACE)
+    runs = 8
+    failures = []
+    for batch in range(0, runs, 4):
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", code],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for _ in range(batch, min(batch + 4, runs))
+        ]
+        for proc in procs:
+            try:
+                out, err = proc.communicate(timeout=240)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+                failures.append(f"deadlocked (killed after 240 s): {err[-2000:]}")
+                continue
+            if proc.returncode != 0 or "RACE-OK" not in out:
+                failures.append(f"exit {proc.returncode}: {err[-2000:]}")
+    assert not failures, "\n".join(failures)
+
+
+def _write_package(root: Path, name: str, init: str, target_body: str) -> None:
+    package = root / name
+    package.mkdir()
+    (package / "__init__.py").write_text(textwrap.dedent(init))
+    (package / "target.py").write_text(textwrap.dedent(target_body))
+
+
+TARGET_BODY = """
+    class Thing:
+        def method(self):
+            return "broken"
+"""
+
+
+def _fixed(self: object) -> str:
+    return "fixed"
+
+
+def _needs_parent(module: ModuleType) -> bool:
+    """A probe that, like a real one, uses its parent package (AttributeError while half-built)."""
+    parent = sys.modules[module.__name__.rpartition(".")[0]]
+    return bool(parent.CONFIG["probe"] and module.Thing().method() == "broken")
+
+
+def _apply(module: ModuleType, patcher: Patcher) -> None:
+    patcher.setattr(module.Thing, "method", _fixed)
+
+
+@pytest.fixture
+def package_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in [m for m in sys.modules if m.startswith("cs_half")]:
+        del sys.modules[name]
+
+
+def _register(name: str, target: str) -> None:
+    _registry.register(make_patch(name, (target,), _needs_parent, _apply, requires=""))
+
+
+def test_hook_waits_for_the_parent_package_to_finish(package_root: Path) -> None:
+    """The target finishes half-way through its parent's ``__init__``: probe after the parent."""
+    _write_package(
+        package_root,
+        "cs_half_a",
+        "from . import target\nCONFIG = {'probe': True}\n",
+        TARGET_BODY,
+    )
+    _register("test-half-a", "cs_half_a.target")
+    try:
+        compatshim.install(include="test-half-a")
+        module = importlib.import_module("cs_half_a.target")
+        row = next(r for r in compatshim.status() if r.name == "test-half-a")
+        assert row.error is None, row.error
+        assert module.Thing().method() == "fixed" and row.applied
+    finally:
+        _registry.unregister("test-half-a")
+
+
+def test_install_while_another_thread_imports_the_target(package_root: Path) -> None:
+    """install() in one thread while another is inside the target's package: patched on return."""
+    (package_root / "cs_half_sync.py").write_text(
+        "import threading\nstarted = threading.Event()\nrelease = threading.Event()\n"
+    )
+    _write_package(
+        package_root,
+        "cs_half_b",
+        """
+        import cs_half_sync
+        from . import target
+        cs_half_sync.started.set()
+        cs_half_sync.release.wait(20)
+        CONFIG = {'probe': True}
+        """,
+        TARGET_BODY,
+    )
+    sync = importlib.import_module("cs_half_sync")
+    _register("test-half-b", "cs_half_b.target")
+    importer = threading.Thread(target=importlib.import_module, args=("cs_half_b",))
+    try:
+        importer.start()
+        assert sync.started.wait(20)
+        threading.Timer(0.3, sync.release.set).start()
+        compatshim.install(include=["test-half-b"])
+        module = sys.modules["cs_half_b.target"]
+        assert module.Thing().method() == "fixed", "install() returned before patching"
+        importer.join(20)
+        row = next(r for r in compatshim.status() if r.name == "test-half-b")
+        assert row.error is None and row.applied, row
+    finally:
+        sync.release.set()
+        importer.join(20)
+        _registry.unregister("test-half-b")
+        sys.modules.pop("cs_half_sync", None)
+
+
+# -- 2. hooks that must not raise into the import ----------------------------------------------
+def test_stray_non_pep440_dist_info_does_not_break_import_torch(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    stray = tmp_path / "torch-notaversion.dist-info"
+    stray.mkdir()
+    (stray / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: notaversion\n")
+    done = _python(
+        """
+        import compatshim
+        compatshim.install()
+        import torch, torch.distributed
+        row = next(r for r in compatshim.status() if r.name == "torch-processgroup-copy")
+        assert row.installed_version == "notaversion", row
+        assert row.range_position is None and "PEP 440" in row.version_note, row
+        assert row.applied and row.fixed, row
+        print("STRAY-OK")
+        """,
+        env={"PYTHONPATH": os.pathsep.join([str(tmp_path), SRC])},
+    )
+    assert done.returncode == 0 and "STRAY-OK" in done.stdout, done.stderr
+
+
+def test_refused_patch_under_w_error_does_not_raise_into_the_import(tmp_path: Path) -> None:
+    (tmp_path / "cs_refuse_target.py").write_text(textwrap.dedent(TARGET_BODY))
+    done = _python(
+        """
+        from compatshim import _registry
+        from compatshim._patch import Patch
+
+        def refuse(module, patcher):
+            raise RuntimeError("this release has its own __getstate__")
+
+        _registry.register(Patch(
+            name="test-refuse", distribution="packaging", requires="", tested=">=1",
+            targets=("cs_refuse_target",), probe=lambda m: True, apply=refuse,
+            description="test"))
+        _registry.install(include="test-refuse")
+        import cs_refuse_target
+        print("IMPORTED", cs_refuse_target.Thing().method())
+        """,
+        env={"PYTHONPATH": os.pathsep.join([str(tmp_path), SRC])},
+        flags=("-W", "error"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "IMPORTED broken" in done.stdout
+    assert "own __getstate__" in done.stderr  # said once, on stderr, since warnings are errors
+
+
+def test_auto_without_packaging_warns_once_and_stays_disarmed(tmp_path: Path) -> None:
+    """``COMPATSHIM_AUTO=1`` in an install that lacks ``packaging`` (pip --no-deps)."""
+    pytest.importorskip("torch")
+    shadow = tmp_path / "packaging"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('No module named packaging (test)')\n")
+    done = _python(
+        """
+        import sys
+        import torch, torch.distributed
+        import compatshim
+        assert "compatshim.auto" in sys.modules
+        assert not any(row.armed for row in compatshim.status())
+        print("NO-PACKAGING-OK")
+        """,
+        env={"PYTHONPATH": os.pathsep.join([str(tmp_path), SRC]), "COMPATSHIM_AUTO": "1"},
+    )
+    assert done.returncode == 0 and "NO-PACKAGING-OK" in done.stdout, done.stderr
+    assert done.stderr.count("a dependency is missing") == 1, done.stderr
+
+
+# -- 3. arguments and environment --------------------------------------------------------------
+def test_bare_string_exclude_is_one_name() -> None:
+    armed = compatshim.install(exclude="torch-processgroup-copy")
+    try:
+        assert "torch-processgroup-copy" not in armed and armed
+    finally:
+        compatshim.uninstall()
+
+
+def test_misspelt_disable_names_warn_once_and_slips_are_honoured() -> None:
+    done = _python(
+        """
+        import warnings, compatshim
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            armed = compatshim.install()
+            compatshim.install()
+            compatshim.status()
+        messages = [str(w.message) for w in caught]
+        assert "torch-processgroup-copy" not in armed, armed
+        assert len([m for m in messages if "'TORCH_PROCESSGROUP_COPY'" in m]) == 1, messages
+        bogus = [m for m in messages if "'no-such-thing'" in m]
+        assert len(bogus) == 1 and "known patches" in bogus[0], messages
+        print("DISABLE-OK")
+        """,
+        env={
+            "PYTHONPATH": SRC,
+            "COMPATSHIM_DISABLE": "TORCH_PROCESSGROUP_COPY, no-such-thing",
+        },
+    )
+    assert done.returncode == 0 and "DISABLE-OK" in done.stdout, done.stderr
+
+
+def test_doctor_timeout_that_is_not_a_number_is_a_reason_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "compatshim", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COMPATSHIM_DOCTOR_TIMEOUT": "abc"},
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert "COMPATSHIM_DOCTOR_TIMEOUT='abc' is not a number of seconds" in done.stderr
+
+
+def test_one_broken_catalogue_entry_is_one_broken_row() -> None:
+    done = _python(
+        """
+        import warnings
+        import compatshim.patches as patches
+        patches.CATALOGUE = (*patches.CATALOGUE, "no_such_patch")
+        import compatshim
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            armed = compatshim.install()
+        rows = {row.name: row for row in compatshim.status()}
+        broken = rows["no-such-patch"]
+        assert "failed to load" in broken.error and not broken.armed, broken
+        assert "torch-processgroup-copy" in armed and rows["torch-processgroup-copy"].armed
+        assert any("no-such-patch" in str(w.message) for w in caught)
+        print("BROKEN-OK")
+        """,
+        env={"PYTHONPATH": SRC},
+    )
+    assert done.returncode == 0 and "BROKEN-OK" in done.stdout, done.stderr
+
+
+def test_decision_trail_is_logged(tmp_path: Path) -> None:
+    (tmp_path / "cs_trail_target.py").write_text(textwrap.dedent(TARGET_BODY))
+    done = _python(
+        """
+        from compatshim import _registry
+        from compatshim._patch import Patch
+
+        def fix(module, patcher):
+            patcher.setattr(module.Thing, "method", lambda self: "fixed")
+
+        _registry.register(Patch(
+            name="test-trail", distribution="packaging", requires="", tested=">=1",
+            targets=("cs_trail_target",), probe=lambda m: m.Thing().method() == "broken",
+            apply=fix, description="test"))
+        _registry.install(include="test-trail")
+        import cs_trail_target
+        row = next(r for r in _registry.status() if r.name == "test-trail")
+        assert any("applied" in line for line in row.decisions), row.decisions
+        """,
+        env={"PYTHONPATH": os.pathsep.join([str(tmp_path), SRC]), "COMPATSHIM_LOG": "debug"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "compatshim: test-trail: armed" in done.stderr
+    assert "compatshim: test-trail: applied (cs_trail_target" in done.stderr
