@@ -57,7 +57,8 @@ def main() -> None:
     results = {mode: collect(out, mode) for mode in ("plain", "armed")}
     for mode, found in results.items():
         for part in ("suite", "standalone"):
-            mine = [v for k, v in found.items() if k.startswith("[standalone]") == (part != "suite")]
+            standalone = part == "standalone"
+            mine = [v for k, v in found.items() if k.startswith("[standalone]") == standalone]
             print(f"{mode:5} {part:10} {dict(sorted(Counter(mine).items()))}")
     plain, armed = results["plain"], results["armed"]
     for name in sorted(set(plain) | set(armed)):
