@@ -8,14 +8,23 @@ installed, else from the standalone ``lightning-fabric`` one (``lightning_fabric
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
+from importlib import metadata
 from typing import Any
 
 import torch
 
-FABRIC_MODULE = (
-    "lightning.fabric" if importlib.util.find_spec("lightning") is not None else "lightning_fabric"
-)
+
+def _installed(distribution: str) -> bool:
+    # not find_spec("lightning"): under pytest, tests/lightning/ is a namespace package of that name
+    try:
+        metadata.distribution(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+FABRIC_MODULE = "lightning.fabric" if _installed("lightning") else "lightning_fabric"
 
 
 def fabric_class() -> Any:
