@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Mapping, NoReturn
+import weakref
+from typing import Any, Callable, Mapping, NoReturn
 
 from .._settings import desync_timeout
 from ._ending import exit_description
@@ -56,7 +57,7 @@ __all__ = [
 
 Call = Crumb  # a watched call in progress: ``op``, ``stack`` (user frames), ``since``
 
-_decided_for: object = None  # the default group last looked at
+_decided_for: Callable[[], object] = lambda: None  # weak: the default group last looked at
 _distributed = False  # whether it spans 2+ ranks (then the monitor watches it)
 
 
@@ -88,11 +89,11 @@ def watch_process_group() -> bool:
     world = c10d.GroupMember.WORLD if c10d is not None else None
     if world is None:
         return False
-    if world is not _decided_for:
+    if world is not _decided_for():
         meeting = default_meeting()
         if meeting is not None:
             get_monitor().attach(meeting)
-        _decided_for, _distributed = world, meeting is not None
+        _decided_for, _distributed = weakref.ref(world), meeting is not None
     return _distributed
 
 
