@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from datetime import timedelta
 from typing import Any
 
 from compatshim.dist import DesyncError, check_module_consistency, sync_point
@@ -43,11 +44,22 @@ def different_tags(rank: int, world_size: int) -> dict[str, Any]:
     return _catch(lambda: sync_point(tag, timeout=20))
 
 
+def _wait_for_report(limit: float = 60.0) -> None:
+    """Block until some rank has announced a desync in the store (an event, not a guess)."""
+    import torch.distributed as dist
+
+    from compatshim.dist._records import Keys
+
+    store = dist.distributed_c10d._get_default_store()
+    store.wait([Keys.desync()], timedelta(seconds=limit))
+
+
 def one_rank_missing(rank: int, world_size: int, timeout: float) -> dict[str, Any]:
-    """Rank 1 never reaches the second sync point (it sleeps): rank 0 raises after ``timeout``."""
+    """Rank 1 never reaches the second sync point (it waits for the report): rank 0 raises
+    after ``timeout``."""
     sync_point("start", timeout=30)
     if rank == 1:
-        time.sleep(timeout + 6)
+        _wait_for_report()
         return {"raised": False, "elapsed": 0.0}
     return _catch(lambda: sync_point("after start", timeout=timeout))
 
@@ -55,8 +67,7 @@ def one_rank_missing(rank: int, world_size: int, timeout: float) -> dict[str, An
 def killed_mid_run(rank: int, world_size: int) -> dict[str, Any]:
     """Rank 1 is killed with SIGKILL after the first sync point; rank 0 must not wait it out."""
     sync_point("first", timeout=30)
-    if rank == 1:
-        time.sleep(0.3)
+    if rank == 1:  # its heartbeat (pid, host) is in the store since the first sync point
         os.kill(os.getpid(), signal.SIGKILL)
     return _catch(lambda: sync_point("second", timeout=60))
 
@@ -66,7 +77,6 @@ def exits_early(rank: int, world_size: int) -> dict[str, Any]:
     sync_point("first", timeout=30)
     if rank == 1:
         return {"raised": False, "elapsed": 0.0}
-    time.sleep(1.0)
     return _catch(lambda: sync_point("second", timeout=60))
 
 
@@ -113,6 +123,7 @@ def watchdog_collective_hang(rank: int, world_size: int, timeout: float, report_
     The watchdog prints to stderr, which is sent to ``report_dir/rank<N>.txt`` here.
     """
     import sys
+    import threading
 
     import torch.distributed as dist
 
@@ -124,7 +135,7 @@ def watchdog_collective_hang(rank: int, world_size: int, timeout: float, report_
     if rank == 0:
         dist.barrier()  # <- barrier-site
     else:
-        time.sleep(timeout * 4)  # <- sleep-site
+        threading.Event().wait()  # <- stuck-site: nothing ever sets it
     return "not reached"
 
 
