@@ -39,6 +39,7 @@ SCENARIOS: dict[str, tuple[str, tuple[str, ...], bool]] = {
     "launch_in_rank0_object": ("launch_in_rank0_object.py", (), True),
     "second_setup_then_barrier": ("second_setup_on_rank0.py", ("barrier",), True),
     "second_setup_then_step": ("second_setup_on_rank0.py", ("step",), True),
+    "second_setup_in_launch_function": ("second_setup_on_rank0.py", ("barrier", "function"), True),
     "world_size_decides": ("world_size_decides.py", (), True),
     "different_shapes": ("different_shapes.py", (), True),
     "teardown_2": ("healthy_teardown.py", ("2",), True),
@@ -111,7 +112,12 @@ def test_launch_inside_rank0_only_object(runs: dict[str, Future[Run]]) -> None:
 
 @pytest.mark.parametrize(
     ("name", "rank1_site"),
-    [("second_setup_then_barrier", "barrier-site"), ("second_setup_then_step", "step-site")],
+    [
+        ("second_setup_then_barrier", "barrier-site"),
+        ("second_setup_then_step", "step-site"),
+        # fabric.launch(run): launch() ends where run() starts; run()'s calls are watched
+        ("second_setup_in_launch_function", "barrier-site"),
+    ],
 )
 def test_second_setup_module_on_rank0_only(
     runs: dict[str, Future[Run]], name: str, rank1_site: str

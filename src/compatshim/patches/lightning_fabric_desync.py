@@ -131,25 +131,79 @@ def _watch_launch(fabric: Any) -> list[Any]:
     return watches
 
 
+def _split_function(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Callable[..., Any] | None, tuple[Any, ...]]:
+    """``launch(function, *rest, **kwargs)``: the function (None without one) and ``rest``."""
+    if "function" in kwargs:
+        return kwargs.pop("function"), args
+    return (args[0], args[1:]) if args else (None, ())
+
+
+class _Launching:
+    """The watched ``Fabric.launch`` call, left once: when the user's function starts, or at
+    the end of ``launch()``."""
+
+    def __init__(self) -> None:
+        from ..dist import _framework as watch
+
+        self._watch = watch
+        self.call = watch.enter_call("Fabric.launch")
+        self._open = self.call is not None
+
+    def leave(self) -> None:
+        if self._open:
+            self._open = False
+            self._watch.leave_call(self.call)
+
+    def then(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """``function``, ending the launch when it starts (the group exists by then)."""
+
+        @functools.wraps(function)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            self.leave()
+            self._watch.watch_process_group()
+            return function(*args, **kwargs)
+
+        return run
+
+
 def _launch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``launch()`` is watched until the process group is set up, not while ``function`` runs.
+
+    With a function, Fabric's script launcher runs it in this process once the
+    group exists: the launch ends there, and the function's own Fabric calls
+    are watched one by one. The spawn/fork launchers run it in worker
+    processes (armed through ``COMPATSHIM_AUTO``) while this one only waits
+    for them: nothing to watch here.
+    """
     from ..dist import _framework as watch
+    from ._fabric_launcher import launcher_children
 
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        call = watch.enter_call("Fabric.launch")
-        if call is None:
-            return original(self, *args, **kwargs)
-        watches = []
+        kwargs = dict(kwargs)
+        function, rest = _split_function(args, kwargs)
+
+        def launch(run: Callable[..., Any] | None) -> Any:
+            return original(self, **kwargs) if run is None else original(self, run, *rest, **kwargs)
+
+        if function is not None and launcher_children(self) is None:
+            return launch(function)
+        launching = _Launching()
+        if launching.call is None:  # launch() inside a watched call: only the outer one counts
+            return launch(function)
+        watches: list[Any] = []
         try:
             watches = _watch_launch(self)
-            result = original(self, *args, **kwargs)
+            result = launch(function if function is None else launching.then(function))
         finally:
-            watch.leave_call(call)
+            launching.leave()
             distributed = watch.watch_process_group()
-            if not distributed:  # launch(fn) in spawned workers, or it failed: nothing to watch
+            if not distributed:  # it failed, or ran no group here: nothing left to watch
                 for each in watches:
                     watch.remove_watch(each)
-        if not args and not kwargs and distributed:  # no function: every rank returns here
+        if function is None and distributed:  # every rank returns here: meet
             watch.meet("Fabric.launch")
         return result
 
