@@ -221,6 +221,24 @@ def test_in_process_one_device_run_leaves_nothing() -> None:
     assert atexit._ncallbacks() == handlers
 
 
+def test_launch_with_a_stand_in_strategy_behaves_as_unpatched() -> None:
+    """Lightning's own test_verify_launch_called swaps in a Mock strategy: launch() must work."""
+    from unittest.mock import Mock
+
+    import compatshim
+
+    strategies = importlib.import_module(f"{FABRIC_MODULE}.strategies")
+    compatshim.install(include=["lightning-fabric-desync"])
+    try:
+        fabric = fabric_class()(accelerator="cpu")
+        fabric._strategy = Mock(spec=strategies.DDPStrategy)
+        fabric.launch()
+        assert fabric._launched
+        assert not [t for t in threading.enumerate() if t.name.startswith("compatshim")]
+    finally:
+        compatshim.uninstall(["lightning-fabric-desync"])
+
+
 def test_patch_is_idempotent_and_reverts_exactly() -> None:
     Fabric = fabric_class()
 

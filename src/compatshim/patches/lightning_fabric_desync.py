@@ -116,17 +116,28 @@ def _meeting(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _rank_number(fabric: Any, name: str, default: int) -> int:
+    """``fabric.world_size`` / ``global_rank`` / ``local_rank``, or ``default`` when it is not
+    a number (a test's stand-in strategy): the patch never fails a call Fabric would not."""
+    try:
+        value = getattr(fabric, name, default)
+    except Exception:
+        return default
+    return value if isinstance(value, int) else default
+
+
 def _watch_launch(fabric: Any) -> list[Any]:
     """Before ``launch()`` of a run of 2+ ranks: watch it, and the child ranks it starts."""
     from ..dist import _framework as watch
     from ._fabric_launcher import LauncherChildren, launcher_children
 
-    if int(getattr(fabric, "world_size", 1)) < 2:
+    if _rank_number(fabric, "world_size", 1) < 2:
         return []  # nobody to be out of step with: no monitor
     watches = [watch.watch_calls({"Fabric.launch": LAUNCH_ALLOWANCE})]
     procs = launcher_children(fabric)
-    if procs is not None and int(getattr(fabric, "local_rank", 0)) == 0:
-        watches.append(LauncherChildren(procs, rank=int(getattr(fabric, "global_rank", 0))))
+    if procs is not None and _rank_number(fabric, "local_rank", 0) == 0:
+        rank = _rank_number(fabric, "global_rank", 0)
+        watches.append(LauncherChildren(procs, rank=rank))
         watch.add_watch(watches[-1])
     return watches
 
