@@ -158,7 +158,7 @@ def teardown_lines(run: Run) -> dict[int, tuple[str, bool]]:
 def assert_nothing_left(line: str) -> None:
     assert "excepthook=compatshim" not in line, line
     assert "compatshim_atexit_handlers=0" in line, line
-    assert "compatshim-dist-monitor" not in line, line
+    assert "threads=[]" in line, line
 
 
 def test_two_rank_run_leaves_nothing_after_destroy_process_group(
