@@ -8,11 +8,16 @@ installed, else from the standalone ``lightning-fabric`` one (``lightning_fabric
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
+import signal
 from importlib import metadata
 from typing import Any
 
 import torch
+
+# the test harness asks a rank that outlives its run for its stacks before killing it
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def _installed(distribution: str) -> bool:
