@@ -239,6 +239,26 @@ def test_launch_with_a_stand_in_strategy_behaves_as_unpatched() -> None:
         compatshim.uninstall(["lightning-fabric-desync"])
 
 
+def test_launch_arguments_reach_fabric_unchanged() -> None:
+    """Fabric's own checks of launch()'s function still answer (as Lightning's
+    test_launch_with_function expects)."""
+    import compatshim
+
+    compatshim.install(include=["lightning-fabric-desync"])
+    try:
+        fabric_class()().launch(lambda fabric, value: seen.append((fabric, value)), 7)
+        with pytest.raises(TypeError, match="needs to be a callable"):
+            fabric_class()().launch(None)  # a user calling the function instead of passing it
+        with pytest.raises(TypeError, match="needs to take at least one argument"):
+            fabric_class()().launch(lambda: None)
+    finally:
+        compatshim.uninstall(["lightning-fabric-desync"])
+    assert [value for _, value in seen] == [7]
+
+
+seen: list[tuple[Any, int]] = []
+
+
 def test_patch_is_idempotent_and_reverts_exactly() -> None:
     Fabric = fabric_class()
 

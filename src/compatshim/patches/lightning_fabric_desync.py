@@ -142,13 +142,13 @@ def _watch_launch(fabric: Any) -> list[Any]:
     return watches
 
 
-def _split_function(
-    args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Callable[..., Any] | None, tuple[Any, ...]]:
-    """``launch(function, *rest, **kwargs)``: the function (None without one) and ``rest``."""
+def _with_function(
+    args: tuple[Any, ...], kwargs: dict[str, Any], function: Callable[..., Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``launch``'s arguments with ``function`` in place of the one given."""
     if "function" in kwargs:
-        return kwargs.pop("function"), args
-    return (args[0], args[1:]) if args else (None, ())
+        return args, {**kwargs, "function": function}
+    return (function, *args[1:]), kwargs
 
 
 class _Launching:
@@ -193,28 +193,26 @@ def _launch(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        kwargs = dict(kwargs)
-        function, rest = _split_function(args, kwargs)
-
-        def launch(run: Callable[..., Any] | None) -> Any:
-            return original(self, **kwargs) if run is None else original(self, run, *rest, **kwargs)
-
-        if function is not None and launcher_children(self) is None:
-            return launch(function)
+        given = bool(args) or "function" in kwargs
+        function: Any = kwargs["function"] if "function" in kwargs else (args[0] if args else None)
+        if given and (not callable(function) or launcher_children(self) is None):
+            return original(self, *args, **kwargs)  # Fabric's own error, or spawn/fork workers
         launching = _Launching()
         if launching.call is None:  # launch() inside a watched call: only the outer one counts
-            return launch(function)
+            return original(self, *args, **kwargs)
         watches: list[Any] = []
         try:
             watches = _watch_launch(self)
-            result = launch(function if function is None else launching.then(function))
+            if given:
+                args, kwargs = _with_function(args, kwargs, launching.then(function))
+            result = original(self, *args, **kwargs)
         finally:
             launching.leave()
             distributed = watch.watch_process_group()
             if not distributed:  # it failed, or ran no group here: nothing left to watch
                 for each in watches:
                     watch.remove_watch(each)
-        if function is None and distributed:  # every rank returns here: meet
+        if not given and distributed:  # launch() returns on every rank: meet there
             watch.meet("Fabric.launch")
         return result
 
