@@ -98,8 +98,11 @@ def watch_process_group() -> bool:
 
 
 def meet(tag: str, module: Any = None) -> None:
-    """A sync point named ``tag``; with ``module``, its parameters and buffers must match too."""
-    if module is None:
+    """A sync point named ``tag``; with ``module``, its parameters and buffers must match too.
+
+    Something that is not a module is not compared (the framework raises its own error).
+    """
+    if not callable(getattr(module, "named_parameters", None)):
         _meet(tag)
     else:
         _meet(tag, payload=module_summary(module), compare=first_difference)
