@@ -61,17 +61,12 @@ _decided_for: Callable[[], object] = lambda: None  # weak: the default group las
 _distributed = False  # whether it spans 2+ ranks (then the monitor watches it)
 
 
-def enter_call(op: str, *, collective: bool = False) -> Call | None:
-    """Mark entering ``op``; ``collective``: a world-wide collective (needs every rank).
-
-    Returns None when already inside a watched call on this thread (only the
-    outermost counts); pass the result to :func:`leave_call` either way.
-    """
-    return TRAIL.enter(op, collective)
-
-
-def leave_call(call: Call | None) -> None:
-    TRAIL.leave(call)
+#: ``enter_call(op, collective=False)``: mark entering ``op`` (``collective``: a world-wide
+#: collective, it needs every rank). Returns None when already inside a watched call on this
+#: thread (only the outermost counts); pass the result to ``leave_call`` either way. Bound
+#: methods, not wrappers: this is the hot path of every training step.
+enter_call = TRAIL.enter
+leave_call = TRAIL.leave
 
 
 def waiting_call() -> Call | None:
