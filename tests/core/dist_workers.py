@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from datetime import timedelta
 from typing import Any
 
 from compatshim.dist import DesyncError, check_module_consistency, sync_point
@@ -30,6 +31,7 @@ def _catch(fn: Any) -> dict[str, Any]:
         return {
             "raised": True,
             "report": exc.report,
+            "message": str(exc),
             "ranks": sorted(exc.ranks),
             "elapsed": time.monotonic() - start,
         }
@@ -42,11 +44,22 @@ def different_tags(rank: int, world_size: int) -> dict[str, Any]:
     return _catch(lambda: sync_point(tag, timeout=20))
 
 
+def _wait_for_report(limit: float = 60.0) -> None:
+    """Block until some rank has announced a desync in the store (an event, not a guess)."""
+    import torch.distributed as dist
+
+    from compatshim.dist._records import Keys
+
+    store = dist.distributed_c10d._get_default_store()
+    store.wait([Keys.desync()], timedelta(seconds=limit))
+
+
 def one_rank_missing(rank: int, world_size: int, timeout: float) -> dict[str, Any]:
-    """Rank 1 never reaches the second sync point (it sleeps): rank 0 raises after ``timeout``."""
+    """Rank 1 never reaches the second sync point (it waits for the report): rank 0 raises
+    after ``timeout``."""
     sync_point("start", timeout=30)
     if rank == 1:
-        time.sleep(timeout + 6)
+        _wait_for_report()
         return {"raised": False, "elapsed": 0.0}
     return _catch(lambda: sync_point("after start", timeout=timeout))
 
@@ -54,8 +67,7 @@ def one_rank_missing(rank: int, world_size: int, timeout: float) -> dict[str, An
 def killed_mid_run(rank: int, world_size: int) -> dict[str, Any]:
     """Rank 1 is killed with SIGKILL after the first sync point; rank 0 must not wait it out."""
     sync_point("first", timeout=30)
-    if rank == 1:
-        time.sleep(0.3)
+    if rank == 1:  # its heartbeat (pid, host) is in the store since the first sync point
         os.kill(os.getpid(), signal.SIGKILL)
     return _catch(lambda: sync_point("second", timeout=60))
 
@@ -65,7 +77,6 @@ def exits_early(rank: int, world_size: int) -> dict[str, Any]:
     sync_point("first", timeout=30)
     if rank == 1:
         return {"raised": False, "elapsed": 0.0}
-    time.sleep(1.0)
     return _catch(lambda: sync_point("second", timeout=60))
 
 
@@ -112,6 +123,7 @@ def watchdog_collective_hang(rank: int, world_size: int, timeout: float, report_
     The watchdog prints to stderr, which is sent to ``report_dir/rank<N>.txt`` here.
     """
     import sys
+    import threading
 
     import torch.distributed as dist
 
@@ -123,5 +135,49 @@ def watchdog_collective_hang(rank: int, world_size: int, timeout: float, report_
     if rank == 0:
         dist.barrier()  # <- barrier-site
     else:
-        time.sleep(timeout * 4)  # <- sleep-site
+        threading.Event().wait()  # <- stuck-site: nothing ever sets it
     return "not reached"
+
+
+def _leftovers() -> tuple[object, int, set[str]]:
+    """sys.excepthook, compatshim's atexit handlers still registered, thread names."""
+    import atexit
+    import sys
+    import threading
+
+    from compatshim.dist.monitor import get_monitor
+
+    before = atexit._ncallbacks()
+    atexit.unregister(get_monitor()._at_exit)  # a no-op unless it is still registered
+    ours = before - atexit._ncallbacks()
+    return sys.excepthook, ours, {t.name for t in threading.enumerate()}
+
+
+def monitor_gone_after_destroy(rank: int, world_size: int) -> dict[str, Any]:
+    """A sync point starts the monitor; destroying the process group must stop and unhook it."""
+    import torch.distributed as dist
+
+    hook, _, threads = _leftovers()
+    sync_point("before destroy", timeout=30)
+    running = _leftovers()[2] - threads
+    dist.destroy_process_group()
+    after_hook, handlers, after_threads = _leftovers()
+    return {
+        "ran": sorted(running),
+        "left": sorted(after_threads - threads),
+        "excepthook_restored": after_hook is hook,
+        "atexit_handlers": handlers,
+    }
+
+
+def world_of_one(rank: int, world_size: int) -> dict[str, Any]:
+    """A one-rank group has nobody to be out of step with: no monitor, no hooks."""
+    hook, _, threads = _leftovers()
+    sync_point("alone", timeout=30)
+    check_module_consistency(_model(8), timeout=30)
+    after_hook, handlers, after_threads = _leftovers()
+    return {
+        "left": sorted(after_threads - threads),
+        "excepthook_restored": after_hook is hook,
+        "atexit_handlers": handlers,
+    }

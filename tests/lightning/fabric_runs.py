@@ -4,8 +4,11 @@ Each run gets a unique ``COMPATSHIM_TEST_RUN`` marker in its environment,
 which Fabric passes on to the ranks it re-executes. Processes are found by
 that marker in ``/proc/<pid>/environ``, so a rank orphaned by its launcher is
 still found. The run has a hard timeout; afterwards any process still
-carrying the marker (after a short grace for ranks finishing their last line)
-is reported as a survivor and killed.
+carrying the marker is reported as a survivor and killed - once it has made no
+progress (no CPU time) for a short grace: on a loaded machine a rank may still
+be working through its interpreter exit after the launcher has gone. Before a
+survivor is killed it is asked (SIGUSR1, see ``scripts/_common.py``) to dump
+every thread's stack into the run's stderr.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ from pathlib import Path
 from harness.dist import free_port, python_env
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+from _common import FABRIC_MODULE  # noqa: E402  (the scripts' own choice of Fabric module)
+
+__all__ = ["FABRIC_MODULE", "Run", "run_script", "site_line"]
 MARKER = "COMPATSHIM_TEST_RUN"
 
 
@@ -117,11 +124,8 @@ def run_script(
             _kill([*marked_pids(marker), proc.pid])
             proc.wait(10)
     elapsed = time.monotonic() - start
-    deadline = time.monotonic() + grace
-    survivors = marked_pids(marker)
-    while survivors and time.monotonic() < deadline:
-        time.sleep(0.2)
-        survivors = marked_pids(marker)
+    survivors = _await_exit(marker, grace, limit=max(grace, hard_timeout - elapsed))
+    _dump_stacks(survivors)
     _kill(survivors)
     run = Run(
         script=script,
@@ -136,6 +140,43 @@ def run_script(
     out_path.unlink(missing_ok=True)
     err_path.unlink(missing_ok=True)
     return run
+
+
+def progress(pid: int) -> tuple[bool, int]:
+    """Whether ``pid`` is runnable (waiting only for a CPU), and its CPU time so far (ticks)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[-1].split()
+    except OSError:
+        return False, 0
+    return fields[0] == "R", int(fields[11]) + int(fields[12])
+
+
+def _await_exit(marker: str, grace: float, limit: float) -> list[int]:
+    """The marked processes left after ``grace`` seconds in which none of them used CPU
+    nor waited for one (a rank still exiting does), or after ``limit`` seconds in all."""
+    end = time.monotonic() + limit
+    still_since = time.monotonic()
+    last: dict[int, int] = {}
+    survivors = marked_pids(marker)
+    while survivors and time.monotonic() < end:
+        seen = {pid: progress(pid) for pid in survivors}
+        ticks = {pid: used for pid, (_, used) in seen.items()}
+        if ticks != last or any(runnable for runnable, _ in seen.values()):
+            last, still_since = ticks, time.monotonic()
+        elif time.monotonic() - still_since >= grace:
+            break
+        time.sleep(0.2)
+        survivors = marked_pids(marker)
+    return survivors
+
+
+def _dump_stacks(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR1)
+    if pids:
+        time.sleep(1.0)  # faulthandler writes from a signal handler: give it a moment
 
 
 def _kill(pids: list[int]) -> None:

@@ -13,16 +13,19 @@ module starts them all at once, a few at a time, and each test waits for its own
 
 from __future__ import annotations
 
+import atexit
+import importlib
 import os
 import re
+import sys
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
+from fabric_runs import FABRIC_MODULE, Run, run_script, site_line
 
-pytest.importorskip("lightning")
-
-from fabric_runs import Run, run_script, site_line
+pytest.importorskip(FABRIC_MODULE)
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -36,9 +39,15 @@ SCENARIOS: dict[str, tuple[str, tuple[str, ...], bool]] = {
     "launch_in_rank0_object": ("launch_in_rank0_object.py", (), True),
     "second_setup_then_barrier": ("second_setup_on_rank0.py", ("barrier",), True),
     "second_setup_then_step": ("second_setup_on_rank0.py", ("step",), True),
+    "second_setup_in_launch_function": ("second_setup_on_rank0.py", ("barrier", "function"), True),
     "world_size_decides": ("world_size_decides.py", (), True),
     "different_shapes": ("different_shapes.py", (), True),
+    "teardown_2": ("healthy_teardown.py", ("2",), True),
+    "teardown_2_unpatched": ("healthy_teardown.py", ("2",), False),
+    "teardown_1": ("healthy_teardown.py", ("1",), True),
 }
+HEADLINE = "compatshim.dist.DesyncError: "
+TEARDOWN = re.compile(r"TEARDOWN rank=(\d+) (.*) monitor_ran=(True|False)")
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +82,9 @@ def finished(runs: dict[str, Future[Run]], name: str) -> Run:
 def assert_desync(run: Run, *sites: str) -> None:
     text = run.output
     assert run.returncode != 0, text[-3000:]
-    assert "compatshim.dist:" in text, text[-3000:]
+    assert HEADLINE in text, text[-3000:]
+    # every report, raised or printed by a monitor, opens with the same headline
+    assert not re.search(r"^(\[rank\d\]: )?compatshim\.dist: ", text, re.M), text[-3000:]
     assert "rank 0" in text and "rank 1" in text, text[-3000:]
     for site in sites:
         assert site in text, f"{site} not in the report:\n{text[-3000:]}"
@@ -93,13 +104,20 @@ def test_healthy_script_runs_unchanged(runs: dict[str, Future[Run]]) -> None:
 def test_launch_inside_rank0_only_object(runs: dict[str, Future[Run]]) -> None:
     run = finished(runs, "launch_in_rank0_object")
     assert_desync(run, site_line("launch_in_rank0_object.py", "launch-site"))
-    assert "rank 1 ended (exit code 0) before joining the process group" in run.output
+    assert HEADLINE + "rank 1 ended (exit code 0) before joining the process group" in run.output, (
+        run.output[-3000:]
+    )
     assert "Fabric.launch" in run.output
 
 
 @pytest.mark.parametrize(
     ("name", "rank1_site"),
-    [("second_setup_then_barrier", "barrier-site"), ("second_setup_then_step", "step-site")],
+    [
+        ("second_setup_then_barrier", "barrier-site"),
+        ("second_setup_then_step", "step-site"),
+        # fabric.launch(run): launch() ends where run() starts; run()'s calls are watched
+        ("second_setup_in_launch_function", "barrier-site"),
+    ],
 )
 def test_second_setup_module_on_rank0_only(
     runs: dict[str, Future[Run]], name: str, rank1_site: str
@@ -129,8 +147,120 @@ def test_different_parameter_shapes(runs: dict[str, Future[Run]]) -> None:
     )
 
 
+def teardown_lines(run: Run) -> dict[int, tuple[str, bool]]:
+    """Per rank: what was left after destroy_process_group, and whether a monitor ran before."""
+    assert run.returncode == 0, run.output[-3000:]
+    found = {int(m[1]): (m[2], m[3] == "True") for m in TEARDOWN.finditer(run.stdout)}
+    assert found, run.output[-3000:]
+    return found
+
+
+def assert_nothing_left(line: str) -> None:
+    assert "excepthook=compatshim" not in line, line
+    assert "compatshim_atexit_handlers=0" in line, line
+    assert "threads=[]" in line, line
+
+
+def test_two_rank_run_leaves_nothing_after_destroy_process_group(
+    runs: dict[str, Future[Run]],
+) -> None:
+    patched = teardown_lines(finished(runs, "teardown_2"))
+    plain = teardown_lines(finished(runs, "teardown_2_unpatched"))
+    assert sorted(patched) == [0, 1]
+    for rank in (0, 1):
+        assert patched[rank][1], f"rank {rank}: the monitor never ran, the check proves nothing"
+        assert patched[rank][0] == plain[rank][0], (rank, patched[rank], plain[rank])
+        assert_nothing_left(patched[rank][0])
+
+
+def test_one_rank_run_starts_no_monitor(runs: dict[str, Future[Run]]) -> None:
+    found = teardown_lines(finished(runs, "teardown_1"))
+    assert list(found) == [0]
+    left, monitor_ran = found[0]
+    assert not monitor_ran, found
+    assert_nothing_left(left)
+
+
+def fabric_class() -> Any:
+    return importlib.import_module(FABRIC_MODULE).Fabric
+
+
+def test_in_process_one_device_run_leaves_nothing() -> None:
+    """As Lightning's own tests run Fabric: in the test process, then its thread check."""
+    import torch
+
+    import compatshim
+
+    def ours() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("compatshim")]
+
+    fabric_class()  # imported first: its own import-time set-up is not ours
+    compatshim.install(include=["lightning-fabric-desync"])
+    assert ours() == []
+    try:
+        for strategy in ("auto", "ddp"):
+            fabric = fabric_class()(accelerator="cpu", devices=1, strategy=strategy)
+            fabric.launch()
+            model = fabric.setup_module(torch.nn.Linear(4, 1))
+            fabric.all_reduce(model(torch.ones(2, 4)).sum().detach())
+            fabric.barrier()
+            assert ours() == [], strategy
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    finally:
+        compatshim.uninstall(["lightning-fabric-desync"])
+    assert ours() == []
+    # torch's init_process_group installs an excepthook of its own; none may be compatshim's
+    assert not getattr(sys.excepthook, "__module__", "").startswith("compatshim")
+    from compatshim.dist.monitor import get_monitor
+
+    handlers = atexit._ncallbacks()
+    atexit.unregister(get_monitor()._at_exit)  # a no-op unless it is still registered
+    assert atexit._ncallbacks() == handlers
+
+
+def test_launch_with_a_stand_in_strategy_behaves_as_unpatched() -> None:
+    """Lightning's own test_verify_launch_called swaps in a Mock strategy: launch() must work."""
+    from unittest.mock import Mock
+
+    import compatshim
+
+    strategies = importlib.import_module(f"{FABRIC_MODULE}.strategies")
+    compatshim.install(include=["lightning-fabric-desync"])
+    try:
+        fabric = fabric_class()(accelerator="cpu")
+        fabric._strategy = Mock(spec=strategies.DDPStrategy)
+        fabric.launch()
+        assert fabric._launched
+        assert not [t for t in threading.enumerate() if t.name.startswith("compatshim")]
+    finally:
+        compatshim.uninstall(["lightning-fabric-desync"])
+
+
+def test_launch_arguments_reach_fabric_unchanged() -> None:
+    """Fabric's own checks of launch()'s function still answer (as Lightning's
+    test_launch_with_function expects)."""
+    import compatshim
+
+    compatshim.install(include=["lightning-fabric-desync"])
+    try:
+        fabric_class()().launch(lambda fabric, value: seen.append((fabric, value)), 7)
+        with pytest.raises(TypeError, match="needs to be a callable"):
+            fabric_class()().launch(None)  # a user calling the function instead of passing it
+        with pytest.raises(TypeError, match="needs to take at least one argument"):
+            fabric_class()().launch(lambda: None)
+    finally:
+        compatshim.uninstall(["lightning-fabric-desync"])
+    assert [value for _, value in seen] == [7]
+
+
+seen: list[tuple[Any, int]] = []
+
+
 def test_patch_is_idempotent_and_reverts_exactly() -> None:
-    from lightning.fabric import Fabric
+    Fabric = fabric_class()
 
     import compatshim
     from compatshim.patches.lightning_fabric_desync import MARK, WRAPPED

@@ -10,8 +10,7 @@ Importing this package imports no framework; torch is imported on first use.
 
 from __future__ import annotations
 
-from typing import Any
-
+from .._records import DoctorRow
 from .consistency import check_module_consistency
 from .report import DesyncError
 from .sync import sync_point
@@ -20,7 +19,7 @@ from .watchdog import watchdog
 __all__ = ["DesyncError", "check_module_consistency", "doctor_rows", "sync_point", "watchdog"]
 
 
-def doctor_rows() -> list[dict[str, Any]]:
+def doctor_rows() -> list[DoctorRow]:
     """Rows for ``compatshim doctor``: the DETAIL-debug hazard (the Lightning patch has its
     own registry row).
 
@@ -29,30 +28,23 @@ def doctor_rows() -> list[dict[str, Any]]:
     import os
 
     from .._versions import installed_version
-    from ._store import resolve_timeout
 
-    rows: list[dict[str, Any]] = []
-    try:
-        timeout = f"{resolve_timeout(None):g} s"
-    except ValueError as exc:
-        timeout = f"invalid: {exc}"
     debug = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper()
     torch_version = installed_version("torch") or ""
     risky = debug == "DETAIL" and torch_version.startswith("2.13")
-    rows.append(
-        {
-            "name": "torch-distributed-debug-detail",
-            "kind": "hazard",
-            "applies": debug == "DETAIL",
-            "present": risky if debug == "DETAIL" else None,
-            "fixed": False if risky else None,
-            "detail": (
-                f"TORCH_DISTRIBUTED_DEBUG=DETAIL with torch {torch_version}: every DDP "
-                "construction "
-                "segfaults on 2.13.0+cpu (measured); unset it and rely on compatshim.dist"
-                if risky
-                else f"TORCH_DISTRIBUTED_DEBUG={debug or 'unset'}"
-            ),
-        }
+    detail = (
+        f"TORCH_DISTRIBUTED_DEBUG=DETAIL with torch {torch_version}: every DDP construction "
+        "segfaults on 2.13.0+cpu (measured); unset it and rely on compatshim.dist"
+        if risky
+        else f"TORCH_DISTRIBUTED_DEBUG={debug or 'unset'}"
     )
-    return rows
+    return [
+        DoctorRow(
+            name="torch-distributed-debug-detail",
+            kind="hazard",
+            applies=debug == "DETAIL",
+            present=risky if debug == "DETAIL" else None,
+            fixed=False if risky else None,
+            detail=detail,
+        )
+    ]

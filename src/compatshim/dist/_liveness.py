@@ -1,9 +1,9 @@
 """Is a rank still there? Exit records, heartbeats and, on the same host, the process itself.
 
 A rank's monitor writes a heartbeat (time, pid, host) every half second and an
-exit record from ``atexit``; the Fabric launcher process also records the exit
-code of each child it started. A process killed outright leaves no exit record,
-so on the same host its pid is checked directly.
+exit record at interpreter exit; Lightning's launcher process also records the
+exit code of each child it started. A process killed outright leaves no exit
+record, so on the same host its pid is checked directly.
 """
 
 from __future__ import annotations
@@ -11,13 +11,30 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Literal
 
+from ._records import Arrival, ExitRecord, Heartbeat, Keys, Seen
 from ._store import Meeting
 
 SILENT_AFTER = 5.0  # seconds without heartbeat before a rank counts as silent
 
 _host = socket.gethostname()
+
+State = Literal["alive", "gone", "silent"]
+
+
+@dataclass
+class RankState:
+    """Everything known of one rank when a report is written."""
+
+    state: State = "alive"
+    seen: Seen | None = None  # its latest breadcrumb
+    exit: ExitRecord | None = None
+    heartbeat_age: float | None = None
+    silent_for: float | None = None
+    arrived: Arrival | None = None  # its record at the sync point being reported
+    is_self: bool = False
 
 
 def pid_alive(pid: int) -> bool:
@@ -34,37 +51,44 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def _local_pid_gone(beat: Heartbeat | None) -> bool:
+    """The heartbeat names a process on this host (not this one) that no longer runs."""
+    if beat is None or beat.host != _host or not beat.pid or beat.pid == os.getpid():
+        return False
+    return not pid_alive(int(beat.pid))
+
+
 def is_gone(meeting: Meeting, rank: int) -> bool:
     """True when ``rank`` has certainly ended (exit record, or its local pid is dead)."""
-    if meeting.has([meeting.key("exit", rank)]):
+    if meeting.has([Keys.exit(rank)]):
         return True
-    beat = meeting.read(meeting.key("hb", rank))
-    if beat and beat.get("host") == _host and beat.get("pid") and beat["pid"] != os.getpid():
-        return not pid_alive(int(beat["pid"]))
-    return False
+    return _local_pid_gone(meeting.read(Keys.heartbeat(rank), Heartbeat))
 
 
-def describe(meeting: Meeting, rank: int) -> dict[str, Any]:
+def describe(meeting: Meeting, rank: int) -> RankState:
     """Everything the store says about ``rank``: last breadcrumb, exit, heartbeat age."""
-    info: dict[str, Any] = {"state": "alive"}
-    info["seen"] = meeting.read(meeting.key("seen", rank))
-    exited = meeting.read(meeting.key("exit", rank))
-    beat = meeting.read(meeting.key("hb", rank))
-    now = time.time()
-    if exited:
-        info["exit"] = exited
-        info["state"] = "gone"
-    elif beat:
-        age = now - float(beat.get("time", now))
-        info["heartbeat_age"] = age
-        local = beat.get("host") == _host and beat.get("pid") and beat["pid"] != os.getpid()
-        if local and not pid_alive(int(beat["pid"])):
-            info["state"] = "gone"
-            info["exit"] = {
-                "how": f"process {beat['pid']} is gone (killed or crashed; it left no exit record)"
-            }
+    info = RankState(seen=meeting.read(Keys.seen(rank), Seen), is_self=rank == meeting.rank)
+    exited = meeting.read(Keys.exit(rank), ExitRecord)
+    beat = meeting.read(Keys.heartbeat(rank), Heartbeat)
+    if exited is not None:
+        info.exit, info.state = exited, "gone"
+    elif beat is not None:
+        info.heartbeat_age = age = time.time() - beat.time
+        if _local_pid_gone(beat):
+            info.state = "gone"
+            how = f"process {beat.pid} is gone (killed or crashed; it left no exit record)"
+            info.exit = ExitRecord(how=how)
         elif age > SILENT_AFTER and rank != meeting.rank:
-            info["state"] = "silent"
-            info["silent_for"] = age
-            info["why"] = "blocked while holding the GIL, stopped, or its host is unreachable"
+            info.state, info.silent_for = "silent", age
     return info
+
+
+def describe_all(meeting: Meeting) -> dict[int, RankState]:
+    """:func:`describe` for every rank; a rank the store cannot answer for gets an empty state."""
+    ranks: dict[int, RankState] = {}
+    for rank in range(meeting.world_size):
+        try:
+            ranks[rank] = describe(meeting, rank)
+        except Exception:
+            ranks[rank] = RankState(is_self=rank == meeting.rank)
+    return ranks

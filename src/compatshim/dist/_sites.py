@@ -13,7 +13,7 @@ import sys
 import sysconfig
 from types import FrameType
 
-Site = tuple[str, int, str]
+from ._records import Site
 
 _FRAMEWORKS = ("torch", "lightning", "lightning_fabric", "lightning_utilities")
 _verdicts: dict[str, bool] = {}  # filename -> internal?
@@ -81,7 +81,7 @@ def user_frames(limit: int = 6) -> list[Site]:
     return sites
 
 
-def format_site(site: Site | list[object] | None) -> str:
+def format_site(site: Site | None) -> str:
     """``path/to/file.py:12 in fn``, the path relative to the working directory when shorter."""
     if not site:
         return "<unknown>"

@@ -5,54 +5,48 @@ until the key exists. Only ``set`` and ``check`` return at once, so everything
 here polls with ``check`` and reads a key only once it is known to exist.
 torch 2.1 has no ``Store.check`` in Python; there a ``wait`` with a 1 ms
 timeout stands in for it (a missing key costs a few milliseconds).
+Keys and record shapes: :mod:`._records`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
+import sys
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
-PREFIX = "compatshim/dist/"
-DEFAULT_TIMEOUT = 300.0
-TIMEOUT_ENV = "COMPATSHIM_DESYNC_TIMEOUT"
+from ._records import Record
+
 _PROBE = timedelta(milliseconds=1)
-
-
-def resolve_timeout(timeout: float | None) -> float:
-    """The argument, else ``COMPATSHIM_DESYNC_TIMEOUT`` (seconds), else 5 minutes."""
-    if timeout is None:
-        raw = os.environ.get(TIMEOUT_ENV, "").strip()
-        if not raw:
-            return DEFAULT_TIMEOUT
-        try:
-            timeout = float(raw)
-        except ValueError:
-            raise ValueError(f"{TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
-    if not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    return float(timeout)
+R = TypeVar("R", bound=Record)
 
 
 class Meeting:
-    """A store plus this process's rank and the world size, with JSON helpers."""
+    """A store plus this process's rank and the world size, reading and writing typed records."""
 
-    def __init__(self, store: Any, rank: int, world_size: int) -> None:
+    def __init__(self, store: Any, rank: int, world_size: int, group: object = None) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside a world of size {world_size}")
         self.store = store
         self.rank = rank
         self.world_size = world_size
+        self.group = group  # the default process group whose store this is (None: a given store)
         self.host = socket.gethostname()
         self._check = getattr(store, "check", None)
 
-    def key(self, *parts: object) -> str:
-        return PREFIX + "/".join(str(p) for p in parts)
+    def group_alive(self) -> bool:
+        """False once the default process group behind this meeting has been destroyed."""
+        if self.group is None:
+            return True
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")
+        return c10d is not None and c10d.GroupMember.WORLD is self.group
 
-    def put(self, key: str, value: Any) -> None:
-        self.store.set(key, json.dumps(value, default=str))
+    def others(self) -> list[int]:
+        return [rank for rank in range(self.world_size) if rank != self.rank]
+
+    def put(self, key: str, record: Record) -> None:
+        self.store.set(key, record.to_json())
 
     def has(self, keys: list[str]) -> bool:
         """Whether every key exists, without blocking."""
@@ -66,21 +60,15 @@ class Meeting:
             return False
         return True
 
-    def read(self, key: str) -> Any:
-        """The decoded value of ``key``, or None when it does not exist (never blocks)."""
+    def read(self, key: str, kind: type[R]) -> R | None:
+        """The record under ``key``, or None when it does not exist (never blocks)."""
         if not self.has([key]):
             return None
-        raw = self.store.get(key)
-        return json.loads(raw.decode() if isinstance(raw, (bytes, bytearray)) else raw)
+        return kind.from_json(self.store.get(key))
 
-    def read_ranks(self, *parts: object) -> dict[int, Any]:
-        """``key(*parts, rank)`` for every rank that has written it."""
-        found: dict[int, Any] = {}
-        for rank in range(self.world_size):
-            value = self.read(self.key(*parts, rank))
-            if value is not None:
-                found[rank] = value
-        return found
+    def count(self, key: str, add: int = 0) -> int:
+        """Add ``add`` to the counter ``key`` and return its new value (0 to read it)."""
+        return int(self.store.add(key, add))
 
 
 def default_meeting(
@@ -109,6 +97,7 @@ def default_meeting(
     world = dist.get_world_size() if world_size is None else world_size
     if world <= 1:
         return None
-    from torch.distributed.distributed_c10d import _get_default_store
+    from torch.distributed.distributed_c10d import GroupMember, _get_default_store
 
-    return Meeting(_get_default_store(), dist.get_rank() if rank is None else rank, world)
+    own_rank = dist.get_rank() if rank is None else rank
+    return Meeting(_get_default_store(), own_rank, world, group=GroupMember.WORLD)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import threading
 import time
 
-from ._sites import Site, user_frames
+from ._records import Seen, Site
+from ._sites import user_frames
 
 
 class Crumb:
@@ -25,14 +26,16 @@ class Crumb:
         self.seq = seq
         self.collective = collective  # a world-wide collective: blocks until every rank joins it
 
-    def as_record(self) -> dict[str, object]:
-        return {
-            "op": self.op,
-            "stack": self.stack,
-            "since": self.since,
-            "seq": self.seq,
-            "collective": self.collective,
-        }
+    def as_seen(self, active: bool) -> Seen:
+        """The store record of this breadcrumb; ``active`` while the call is still running."""
+        return Seen(
+            op=self.op,
+            stack=self.stack,
+            since=self.since,
+            active=active,
+            seq=self.seq,
+            collective=self.collective,
+        )
 
 
 class Trail:
@@ -66,6 +69,14 @@ class Trail:
     def where(self) -> Crumb | None:
         """The op this process is in, else the last one it left."""
         return self.current or self.last
+
+    def waiting_in(self) -> Crumb | None:
+        """The watched call this process is blocked in, None while a sync point waits.
+
+        A sync point keeps its own timeout and raises its own report, so the
+        monitor leaves a process inside one alone.
+        """
+        return None if self.syncing else self.current
 
 
 TRAIL = Trail()

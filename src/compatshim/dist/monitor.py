@@ -1,510 +1,192 @@
-"""One background thread per process that keeps the store up to date and ends hopeless waits.
+"""The per-process monitor thread: runs the watches about twice a second, and only while needed.
 
-A rank stuck inside a C++ collective cannot raise a Python exception, so this
-thread does what the main thread cannot:
+A rank stuck inside a C++ collective cannot raise a Python exception, so a
+background thread does what the main thread cannot. Each job is a
+:class:`~._watch.Watch` in its own module:
 
-- publishes a heartbeat and the latest breadcrumb (the hot path never does);
-- answers another rank's desync report: a rank blocked in a watched call
-  prints the report and exits (code 70), instead of hanging until torch's
-  30-minute timeout;
-- ends a watched call stuck past the timeout, with every rank's Python stack;
-- in Lightning's launcher process, watches the child ranks it started and
-  records their exit codes, so a child that exits before ``launch()`` or in the
-  middle of a run is reported at once, with its exit code;
-- writes this rank's exit record at interpreter exit.
+- with the process group's store (a run of 2+ ranks): heartbeats and
+  breadcrumbs (``_heartbeat``), other ranks' stack requests (``_stacks``),
+  another rank's desync report (``_desync_notice``), the launcher process
+  vanishing (``_parent``);
+- on request: watched calls stuck past the timeout (``_stuck``, armed by a
+  framework patch through ``_framework``), the public :func:`watchdog`, and a
+  framework's own watches (Lightning's launcher children).
+
+The thread runs only while there is something to watch. It stops - the
+thread joined, its ``atexit`` handler unregistered, ``destroy_process_group``
+restored - when the default process group is destroyed, when the last watch
+is removed, at interpreter exit, or on :meth:`Monitor.stop` (also reachable as
+``thread.stop()``, which test suites' thread checks call). Nothing else in the
+process is replaced: an uncaught exception is read from ``sys.last_value`` at
+exit rather than through a ``sys.excepthook`` of ours.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
-import os
-import signal
 import sys
 import threading
 import time
-import traceback
-from types import FrameType, TracebackType
-from typing import Any, Callable
+from typing import NoReturn
 
-from . import _liveness
+from . import _ending, _group_end
 from ._counters import forget_groups
-from ._sites import format_site
-from ._store import Meeting, resolve_timeout
-from ._trail import TRAIL
-from .report import build_report
+from ._desync_notice import AnswerDesync, raised_here
+from ._heartbeat import Heartbeats, beat
+from ._parent import ParentGone
+from ._stacks import AnswerStackRequests
+from ._store import Meeting
+from ._store_loss import StoreLoss
+from ._watch import Watch
 
-EXIT_CODE = 70  # EX_SOFTWARE: the process was ended after a desync/hang report
-INTERVAL = 0.5
-DESYNC_GRACE = 10.0  # seconds an unblocked rank gets to reach a sync point after a report
-STACKS_WAIT = 3.0
-START_UP_ALLOWANCE = 60.0  # extra seconds for ops that wait on other processes starting up
-
-
-def exit_description(code: int) -> str:
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = "unknown signal"
-        return f"killed by signal {-code} ({name})"
-    return f"exit code {code}"
+INTERVAL = 0.5  # seconds between ticks
+THREAD_NAME = "compatshim-dist-monitor"
+JOIN_TIMEOUT = 10.0  # a tick in progress may be finishing a store call
 
 
-def thread_stacks() -> str:
-    """Every thread's Python stack in this process, main thread first, this thread left out."""
-    frames = sys._current_frames()
-    names = {t.ident: t.name for t in threading.enumerate()}
-    main = threading.main_thread().ident
-    me = threading.get_ident()
-    parts = []
-    for ident in sorted(frames, key=lambda i: i != main):
-        if ident == me:
-            continue
-        stack = "".join(traceback.format_stack(frames[ident]))
-        parts.append(f'Thread "{names.get(ident, ident)}":\n{stack}')
-    return "\n".join(parts)
+class MonitorThread(threading.Thread):
+    """The monitor's thread; ``stop()`` ends the monitor and joins it (for thread checks)."""
+
+    def __init__(self, monitor: Monitor) -> None:
+        super().__init__(name=THREAD_NAME, daemon=True)
+        self.monitor = monitor
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(INTERVAL):
+            self.monitor.tick()
+
+    def stop(self) -> None:
+        self.monitor.stop()
 
 
 class Monitor:
-    """State and loop of the per-process monitor thread (see the module docstring)."""
+    """The watches of this process and the thread that runs them (see the module docstring)."""
 
     def __init__(self) -> None:
         self.meeting: Meeting | None = None
-        self.timeout = resolve_timeout(None)
-        self.watch_ops = False  # end watched calls stuck past ``timeout`` (Lightning patch)
-        self.start_up_ops: set[str] = set()  # ops that get START_UP_ALLOWANCE on top
-        self.hang_timeout: float | None = None  # public watchdog: main thread not moving
-        self.hang_action = "exit"
-        self.children: list[tuple[int, Any]] = []  # (rank, subprocess.Popen)
-        self.launcher_children: Callable[[], list[tuple[int, Any]]] | None = None
-        self.child_exit_noticed: dict[int, float] = {}
-        self.raised_desync = False
-        self.uncaught: str | None = None
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._published: tuple[object, bool] = (None, False)
-        self._desync_seen_at: float | None = None
-        self._stacks_answered = 0
-        self._store_failing_since: float | None = None
-        self._last_store_try = 0.0
-        self._ppid = os.getppid()
-        self._main_sample: tuple[int, int, float] = (0, 0, time.monotonic())
-        self._ending = False
-        self._wake = threading.Event()
-        self._next_stuck_check = 0.0
+        self.ending = False  # this process is ending after a report: watches stand down
+        self.store = StoreLoss()
+        self._group_watches: list[Watch] = []  # those that come with the meeting
+        self._watches: list[Watch] = []  # those added on request
+        self._thread: MonitorThread | None = None
+        self._lock = threading.RLock()
 
-    # -- set-up ---------------------------------------------------------------------------
-    def start(self) -> None:
+    @property
+    def rank(self) -> int:
+        return self.meeting.rank if self.meeting is not None else 0
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def watches(self) -> list[Watch]:
         with self._lock:
-            if self._thread is not None:
-                return
-            self._thread = threading.Thread(
-                target=self._run, name="compatshim-dist-monitor", daemon=True
-            )
-            self._thread.start()
-            atexit.register(self._at_exit)
-            previous = sys.excepthook
+            return [*self._group_watches, *self._watches]
 
-            def hook(
-                kind: type[BaseException], value: BaseException, tb: TracebackType | None
-            ) -> None:
-                self.uncaught = f"uncaught {kind.__name__}"
-                previous(kind, value, tb)
-
-            sys.excepthook = hook
-
+    # -- what to watch ------------------------------------------------------------------------
     def attach(self, meeting: Meeting) -> None:
-        if self.meeting is None or self.meeting.store is not meeting.store:
-            self.meeting = meeting
-            self._beat(meeting, time.time())  # at once: a rank killed soon after must be findable
-        self.start()
+        """Watch the process group behind ``meeting`` (2+ ranks); starts the thread."""
+        with self._lock:
+            if self.meeting is None or self.meeting.store is not meeting.store:
+                self.meeting = meeting
+                self.store = StoreLoss()
+                self._group_watches = [
+                    Heartbeats(),
+                    AnswerStackRequests(),
+                    AnswerDesync(),
+                    ParentGone(),
+                ]
+                beat(meeting, time.time())  # at once: a rank killed soon after must be findable
+            self._start()
 
-    # -- the loop ---------------------------------------------------------------------------
-    def _run(self) -> None:
-        while not self._ending:
-            self._wake.wait(INTERVAL)
-            if self._ending:
-                break
-            try:
-                self._tick()
-            except Exception as exc:  # never let the monitor die silently
-                print(f"compatshim.dist monitor: {type(exc).__name__}: {exc}", file=sys.stderr)
+    def add(self, watch: Watch) -> None:
+        with self._lock:
+            if watch not in self._watches:
+                self._watches.append(watch)
+            self._start()
 
-    def _tick(self) -> None:
+    def remove(self, watch: Watch) -> None:
+        """Stop running ``watch``; the monitor stops when nothing is left to watch."""
+        with self._lock:
+            if watch in self._watches:
+                self._watches.remove(watch)
+            idle = self.meeting is None and not self._watches
+        if idle:
+            self.stop()
+
+    # -- the thread ---------------------------------------------------------------------------
+    def _start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = MonitorThread(self)
+        atexit.register(self._at_exit)
+        _group_end.install(self._group_destroyed)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Forget the process group and every watch, restore what was wrapped, join the thread."""
+        thread = self._halt(unregister=True)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(JOIN_TIMEOUT)
+
+    def _halt(self, *, unregister: bool) -> MonitorThread | None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+            if thread is None:
+                return None
+            thread.stopping.set()
+            if unregister:  # not from inside the atexit run itself
+                atexit.unregister(self._at_exit)
+            _group_end.uninstall()
+            self.meeting = None  # torch tears its store down in its own order
+            self._group_watches, self._watches = [], []
+            forget_groups()
+            return thread
+
+    def _group_destroyed(self) -> None:
+        """Just before the default process group goes: tell the others, then stop watching."""
+        meeting = self.meeting
+        if meeting is not None and self.store.healthy and not self.ending:
+            _ending.left_group(meeting)
+        self.stop()
+
+    def tick(self) -> None:
+        """One look by every watch; runs on the monitor thread."""
         now = time.time()
-        self._watch_children(now)
         meeting = self.meeting
-        failing = self._store_failing_since
-        if meeting is not None and (failing is None or now - self._last_store_try > 1.0):
-            self._last_store_try = now
+        if meeting is not None and not meeting.group_alive():
+            self._halt(unregister=True)  # destroyed behind our back: nothing left to watch
+            return
+        store_ok = meeting is not None and self.store.may_try(now)
+        for watch in self.watches():
+            if self.ending:
+                return
+            if watch.needs_store and not store_ok:
+                continue
             try:
-                self._publish(meeting, now)
-                self._answer(meeting, now)
-                self._store_failing_since = None
+                watch.tick(now, self)
             except Exception as exc:
-                self._store_lost(exc, now)
-        self._check_stuck(now)
-        self._check_parent()
-
-    def _beat(self, meeting: Meeting, now: float) -> None:
-        """Heartbeat with the op this rank is in right now, so others can tell a stuck rank."""
-        current = TRAIL.current
-        meeting.put(
-            meeting.key("hb", meeting.rank),
-            {
-                "time": now,
-                "pid": os.getpid(),
-                "host": meeting.host,
-                "op_seq": current.seq if current is not None else None,
-                "collective": bool(current is not None and current.collective),
-            },
-        )
-
-    def _publish(self, meeting: Meeting, now: float) -> None:
-        self._beat(meeting, now)
-        crumb = TRAIL.where()
-        state = (crumb, crumb is TRAIL.current)
-        if crumb is not None and state != self._published:
-            record = crumb.as_record()
-            record["active"] = state[1]
-            meeting.put(meeting.key("seen", meeting.rank), record)
-            self._published = state
-
-    def _answer(self, meeting: Meeting, now: float) -> None:
-        """React to another rank's desync report or stack request."""
-        self._answer_stack_requests(meeting)
-        if not meeting.has([meeting.key("desync")]):
-            return
-        meeting.put(meeting.key("ack", meeting.rank), now)
-        if TRAIL.syncing or self._ending:
-            return  # the sync point raises DesyncError itself
-        desync = meeting.read(meeting.key("desync")) or {}
-        if desync.get("from") == meeting.rank:
-            return
-        blocked = TRAIL.current is not None
-        if self._desync_seen_at is None:
-            self._desync_seen_at = now
-        if blocked or now - self._desync_seen_at > DESYNC_GRACE:
-            where = TRAIL.where()
-            own = (
-                f"{'blocked in' if blocked else 'last left'} {where.op} called at "
-                f"{format_site(where.stack[0] if where.stack else None)}"
-                if where
-                else "outside any watched call"
-            )
-            report = (
-                f"compatshim.dist.DesyncError reported by rank {desync.get('from')}:\n"
-                f"{desync.get('report', '')}\n"
-                f"compatshim.dist: rank {meeting.rank} ({own}) received rank "
-                f"{desync.get('from')}'s report and ends now (exit code {EXIT_CODE}); a rank "
-                "blocked "
-                "in a collective cannot raise, and would otherwise hang until torch's timeout."
-            )
-            self._let_reporter_finish(meeting, int(desync.get("from", -1)))
-            self.terminate(report)
-
-    def _answer_stack_requests(self, meeting: Meeting) -> None:
-        """Post this process's stacks for every hang report asked for so far."""
-        asked = int(meeting.store.add(meeting.key("hangs"), 0))
-        for number in range(self._stacks_answered + 1, asked + 1):
-            meeting.put(meeting.key("stack", number, meeting.rank), thread_stacks())
-        self._stacks_answered = max(self._stacks_answered, asked)
-
-    def _let_reporter_finish(self, meeting: Meeting, reporter: int) -> None:
-        """Give the reporting rank a moment to print its DesyncError before this rank exits.
-
-        Lightning's launcher kills every rank once a child exits non-zero; leaving
-        first could cut the reporting rank off mid-traceback.
-        """
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline and 0 <= reporter < meeting.world_size:
-            try:
-                if _liveness.is_gone(meeting, reporter):
-                    return
-            except Exception:
-                return  # its store is gone: so is the reporter
-            time.sleep(0.1)
-
-    def _store_lost(self, exc: Exception, now: float) -> None:
-        if self._store_failing_since is None:
-            self._store_failing_since = now
-            return
-        if (
-            now - self._store_failing_since > 3.0
-            and (TRAIL.current is not None)
-            and not TRAIL.syncing
-        ):
-            where = TRAIL.current
-            self.terminate(
-                f"compatshim.dist: rank {self._rank()} lost the process group's store "
-                f"({type(exc).__name__}: {exc}) while blocked in {where.op} called at "
-                f"{format_site(where.stack[0] if where.stack else None)}; the rank that hosts the "
-                "store (rank 0) has most likely ended. Ending this rank too.",
-                write_record=False,
-            )
-
-    def _check_parent(self) -> None:
-        if (
-            self._ppid > 1
-            and os.getppid() != self._ppid
-            and TRAIL.current is not None
-            and not TRAIL.syncing
-        ):
-            where = TRAIL.current
-            self.terminate(
-                f"compatshim.dist: the launcher process (pid {self._ppid}) is gone while this rank "
-                f"is blocked in {where.op} called at "
-                f"{format_site(where.stack[0] if where.stack else None)}; ending this rank."
-            )
-
-    # -- Lightning's launcher: the child ranks -------------------------------------------------
-    def _watch_children(self, now: float) -> None:
-        if self.launcher_children is not None:
-            self.children = self.launcher_children()
-        for rank, proc in self.children:
-            code = proc.poll()
-            if code is None:
-                continue
-            if rank not in self.child_exit_noticed:
-                self.child_exit_noticed[rank] = now
-                if self.meeting is not None:
-                    how = f"{exit_description(code)} (process {proc.pid}, seen by the launcher)"
-                    with contextlib.suppress(Exception):
-                        self.meeting.put(self.meeting.key("exit", rank), {"how": how, "code": code})
-                continue
-            where = TRAIL.current
-            if where is None or TRAIL.syncing or where.since > self.child_exit_noticed[rank]:
-                continue
-            if now - self.child_exit_noticed[rank] >= 1.0:
-                self.terminate(self._child_exit_report(rank, proc, code))
-
-    def _child_exit_report(self, rank: int, proc: Any, code: int) -> str:
-        where = TRAIL.current
-        assert where is not None
-        me = self.meeting.rank if self.meeting else 0
-        ranks: dict[int, dict[str, Any]] = {}
-        if self.meeting is not None:
-            for r in range(self.meeting.world_size):
-                try:
-                    ranks[r] = _liveness.describe(self.meeting, r)
-                except Exception:
-                    ranks[r] = {}
-        seen = where.as_record()
-        seen["active"] = True
-        ranks.setdefault(me, {})["seen"] = seen
-        ranks[me]["self"] = True
-        for other, other_proc in self.children:
-            info = ranks.setdefault(other, {})
-            other_code = other_proc.poll()
-            if other_code is not None:
-                info["exit"] = {"how": f"{exit_description(other_code)} (process {other_proc.pid})"}
-        before = self.meeting is None
-        headline = (
-            f"rank {rank} ended ({exit_description(code)}) before joining the process group "
-            f"while rank {me} "
-            f"waits in {where.op}"
-            if before
-            else f"rank {rank} ended ({exit_description(code)}) while rank {me} waits in {where.op}"
-        )
-        differs = [
-            f"rank {me} called {where.op} at "
-            f"{format_site(where.stack[0] if where.stack else None)}; "
-            f"rank {rank} ended without "
-            + (
-                "ever calling it (is launch() in code that only the main process runs?)"
-                if before
-                else "joining it"
-            )
-        ]
-        return build_report(headline=headline, ranks=ranks, differs=differs)
-
-    # -- stuck calls and the public watchdog ----------------------------------------------------
-    def _check_stuck(self, now: float) -> None:
-        if TRAIL.syncing or self._ending:
-            return
-        current = TRAIL.current
-        limit = self.timeout
-        if current is not None and current.op in self.start_up_ops:
-            limit += START_UP_ALLOWANCE
-        if (
-            self.watch_ops
-            and current is not None
-            and now - current.since > limit
-            and self._nobody_moving(now)
-        ):
-            self.hang_report(
-                f"rank {self._rank()} is stuck in {current.op} for more than {limit:g} s "
-                f"(called at {format_site(current.stack[0] if current.stack else None)})",
-                action="exit",
-            )
-            return
-        if self.hang_timeout is None:
-            return
-        frame: FrameType | None = sys._current_frames().get(threading.main_thread().ident or 0)
-        if frame is None:
-            return
-        sample = (id(frame), frame.f_lineno)
-        if sample != self._main_sample[:2]:
-            self._main_sample = (sample[0], sample[1], time.monotonic())
-            return
-        still = time.monotonic() - self._main_sample[2]
-        if still > self.hang_timeout:
-            self._main_sample = (0, 0, time.monotonic())
-            self.hang_report(
-                f"rank {self._rank()}'s main thread has not moved for {still:.0f} s "
-                f"(watchdog timeout {self.hang_timeout:g} s)",
-                action=self.hang_action,
-            )
-
-    def _nobody_moving(self, now: float) -> bool:
-        """Every other rank is inside a watched call too, has ended, or has gone silent.
-
-        A rank still running its own code (rank 0 evaluating while the others wait
-        in a barrier) may yet arrive, so a long wait alone ends nothing: torch's own
-        timeout stays in charge of that case.
-        """
-        meeting = self.meeting
-        if meeting is None:
-            return True  # before the process group exists (launch): nothing else to ask
-        if now < self._next_stuck_check:
-            return False
-        self._next_stuck_check = now + 5.0  # asks every rank: not on every tick
-        try:
-            for rank in range(meeting.world_size):
-                if rank == meeting.rank or _liveness.is_gone(meeting, rank):
+                if not watch.needs_store:  # never let the monitor die silently
+                    print(f"compatshim.dist monitor: {type(exc).__name__}: {exc}", file=sys.stderr)
                     continue
-                beat = meeting.read(meeting.key("hb", rank)) or {}
-                silent = now - float(beat.get("time", 0)) > _liveness.SILENT_AFTER
-                if beat.get("op_seq") is None and not silent:
-                    return False
-        except Exception:
-            return False
-        return True
+                store_ok = False
+                self.store.failed(exc, now, self)
+        if store_ok:
+            self.store.answered()
 
-    def _rank(self) -> int:
-        return self.meeting.rank if self.meeting else 0
-
-    def hang_report(self, headline: str, action: str) -> str:
-        """Collect every rank's stacks through the store, print one report, then act."""
-        meeting = self.meeting
-        stacks = {self._rank(): thread_stacks()}
-        ranks: dict[int, dict[str, Any]] = {}
-        if meeting is not None:
-            try:
-                number = int(meeting.store.add(meeting.key("hangs"), 1))
-                meeting.put(meeting.key("stack", number, meeting.rank), stacks[meeting.rank])
-                deadline = time.monotonic() + STACKS_WAIT
-                others = [r for r in range(meeting.world_size) if r != meeting.rank]
-                while others and time.monotonic() < deadline:
-                    self._answer_stack_requests(meeting)  # another rank may be asking at once
-                    for r in list(others):
-                        text = meeting.read(meeting.key("stack", number, r))
-                        if text is not None:
-                            stacks[r] = text
-                            others.remove(r)
-                        elif _liveness.is_gone(meeting, r):
-                            others.remove(r)
-                    time.sleep(0.1)
-                for r in range(meeting.world_size):
-                    ranks[r] = _liveness.describe(meeting, r)
-                    ranks[r]["self"] = r == meeting.rank
-                    if r not in stacks:
-                        stacks[r] = "(no answer: " + (
-                            "the process has ended)"
-                            if ranks[r].get("exit")
-                            else "its monitor did not run - blocked holding the GIL, or no "
-                            "compatshim "
-                            "monitor in that rank)"
-                        )
-            except Exception as exc:
-                stacks[self._rank()] += (
-                    f"\n(could not reach the store: {type(exc).__name__}: {exc})"
-                )
-        report = build_report(headline=headline, ranks=ranks, differs=[], stacks=stacks)
-        if action == "exit":
-            if meeting is not None:
-                announce_desync(meeting, headline, report, wait=False)
-            self.terminate(report)
-        else:
-            print(report, file=sys.stderr, flush=True)
-        return report
-
-    # -- ending ---------------------------------------------------------------------------
-    def terminate(self, report: str, write_record: bool = True) -> None:
-        """Print ``report``, end the child ranks this process launched, and exit (code 70)."""
-        self._ending = True
-        print(report, file=sys.stderr, flush=True)
-        if write_record and self.meeting is not None:
-            with contextlib.suppress(Exception):
-                self.meeting.put(
-                    self.meeting.key("exit", self.meeting.rank),
-                    {"how": f"ended by compatshim after a desync report (exit code {EXIT_CODE})"},
-                )
-        self._await_departures(limit=2.0)
-        self._end_children(grace=3.0)
-        sys.stdout.flush()
-        os._exit(EXIT_CODE)
-
-    def _await_departures(self, limit: float) -> None:
-        """Leave together, for at most ``limit`` seconds.
-
-        A rank that exits first closes the transport under a peer blocked in a
-        collective, whose main thread then raises gloo's "Connection closed"
-        instead of ending with this report. Every ending rank (and every rank's
-        interpreter exit) writes an exit record, so wait for all of them.
-        """
-        meeting = self.meeting
-        if meeting is None:
-            return
-        keys = [meeting.key("exit", rank) for rank in range(meeting.world_size)]
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline:
-            try:
-                if meeting.has(keys):
-                    return
-            except Exception:
-                return  # the store is gone: nobody left to wait for
-            time.sleep(0.01)
-
-    def _end_children(self, grace: float) -> None:
-        deadline = time.monotonic() + grace
-        for _rank, proc in self.children:
-            while proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-        for _rank, proc in self.children:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(5)
+    # -- ending -------------------------------------------------------------------------------
+    def end(self, report: str, *, write_record: bool = True) -> NoReturn:
+        """Print ``report``, let every watch clean up, and end this process (exit code 70)."""
+        self.ending = True
+        _ending.end_process(report, self.meeting, self.watches(), write_record=write_record)
 
     def _at_exit(self) -> None:
-        self._ending = True
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(2.0)
-        meeting, self.meeting = self.meeting, None  # let torch tear its store down in its own order
-        forget_groups()
-        if meeting is not None and self._store_failing_since is None:
-            self._write_exit_record(meeting)  # first: ranks waiting on this one may leave now
-        if self.raised_desync and self.children:
-            self._end_children(grace=5.0)
-
-    def _write_exit_record(self, meeting: Meeting) -> None:
-        how = (
-            f"{self.uncaught} at interpreter exit"
-            if self.uncaught
-            else "interpreter exited normally"
-        )
-        try:
-            crumb = TRAIL.where()
-            if crumb is not None:
-                record = crumb.as_record()
-                record["active"] = False
-                meeting.put(meeting.key("seen", meeting.rank), record)
-            if not meeting.has([meeting.key("exit", meeting.rank)]):
-                meeting.put(meeting.key("exit", meeting.rank), {"how": how})
-        except Exception:
-            pass
+        meeting, watches, healthy = self.meeting, self.watches(), self.store.healthy
+        thread = self._halt(unregister=False)
+        if thread is not None:
+            thread.join(2.0)
+        _ending.at_exit(meeting if healthy else None, watches, reported=raised_here())
 
 
 _monitor: Monitor | None = None
@@ -523,28 +205,3 @@ def ensure_monitor(meeting: Meeting) -> Monitor:
     monitor = get_monitor()
     monitor.attach(meeting)
     return monitor
-
-
-def announce_desync(meeting: Meeting, headline: str, report: str, wait: bool = True) -> None:
-    """Tell every rank (through the store) that this one found them out of step."""
-    monitor = get_monitor()
-    monitor.raised_desync = True
-    try:
-        if not meeting.has([meeting.key("desync")]):
-            meeting.put(
-                meeting.key("desync"),
-                {"from": meeting.rank, "headline": headline, "report": report},
-            )
-        if not wait:
-            return
-        deadline = time.monotonic() + 3 * INTERVAL
-        others = [r for r in range(meeting.world_size) if r != meeting.rank]
-        while others and time.monotonic() < deadline:
-            others = [
-                r
-                for r in others
-                if not meeting.has([meeting.key("ack", r)]) and not _liveness.is_gone(meeting, r)
-            ]
-            time.sleep(0.05)
-    except Exception:
-        pass  # the report is still raised on this rank

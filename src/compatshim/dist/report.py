@@ -4,24 +4,36 @@ One report is built from the records every rank left in the store, so each
 rank that can still act prints the same picture: per rank its operation and
 call site (or that it never arrived, where it was last seen, or that its
 process exited), then the first difference found.
+
+Every report opens with the same headline, ``compatshim.dist.DesyncError: ``,
+whether a rank raises it or a monitor prints it for a rank that cannot raise
+(blocked in a collective, or its child rank never launched): users grep for
+the error's name.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Sequence
 
+from ._liveness import RankState
+from ._records import Site
 from ._sites import format_site
+
+HEADLINE = "compatshim.dist.DesyncError: "
+SILENT_WHY = "blocked while holding the GIL, stopped, or its host is unreachable"
 
 
 class DesyncError(RuntimeError):
     """Ranks are out of step: they are at different places, one never arrived, or one exited.
 
-    ``report`` is the full text; ``ranks`` maps each rank to what is known of it.
+    ``report`` is the full text (it starts with ``compatshim.dist.DesyncError: ``,
+    so the message itself leaves that out); ``ranks`` maps each rank to what is
+    known of it.
     """
 
-    def __init__(self, report: str, ranks: dict[int, dict[str, Any]] | None = None) -> None:
-        super().__init__(report)
+    def __init__(self, report: str, ranks: dict[int, RankState] | None = None) -> None:
+        super().__init__(report[len(HEADLINE) :] if report.startswith(HEADLINE) else report)
         self.report = report
         self.ranks = ranks or {}
 
@@ -29,55 +41,58 @@ class DesyncError(RuntimeError):
 DesyncError.__module__ = "compatshim.dist"  # shown in tracebacks: the public name
 
 
-def _stack_lines(stack: Any, indent: str) -> list[str]:
-    return [f"{indent}{format_site(site)}" for site in (stack or [])]
+def titled(text: str) -> str:
+    """``text`` as the first line of a report (for the short ones, with no rank blocks)."""
+    return HEADLINE + text
 
 
-def describe_rank(rank: int, info: dict[str, Any], now: float) -> list[str]:
+def _stack_lines(stack: Sequence[Site], indent: str) -> list[str]:
+    return [f"{indent}{format_site(site)}" for site in stack]
+
+
+def _first(stack: Sequence[Site]) -> Site | None:
+    return stack[0] if stack else None
+
+
+def describe_rank(rank: int, info: RankState, now: float) -> list[str]:
     """Lines for one rank: arrived / last seen / exited, with call site and liveness."""
-    state = info.get("state", "missing")
-    me = "  <- this rank" if info.get("self") else ""
-    arrived = info.get("arrived")
+    me = "  <- this rank" if info.is_self else ""
+    arrived = info.arrived
     if arrived is not None:
-        head = f"rank {rank}: at {arrived['tag']!r} from {format_site(_first(arrived))}{me}"
-        lines = [head, *_stack_lines(arrived.get("stack", [])[1:3], "    called from ")]
-        return lines
+        head = f"rank {rank}: at {arrived.tag!r} from {format_site(_first(arrived.stack))}{me}"
+        return [head, *_stack_lines(arrived.stack[1:3], "    called from ")]
     parts = [f"rank {rank}: this rank" if me else f"rank {rank}: never arrived"]
-    seen = info.get("seen")
-    if seen:
-        active = "in" if seen.get("active") else "last left"
-        ago = now - float(seen.get("since", now))
+    seen = info.seen
+    if seen is not None:
+        active = "in" if seen.active else "last left"
+        ago = now - seen.since
         parts.append(
-            f"  {active} {seen.get('op')} called at {format_site(_first(seen))} ({ago:.1f} s ago)"
+            f"  {active} {seen.op} called at {format_site(_first(seen.stack))} ({ago:.1f} s ago)"
         )
-        parts += _stack_lines(seen.get("stack", [])[1:3], "    called from ")
+        parts += _stack_lines(seen.stack[1:3], "    called from ")
     else:
         parts.append("  nothing recorded from this rank (it never reached a watched call)")
-    exited = info.get("exit")
-    if exited:
-        parts.append(f"  its process exited: {exited.get('how')}")
-    elif state == "silent":
-        parts.append(f"  no heartbeat for {info.get('silent_for', 0):.1f} s: {info.get('why')}")
-    elif info.get("heartbeat_age") is not None:
-        parts.append(f"  alive (heartbeat {info['heartbeat_age']:.1f} s ago)")
+    if info.exit is not None and info.exit.left:
+        parts.append(f"  it left the process group: {info.exit.how}")
+    elif info.exit is not None:
+        parts.append(f"  its process exited: {info.exit.how}")
+    elif info.state == "silent":
+        parts.append(f"  no heartbeat for {info.silent_for or 0:.1f} s: {SILENT_WHY}")
+    elif info.heartbeat_age is not None:
+        parts.append(f"  alive (heartbeat {info.heartbeat_age:.1f} s ago)")
     return parts
-
-
-def _first(record: dict[str, Any]) -> Any:
-    stack = record.get("stack") or []
-    return stack[0] if stack else None
 
 
 def build_report(
     *,
     headline: str,
-    ranks: dict[int, dict[str, Any]],
+    ranks: dict[int, RankState],
     differs: list[str],
     stacks: dict[int, str] | None = None,
 ) -> str:
     """Assemble the text: headline, one block per rank, what differs, optional full stacks."""
     now = time.time()
-    lines = [f"compatshim.dist: {headline}"]
+    lines = [HEADLINE + headline]
     for rank in sorted(ranks):
         lines += ["  " + line for line in describe_rank(rank, ranks[rank], now)]
     if differs:

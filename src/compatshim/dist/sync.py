@@ -11,16 +11,25 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
+from .._settings import desync_timeout
 from . import _liveness
 from ._counters import next_seq
+from ._liveness import RankState
+from ._desync_notice import announce
+from ._records import Arrival, DesyncNotice, Heartbeat, Keys, Seen
 from ._sites import user_frames
-from ._store import Meeting, default_meeting, resolve_timeout
+from ._store import Meeting, default_meeting
 from ._trail import TRAIL
+from .monitor import ensure_monitor
 from .report import DesyncError, build_report
 
 Compare = Callable[[dict[int, Any]], list[str]]
+
+HEALTH_EVERY = 0.25  # seconds between checks for an exited, blocked or reporting rank
+DEADLOCK_AFTER = 2.0  # seconds of heartbeats showing the same collective before calling it
+DEADLOCK_BEATS = 3
 
 
 def _group_identity(meeting: Meeting, store: Any) -> object:
@@ -61,41 +70,29 @@ def meet(
     """``sync_point`` with an optional payload compared across ranks; returns payloads by rank."""
     if not isinstance(tag, str) or not tag:
         raise TypeError(f"sync point tag must be a non-empty string, got {tag!r}")
-    limit = resolve_timeout(timeout)
+    limit = desync_timeout(timeout)
     meeting = default_meeting(store, rank, world_size)
     if meeting is None:
         return None
-    from .monitor import ensure_monitor
-
     ensure_monitor(meeting)
     seq = next_seq(_group_identity(meeting, store))
     stack = user_frames(limit=6)
-    crumb = TRAIL.enter(f"sync_point {tag!r}")
+    op = f"sync_point {tag!r}"
+    crumb = TRAIL.enter(op)
     TRAIL.syncing += 1
     try:
-        record = {
-            "tag": tag,
-            "stack": stack,
-            "pid": os.getpid(),
-            "host": meeting.host,
-            "time": time.time(),
-            "payload": payload,
-        }
-        meeting.put(meeting.key("sp", seq, meeting.rank), record)
-        seen = {
-            "op": f"sync_point {tag!r}",
-            "stack": stack,
-            "since": record["time"],
-            "active": True,
-        }
-        meeting.put(meeting.key("seen", meeting.rank), seen)
+        now = time.time()
+        arrival = Arrival(
+            tag=tag, stack=stack, pid=os.getpid(), host=meeting.host, time=now, payload=payload
+        )
+        meeting.put(Keys.arrival(seq, meeting.rank), arrival)
+        meeting.put(Keys.seen(meeting.rank), Seen(op=op, stack=stack, since=now, active=True))
         suspects = _Suspects()
         arrivals = _wait_for_all(meeting, seq, limit, suspects)
         differs = _differences(arrivals, compare) if arrivals is not None else []
         if arrivals is not None and not differs:
-            return {rank: arrivals[rank].get("payload") for rank in arrivals}
+            return {rank: arrivals[rank].payload for rank in arrivals}
         _fail(meeting, seq, tag, limit, differs, suspects.confirmed)
-        return None  # unreachable: _fail raises
     finally:
         TRAIL.syncing -= 1
         TRAIL.leave(crumb)
@@ -103,33 +100,29 @@ def meet(
 
 def _wait_for_all(
     meeting: Meeting, seq: int, limit: float, suspects: _Suspects
-) -> dict[int, Any] | None:
+) -> dict[int, Arrival] | None:
     """All arrival records for ``seq``, or None when waiting is hopeless or timed out."""
-    keys = [meeting.key("sp", seq, r) for r in range(meeting.world_size)]
-    desync_key = meeting.key("desync")
+    keys = [Keys.arrival(seq, r) for r in range(meeting.world_size)]
     start = time.monotonic()
     deadline = start + limit
     pause = 0.0005
-    next_health = start + 0.25
+    next_health = start + HEALTH_EVERY
     while True:
         if meeting.has(keys):
-            return {r: meeting.read(keys[r]) for r in range(meeting.world_size)}
+            found = {r: meeting.read(keys[r], Arrival) for r in range(meeting.world_size)}
+            return {r: arrival for r, arrival in found.items() if arrival is not None}
         now = time.monotonic()
         if now >= deadline:
             return None
         if now >= next_health:
-            next_health = now + 0.25
-            if meeting.has([desync_key]):
+            next_health = now + HEALTH_EVERY
+            if meeting.has([Keys.desync()]):
                 return None
             missing = [r for r in range(meeting.world_size) if not meeting.has([keys[r]])]
             if any(_liveness.is_gone(meeting, r) or suspects.blocked(meeting, r) for r in missing):
                 return None
         time.sleep(pause)
         pause = min(pause * 2, 0.02)
-
-
-DEADLOCK_AFTER = 2.0  # seconds of heartbeats showing the same collective before calling it
-DEADLOCK_BEATS = 3
 
 
 class _Suspects:
@@ -141,58 +134,64 @@ class _Suspects:
     """
 
     def __init__(self) -> None:
-        self._seen: dict[int, tuple[object, float, set[float]]] = {}
+        self._seen: dict[int, tuple[int, float, set[float]]] = {}
         self.confirmed: list[int] = []
 
     def blocked(self, meeting: Meeting, rank: int) -> bool:
-        beat = meeting.read(meeting.key("hb", rank)) or {}
-        op_seq = beat.get("op_seq")
-        if not beat.get("collective") or op_seq is None:
+        beat = meeting.read(Keys.heartbeat(rank), Heartbeat)
+        if beat is None or not beat.collective or beat.op_seq is None:
             self._seen.pop(rank, None)
             return False
         first = self._seen.get(rank)
-        if first is None or first[0] != op_seq:
-            self._seen[rank] = (op_seq, time.monotonic(), {float(beat.get("time", 0))})
+        if first is None or first[0] != beat.op_seq:
+            self._seen[rank] = (beat.op_seq, time.monotonic(), {beat.time})
             return False
-        first[2].add(float(beat.get("time", 0)))
+        first[2].add(beat.time)
         if len(first[2]) >= DEADLOCK_BEATS and time.monotonic() - first[1] >= DEADLOCK_AFTER:
             self.confirmed.append(rank)
             return True
         return False
 
 
-def _differences(arrivals: dict[int, Any], compare: Compare | None) -> list[str]:
+def _differences(arrivals: dict[int, Arrival], compare: Compare | None) -> list[str]:
     tags: dict[str, list[int]] = {}
-    for rank, record in sorted(arrivals.items()):
-        tags.setdefault(record["tag"], []).append(rank)
+    for rank, arrival in sorted(arrivals.items()):
+        tags.setdefault(arrival.tag, []).append(rank)
     if len(tags) > 1:
         return [
             "ranks are at different sync points: "
             + "; ".join(f"ranks {ranks} at {tag!r}" for tag, ranks in tags.items())
         ]
     if compare is not None:
-        return compare({rank: record.get("payload") for rank, record in arrivals.items()})
+        return compare({rank: arrival.payload for rank, arrival in arrivals.items()})
     return []
+
+
+def _gone_words(gone: list[int], ranks: dict[int, RankState]) -> str:
+    """``rank(s) [1] exited`` / ``... left the process group`` (it destroyed its group)."""
+    left = [r for r in gone if (record := ranks[r].exit) is not None and record.left]
+    exited = [r for r in gone if r not in left]
+    words = []
+    if exited:
+        words.append(f"rank(s) {exited} exited")
+    if left:
+        words.append(f"rank(s) {left} left the process group")
+    return " and ".join(words)
 
 
 def _fail(
     meeting: Meeting, seq: int, tag: str, limit: float, differs: list[str], blocked: list[int]
-) -> None:
-    ranks: dict[int, dict[str, Any]] = {}
+) -> NoReturn:
+    ranks = _liveness.describe_all(meeting)
     missing: list[int] = []
-    for rank in range(meeting.world_size):
-        info = _liveness.describe(meeting, rank)
-        arrival = meeting.read(meeting.key("sp", seq, rank))
-        if arrival is not None:
-            info["arrived"] = arrival
-        else:
+    for rank, info in ranks.items():
+        info.arrived = meeting.read(Keys.arrival(seq, rank), Arrival)
+        if info.arrived is None:
             missing.append(rank)
-        info["self"] = rank == meeting.rank
-        ranks[rank] = info
     if missing:
-        gone = [r for r in missing if ranks[r].get("exit") or ranks[r].get("state") == "gone"]
+        gone = [r for r in missing if ranks[r].exit is not None or ranks[r].state == "gone"]
         if gone:
-            why = f"rank(s) {gone} exited"
+            why = _gone_words(gone, ranks)
         elif blocked:
             why = (
                 f"rank(s) {blocked} wait in a collective that cannot complete while rank "
@@ -204,15 +203,13 @@ def _fail(
             *differs,
             f"rank(s) {missing} never reached sync point #{seq} {tag!r} ({why})",
         ]
-        other = meeting.read(meeting.key("desync"))
-        if other and other.get("from") != meeting.rank:
-            differs.append(f"rank {other.get('from')} already reported: {other.get('headline')}")
+        other = meeting.read(Keys.desync(), DesyncNotice)
+        if other is not None and other.reporter != meeting.rank:
+            differs.append(f"rank {other.reporter} already reported: {other.headline}")
     headline = (
         f"ranks are out of step at sync point #{seq} {tag!r} "
         f"(world size {meeting.world_size}, timeout {limit:g} s)"
     )
     report = build_report(headline=headline, ranks=ranks, differs=differs)
-    from .monitor import announce_desync
-
-    announce_desync(meeting, headline, report)
+    announce(meeting, headline, report)
     raise DesyncError(report, ranks)

@@ -10,20 +10,58 @@ cannot answer; the report says so and gives its last breadcrumb.
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
 from typing import Any
 
-from ._store import default_meeting, resolve_timeout
+from .._settings import desync_timeout
+from ._desync_notice import announce_and_end
+from ._stacks import hang_report
+from ._store import default_meeting
+from ._watch import Watch
 from .monitor import Monitor, ensure_monitor, get_monitor
+
+
+class MainThreadStill(Watch):
+    """The main thread's frame and line have not changed for ``timeout`` seconds."""
+
+    def __init__(self, timeout: float, action: str) -> None:
+        self.timeout = timeout
+        self.action = action
+        self._sample: tuple[int, int, float] = (0, 0, time.monotonic())
+
+    def tick(self, now: float, monitor: Monitor) -> None:
+        frame = sys._current_frames().get(threading.main_thread().ident or 0)
+        if frame is None:
+            return
+        sample = (id(frame), frame.f_lineno)
+        if sample != self._sample[:2]:
+            self._sample = (sample[0], sample[1], time.monotonic())
+            return
+        still = time.monotonic() - self._sample[2]
+        if still <= self.timeout:
+            return
+        self._sample = (0, 0, time.monotonic())
+        headline = (
+            f"rank {monitor.rank}'s main thread has not moved for {still:.0f} s "
+            f"(watchdog timeout {self.timeout:g} s)"
+        )
+        report = hang_report(monitor, headline)
+        if self.action == "exit":
+            announce_and_end(monitor, headline, report)
+        print(report, file=sys.stderr, flush=True)
 
 
 class Watchdog:
     """Handle returned by :func:`watchdog`; ``stop()`` or leave the ``with`` block to disarm."""
 
-    def __init__(self, monitor: Monitor) -> None:
+    def __init__(self, monitor: Monitor, watch: MainThreadStill) -> None:
         self._monitor = monitor
+        self._watch = watch
 
     def stop(self) -> None:
-        self._monitor.hang_timeout = None
+        self._monitor.remove(self._watch)
 
     def __enter__(self) -> Watchdog:
         return self
@@ -43,13 +81,13 @@ def watchdog(
     """Arm the hang watchdog on this rank (call it on every rank after init_process_group).
 
     ``action="exit"`` ends every rank after the report; ``"report"`` only prints it.
+    Disarmed by ``stop()``, or with everything else when the process group is destroyed.
     """
     if action not in ("exit", "report"):
         raise ValueError(f"action must be 'exit' or 'report', got {action!r}")
-    limit = resolve_timeout(timeout)
+    limit = desync_timeout(timeout)
     meeting = default_meeting(store, rank, world_size)
     monitor = ensure_monitor(meeting) if meeting is not None else get_monitor()
-    monitor.start()
-    monitor.hang_action = action
-    monitor.hang_timeout = limit
-    return Watchdog(monitor)
+    watch = MainThreadStill(limit, action)
+    monitor.add(watch)
+    return Watchdog(monitor, watch)

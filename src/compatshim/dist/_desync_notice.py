@@ -1,0 +1,124 @@
+"""The desync notice: the rank that finds the ranks out of step tells every other rank.
+
+The reporting rank raises :class:`DesyncError` and writes the notice (its full
+report) to the store. Every other rank's monitor acknowledges it; a rank
+blocked in a watched call cannot raise, so its monitor prints the report with
+its own position and ends the process. A rank that is not blocked gets a grace
+period to reach a sync point and raise there itself.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import NoReturn
+
+from . import _liveness
+from ._ending import EXIT_CODE
+from ._records import Ack, DesyncNotice, Keys
+from ._sites import format_site
+from ._store import Meeting
+from ._trail import TRAIL
+from ._watch import Watch
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .monitor import Monitor
+
+DESYNC_GRACE = 10.0  # seconds an unblocked rank gets to reach a sync point after a notice
+ACK_WAIT = 1.5  # seconds the reporter waits for the others to acknowledge
+REPORTER_WAIT = 3.0  # seconds a rank ending on a notice lets the reporter finish printing
+
+_raised_here = False
+
+
+def raised_here() -> bool:
+    """Whether this process has reported ranks out of step (it ends its child ranks at exit)."""
+    return _raised_here
+
+
+def announce(meeting: Meeting, headline: str, report: str, *, wait: bool = True) -> None:
+    """Tell every rank (through the store) that this one found them out of step."""
+    global _raised_here
+    _raised_here = True
+    try:
+        if not meeting.has([Keys.desync()]):
+            notice = DesyncNotice(reporter=meeting.rank, headline=headline, report=report)
+            meeting.put(Keys.desync(), notice)
+        if not wait:
+            return
+        deadline = time.monotonic() + ACK_WAIT
+        others = meeting.others()
+        while others and time.monotonic() < deadline:
+            others = [
+                r
+                for r in others
+                if not meeting.has([Keys.ack(r)]) and not _liveness.is_gone(meeting, r)
+            ]
+            time.sleep(0.05)
+    except Exception:
+        pass  # the report is still raised on this rank
+
+
+def announce_and_end(monitor: Monitor, headline: str, report: str) -> NoReturn:
+    """From the monitor thread: tell the other ranks, print ``report``, end this process."""
+    if monitor.meeting is not None:
+        announce(monitor.meeting, headline, report, wait=False)
+    monitor.end(report)
+
+
+def _let_reporter_finish(meeting: Meeting, reporter: int) -> None:
+    """Give the reporting rank a moment to print its DesyncError before this rank exits.
+
+    Lightning's launcher kills every rank once a child exits non-zero; leaving
+    first could cut the reporting rank off mid-traceback.
+    """
+    deadline = time.monotonic() + REPORTER_WAIT
+    while time.monotonic() < deadline and 0 <= reporter < meeting.world_size:
+        try:
+            if _liveness.is_gone(meeting, reporter):
+                return
+        except Exception:
+            return  # its store is gone: so is the reporter
+        time.sleep(0.1)
+
+
+class AnswerDesync(Watch):
+    """Acknowledge another rank's notice; end this rank when it is blocked (or after the grace)."""
+
+    needs_store = True
+
+    def __init__(self) -> None:
+        self._seen_at: float | None = None
+
+    def tick(self, now: float, monitor: Monitor) -> None:
+        meeting = monitor.meeting
+        assert meeting is not None
+        if not meeting.has([Keys.desync()]):
+            return
+        meeting.put(Keys.ack(meeting.rank), Ack(time=now))
+        if TRAIL.syncing:
+            return  # the sync point raises DesyncError itself
+        notice = meeting.read(Keys.desync(), DesyncNotice)
+        if notice is None or notice.reporter == meeting.rank:
+            return
+        blocked = TRAIL.current is not None
+        if self._seen_at is None:
+            self._seen_at = now
+        if blocked or now - self._seen_at > DESYNC_GRACE:
+            _let_reporter_finish(meeting, notice.reporter)
+            monitor.end(notice.report + "\n" + self._own_line(meeting.rank, notice.reporter))
+
+    @staticmethod
+    def _own_line(rank: int, reporter: int) -> str:
+        where = TRAIL.where()
+        own = (
+            f"{'blocked in' if TRAIL.current is not None else 'last left'} {where.op} called at "
+            f"{format_site(where.stack[0] if where.stack else None)}"
+            if where is not None
+            else "outside any watched call"
+        )
+        return (
+            f"This rank ({rank}, {own}) received rank {reporter}'s report and ends now (exit "
+            f"code {EXIT_CODE}): a rank blocked in a collective cannot raise, and would "
+            "otherwise hang until torch's timeout."
+        )

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Lightning's own Fabric tests, plain and armed (COMPATSHIM_AUTO=1), in one venv.
+#
+#   tests/lightning/upstream/run_fabric_suite.sh PYTHON TESTS_DIR OUT_DIR [plain|armed ...]
+#
+# PYTHON: a venv with the lightning pins of matrix/lightning-X.txt, Lightning's
+#   requirements/fabric/test.txt of the matching tag, and compatshim installed.
+# TESTS_DIR: that tag's tests/ folder, e.g.
+#   git -C <lightning clone> archive 2.6.5 tests | tar -x -C /tmp/lightning-2.6.5
+# OUT_DIR: junit files and logs; summarise them with summarise.py.
+#
+# Three parts per mode, as Lightning's CI runs them:
+#   suite       - every test of tests_fabric in one pytest process;
+#   standalone  - the RunIf(standalone=True) tests (PL_RUN_STANDALONE_TESTS=1), each in
+#                 its own pytest process like Lightning's run_standalone_tests.sh. A
+#                 --setup-only pass sorts out those RunIf skips on this machine (GPU,
+#                 DeepSpeed, XLA ...): they are counted as skipped, the rest are run.
+set -u
+python=$1; tests=$(cd "$2" && pwd); out=$(mkdir -p "$3" && cd "$3" && pwd); shift 3
+modes=${*:-plain armed}
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$tests/tests_fabric"
+export PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1
+for mode in $modes; do
+  auto=0; [ "$mode" = armed ] && auto=1
+  echo "== $mode: suite"
+  COMPATSHIM_AUTO=$auto "$python" -m pytest -p no:cacheprovider -q -rfE --timeout 600 \
+    --junitxml "$out/$mode-suite.xml" . > "$out/$mode-suite.log" 2>&1
+  tail -1 "$out/$mode-suite.log"
+  echo "== $mode: standalone"
+  COMPATSHIM_AUTO=$auto PL_RUN_STANDALONE_TESTS=1 "$python" -m pytest -p no:cacheprovider -q \
+    --setup-only --junitxml "$out/$mode-standalone-setup.xml" . > "$out/$mode-standalone-setup.log" 2>&1
+  i=0
+  for test_id in $("$python" "$here/summarise.py" --runnable "$out/$mode-standalone-setup.xml"); do
+    i=$((i + 1))
+    COMPATSHIM_AUTO=$auto PL_RUN_STANDALONE_TESTS=1 MASTER_PORT=$((29500 + i)) \
+      timeout 900 "$python" -m pytest -p no:cacheprovider -q -s --timeout 600 \
+      --junitxml "$out/$mode-standalone-$i.xml" "$test_id" > "$out/$mode-standalone-$i.log" 2>&1
+    echo "$test_id: $(tail -1 "$out/$mode-standalone-$i.log")"
+  done
+done
+"$python" "$here/summarise.py" "$out"
