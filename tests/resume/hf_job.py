@@ -9,6 +9,10 @@ Usage: ``python hf_job.py MODE DIR`` with MODE one of
 ``trainer-resume``
     ``trainer.train(resume_from_checkpoint=DIR/checkpoint-3)``; reports the
     final weights, the step it resumed from and the draws after the run.
+``trainer-rng-file``
+    a plain ``torch.load`` of the Trainer's ``DIR/checkpoint-3/rng_state.pth``,
+    outside transformers' own allowlist: whether torch refuses that file by
+    default (and so whether a resume that works did so by allow-listing).
 ``accelerate-save`` / ``accelerate-resume``
     ``Accelerator.save_state`` after 3 steps of a plain loop, then 3 more;
     ``load_state`` in a fresh process, then the same 3 steps.
@@ -25,6 +29,7 @@ import sys
 import traceback
 from typing import Any
 
+import job_log
 import numpy as np
 import torch
 
@@ -148,6 +153,11 @@ def trainer_resume(out: str) -> dict[str, Any]:
     }
 
 
+def trainer_rng_file(out: str) -> dict[str, Any]:
+    loaded = torch.load(os.path.join(out, f"checkpoint-{HALF}", "rng_state.pth"))
+    return {"keys": sorted(loaded)}
+
+
 class StepCounter:
     """Registered with ``accelerator.register_for_checkpointing``: the resumed step count."""
 
@@ -213,12 +223,14 @@ def accelerate_resume(out: str) -> dict[str, Any]:
 MODES = {
     "trainer-save": trainer_save,
     "trainer-resume": trainer_resume,
+    "trainer-rng-file": trainer_rng_file,
     "accelerate-save": accelerate_save,
     "accelerate-resume": accelerate_resume,
 }
 
 
 def main() -> None:
+    job_log.listen()
     mode, out = sys.argv[1], sys.argv[2]
     try:
         result: dict[str, Any] = {"ok": True, **MODES[mode](out)}
@@ -230,16 +242,8 @@ def main() -> None:
             "notes": list(getattr(exc, "__notes__", [])),
             "traceback": traceback.format_exc()[-3000:],
         }
-    result["retries"] = _retries()
+    result["retries"] = job_log.retries()
     print("RESULT " + json.dumps(result))
-
-
-def _retries() -> list[str]:
-    if "compatshim" not in sys.modules:
-        return []
-    from compatshim import _decisions
-
-    return [line for line in _decisions.recent("torch-load-safe-globals") if "retried" in line]
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ On torch 2.6+ transformers 4.46's ``_load_rng_state`` calls plain
 ``torch.load`` on ``rng_state.pth`` (numpy arrays; transformers issue 40500)
 and the resume fails; accelerate 0.34's ``load_state`` catches the same
 refusal, logs "Could not load random states" at INFO and trains on with the
-wrong RNG. Newer releases allow-list numpy themselves. Both promise that the
-RNG is restored, so a resumed run must end with the weights and RNG draws of
-an uninterrupted one.
+wrong RNG. transformers 4.47+ and accelerate 1.1+ allow-list numpy themselves
+for that load (the file still needs it: a plain ``torch.load`` refuses it),
+so there the patch must stay out of the way. Both promise that the RNG is
+restored, so a resumed run must end with the weights and RNG draws of an
+uninterrupted one, at the same step.
 """
 
 from __future__ import annotations
@@ -19,19 +21,24 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from .jobs import release, run_job, torch_loads_weights_only_by_default
+from .jobs import release, run_job, timeout_for, torch_loads_weights_only_by_default
 
 SCRIPT = "hf_job.py"
+HALF, STEPS = 3, 6  # hf_job.py: a checkpoint after 3 of 6 steps
+pytestmark = pytest.mark.timeout(timeout_for(5))  # the first test runs its module fixture
 
 
 def trainer_breaks() -> bool:
-    """transformers < 4.50 loads rng_state.pth with torch's default (fixed upstream later)."""
-    return torch_loads_weights_only_by_default() and release("transformers") < (4, 50)
+    """transformers < 4.47 loads rng_state.pth with torch's default (4.47 added safe_globals())."""
+    return torch_loads_weights_only_by_default() and release("transformers") < (4, 47)
 
 
 def accelerate_drops_rng() -> bool:
-    """accelerate < 1.0 loads random_states_*.pkl with torch's default and swallows the error."""
-    return torch_loads_weights_only_by_default() and release("accelerate") < (1, 0)
+    """accelerate < 1.1 loads random_states_*.pkl with torch's default and swallows the error.
+
+    (1.1 reads it through ``accelerate.utils.load``, which allow-lists numpy.)
+    """
+    return torch_loads_weights_only_by_default() and release("accelerate") < (1, 1)
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +48,8 @@ def trainer_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "saved": run_job(SCRIPT, "trainer-save", folder, compatshim=False),
         "plain": run_job(SCRIPT, "trainer-resume", folder, compatshim=False),
         "patched": run_job(SCRIPT, "trainer-resume", folder, compatshim=True),
+        "rng_file_plain": run_job(SCRIPT, "trainer-rng-file", folder, compatshim=False),
+        "rng_file_patched": run_job(SCRIPT, "trainer-rng-file", folder, compatshim=True),
     }
 
 
@@ -61,21 +70,44 @@ def _same_run(resumed: dict[str, Any], saved: dict[str, Any]) -> None:
     assert resumed["draws"] == saved["draws"]
 
 
+def _trainer_continued(resumed: dict[str, Any], saved: dict[str, Any]) -> None:
+    """Resumed at the checkpoint's step (not from scratch) and ended as if never interrupted."""
+    _same_run(resumed, saved)  # RNG restored: same dropout, numpy and python draws
+    assert saved["global_step"] == STEPS and f"checkpoint-{HALF}" in saved["checkpoints"]
+    assert resumed["resumed_at"] == HALF and resumed["first_step"] == HALF
+    assert resumed["global_step"] == STEPS
+
+
 def test_plain_trainer_resume(trainer_runs: dict[str, Any]) -> None:
     plain = trainer_runs["plain"]
     if trainer_breaks():
         assert not plain["ok"] and plain["error_type"] == "UnpicklingError"
         assert "Weights only load failed" in plain["error"]
+        assert "Unsupported global: GLOBAL numpy" in plain["error"]
     else:
-        _same_run(plain, trainer_runs["saved"])
+        _trainer_continued(plain, trainer_runs["saved"])
 
 
 def test_trainer_resumes_with_compatshim(trainer_runs: dict[str, Any]) -> None:
     patched = trainer_runs["patched"]
-    _same_run(patched, trainer_runs["saved"])  # RNG restored: same dropout, numpy and python draws
-    assert patched["resumed_at"] == 3 and patched["global_step"] == 6
+    _trainer_continued(patched, trainer_runs["saved"])
     retried = [line for line in patched["retries"] if "rng_state.pth" in line]
-    assert bool(retried) == trainer_breaks()
+    assert len(retried) == int(trainer_breaks()), patched["retries"]
+
+
+def test_the_trainer_rng_file_needs_numpy_allow_listed(trainer_runs: dict[str, Any]) -> None:
+    """A plain torch.load of rng_state.pth: refused on torch 2.6+, so a plain resume that works
+    there works because transformers allow-lists numpy itself; compatshim's retry reads it."""
+    plain, patched = trainer_runs["rng_file_plain"], trainer_runs["rng_file_patched"]
+    if torch_loads_weights_only_by_default():
+        assert not plain["ok"] and plain["error_type"] == "UnpicklingError"
+        assert "Unsupported global: GLOBAL numpy" in plain["error"]
+    else:
+        assert plain["ok"]
+    retried = [line for line in patched["retries"] if "rng_state.pth" in line]
+    assert len(retried) == int(torch_loads_weights_only_by_default()), patched["retries"]
+    assert patched["ok"], patched.get("traceback")
+    assert {"cpu", "numpy", "python"} <= set(patched["keys"])
 
 
 def test_plain_accelerate_load_state(accelerate_runs: dict[str, Any]) -> None:
@@ -93,7 +125,7 @@ def test_accelerate_resumes_with_compatshim(accelerate_runs: dict[str, Any]) -> 
     _same_run(patched, accelerate_runs["saved"])
     assert patched["step_after_load"] == 3 and patched["step"] == 6
     retried = [line for line in patched["retries"] if "random_states_0.pkl" in line]
-    assert bool(retried) == accelerate_drops_rng()
+    assert len(retried) == int(accelerate_drops_rng()), patched["retries"]
 
 
 def test_a_swallowed_refusal_still_warns(accelerate_runs: dict[str, Any], tmp_path: Path) -> None:
