@@ -13,6 +13,11 @@ Usage: ``python hf_job.py MODE DIR`` with MODE one of
     a plain ``torch.load`` of the Trainer's ``DIR/checkpoint-3/rng_state.pth``,
     outside transformers' own allowlist: whether torch refuses that file by
     default (and so whether a resume that works did so by allow-listing).
+``trainer-fixture``
+    ``trainer-save`` into a scratch folder, then copies its ``checkpoint-3``
+    as written to ``DIR/numpy-<v>/checkpoint-3`` with ``written_by.json``
+    (the versions that wrote it): the Trainer checkpoints of ``hf_fixtures/``,
+    one per numpy major, which ``trainer-resume`` reads under the other.
 ``accelerate-save`` / ``accelerate-resume``
     ``Accelerator.save_state`` after 3 steps of a plain loop, then 3 more;
     ``load_state`` in a fresh process, then the same 3 steps.
@@ -153,6 +158,22 @@ def trainer_resume(out: str) -> dict[str, Any]:
     }
 
 
+def trainer_fixture(out: str) -> dict[str, Any]:
+    import shutil
+    import tempfile
+    from importlib.metadata import version
+
+    target = os.path.join(out, f"numpy-{np.__version__}")
+    with tempfile.TemporaryDirectory() as scratch:
+        saved = trainer_save(scratch)
+        checkpoint = f"checkpoint-{HALF}"
+        shutil.copytree(os.path.join(scratch, checkpoint), os.path.join(target, checkpoint))
+    written_by = {name: version(name) for name in ("transformers", "torch", "numpy")}
+    with open(os.path.join(target, "written_by.json"), "w") as handle:
+        json.dump(written_by, handle, indent=1)
+    return {"written": target, **written_by, "weights": saved["weights"]}
+
+
 def trainer_rng_file(out: str) -> dict[str, Any]:
     loaded = torch.load(os.path.join(out, f"checkpoint-{HALF}", "rng_state.pth"))
     return {"keys": sorted(loaded)}
@@ -224,6 +245,7 @@ MODES = {
     "trainer-save": trainer_save,
     "trainer-resume": trainer_resume,
     "trainer-rng-file": trainer_rng_file,
+    "trainer-fixture": trainer_fixture,
     "accelerate-save": accelerate_save,
     "accelerate-resume": accelerate_resume,
 }

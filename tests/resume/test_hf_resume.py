@@ -9,10 +9,20 @@ for that load (the file still needs it: a plain ``torch.load`` refuses it),
 so there the patch must stay out of the way. Both promise that the RNG is
 restored, so a resumed run must end with the weights and RNG draws of an
 uninterrupted one, at the same step.
+
+Across numpy majors: transformers allow-lists numpy under the running numpy's
+names only (``numpy._core.multiarray._reconstruct`` under numpy 2), so a
+Trainer checkpoint written under numpy 1.x (``numpy.core...``) does not resume
+under numpy 2, and the reverse. ``hf_fixtures/numpy-<v>/checkpoint-3`` are
+real Trainer checkpoints written by ``python tests/resume/hf_job.py
+trainer-fixture tests/resume/hf_fixtures`` (transformers 5.23.0, torch 2.15.0)
+under numpy 1.26.4 and 2.4.6; each env resumes the other major's.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +34,9 @@ pytest.importorskip("accelerate")
 from .jobs import release, run_job, timeout_for, torch_loads_weights_only_by_default
 
 SCRIPT = "hf_job.py"
+FIXTURES = Path(__file__).resolve().parent / "hf_fixtures"
 HALF, STEPS = 3, 6  # hf_job.py: a checkpoint after 3 of 6 steps
-pytestmark = pytest.mark.timeout(timeout_for(5))  # the first test runs its module fixture
+pytestmark = pytest.mark.timeout(timeout_for(5 + 2))  # the first test runs its module fixture
 
 
 def trainer_breaks() -> bool:
@@ -51,6 +62,35 @@ def trainer_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "rng_file_plain": run_job(SCRIPT, "trainer-rng-file", folder, compatshim=False),
         "rng_file_patched": run_job(SCRIPT, "trainer-rng-file", folder, compatshim=True),
     }
+
+
+def _other_numpy_fixture() -> tuple[Path, dict[str, str]]:
+    """The committed Trainer checkpoint written under the other numpy major, and its writer."""
+    running = release("numpy")[0]
+    for folder in sorted(FIXTURES.glob("numpy-*")):
+        written_by: dict[str, str] = json.loads((folder / "written_by.json").read_text())
+        if int(written_by["numpy"].split(".")[0]) != running:
+            return folder, written_by
+    raise AssertionError(f"no Trainer checkpoint written under numpy != {running} in {FIXTURES}")
+
+
+@pytest.fixture(scope="module")
+def other_numpy_runs(
+    tmp_path_factory: pytest.TempPathFactory, trainer_runs: dict[str, Any]
+) -> dict[str, Any]:
+    fixture, written_by = _other_numpy_fixture()
+    writer = tuple(int(part) for part in written_by["transformers"].split(".")[:2])
+    if release("transformers") < writer:
+        pytest.skip(
+            f"{fixture.name} was written by transformers {written_by['transformers']}; an older "
+            "Trainer cannot read a newer one's trainer_state.json (4.46: best_global_step)"
+        )
+    runs: dict[str, Any] = {"saved": trainer_runs["saved"], "written_by": written_by}
+    for name, compatshim in (("plain", False), ("patched", True)):
+        folder: Path = tmp_path_factory.mktemp(f"other-numpy-{name}")
+        shutil.copytree(fixture / f"checkpoint-{HALF}", folder / f"checkpoint-{HALF}")
+        runs[name] = run_job(SCRIPT, "trainer-resume", folder, compatshim=compatshim)
+    return runs
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +148,27 @@ def test_the_trainer_rng_file_needs_numpy_allow_listed(trainer_runs: dict[str, A
     assert len(retried) == int(torch_loads_weights_only_by_default()), patched["retries"]
     assert patched["ok"], patched.get("traceback")
     assert {"cpu", "numpy", "python"} <= set(patched["keys"])
+
+
+def test_plain_trainer_resume_of_the_other_numpys_checkpoint(
+    other_numpy_runs: dict[str, Any],
+) -> None:
+    plain = other_numpy_runs["plain"]
+    if not torch_loads_weights_only_by_default():
+        _trainer_continued(plain, other_numpy_runs["saved"])  # a full load: any numpy name goes
+        return
+    written_under_numpy2 = other_numpy_runs["written_by"]["numpy"].startswith("2.")
+    named = "numpy._core" if written_under_numpy2 else "numpy.core"
+    assert not plain["ok"] and plain["error_type"] == "UnpicklingError"
+    assert f"Unsupported global: GLOBAL {named}.multiarray._reconstruct" in plain["error"]
+
+
+def test_trainer_resumes_the_other_numpys_checkpoint_with_compatshim(
+    other_numpy_runs: dict[str, Any],
+) -> None:
+    """Resumed from the other numpy's checkpoint, the run ends as one never interrupted here
+    (numpy's legacy RNG streams are the same under 1.x and 2.x)."""
+    _trainer_continued(other_numpy_runs["patched"], other_numpy_runs["saved"])
 
 
 def test_plain_accelerate_load_state(accelerate_runs: dict[str, Any]) -> None:
