@@ -265,6 +265,7 @@ def main() -> None:
             "traceback": traceback.format_exc()[-3000:],
         }
     result["retries"] = job_log.retries()
+    result["compatshim_imported"] = job_log.compatshim_imported()
     print("RESULT " + json.dumps(result))
 
 

@@ -47,6 +47,7 @@ def run_job(script: str, mode: str, folder: Path, *, compatshim: bool) -> dict[s
         if line.startswith("RESULT "):
             result: dict[str, Any] = json.loads(line[len("RESULT ") :])
             result["stderr"] = done.stderr
+            assert result["compatshim_imported"] is compatshim, f"{script} {mode}: {result}"
             return result
     raise AssertionError(
         f"{script} {mode} (compatshim={compatshim}) printed no result, exit {done.returncode}:\n"

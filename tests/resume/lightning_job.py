@@ -238,6 +238,7 @@ def main() -> None:
         ]
     result["compatshim_warnings"] = caught
     result["retries"] = job_log.retries()
+    result["compatshim_imported"] = job_log.compatshim_imported()
     print("RESULT " + json.dumps(result))
 
 
