@@ -72,6 +72,13 @@ def test_install_twice_wraps_once_and_uninstall_restores(installed: Any) -> None
 
 
 @needs_default
+def test_the_probe_through_the_wrapper_is_named_in_the_decisions(installed: Any) -> None:
+    assert patch.probe(torch) is False  # fixed: the wrapper's retry loads the probe checkpoint
+    (line, *_) = reversed(_retries())
+    assert "the patch's own probe checkpoint" in line and "BytesIO" not in line
+
+
+@needs_default
 def test_refused_types_load_as_saved(installed: Any, tmp_path: Path) -> None:
     np = pytest.importorskip("numpy")
     path = tmp_path / "hparams.ckpt"
@@ -139,7 +146,9 @@ def test_refused_by_both_raises_torchs_error_and_warns(
 
 
 @needs_default
-def test_a_stream_that_cannot_rewind_is_not_retried(installed: Any) -> None:
+def test_an_unseekable_stream_keeps_torchs_own_error(installed: Any) -> None:
+    """torch needs seek/tell before it unpickles anything: its error passes through, no retry."""
+
     class Forward(io.RawIOBase):
         def __init__(self, data: bytes) -> None:
             self._data = io.BytesIO(data)
@@ -151,5 +160,7 @@ def test_a_stream_that_cannot_rewind_is_not_retried(installed: Any) -> None:
             return self._data.readinto(b)
 
     data = _saved({"hparams": argparse.Namespace(a=1)}).getvalue()
-    with warnings.catch_warnings(record=True), pytest.raises(pickle.UnpicklingError):
+    before = list(installed.status())
+    with warnings.catch_warnings(record=True) as seen, pytest.raises(io.UnsupportedOperation):
         torch.load(io.BufferedReader(Forward(data)))
+    assert seen == [] and list(installed.status()) == before  # no retry, no refusal recorded

@@ -9,6 +9,15 @@ Usage: ``python hf_job.py MODE DIR`` with MODE one of
 ``trainer-resume``
     ``trainer.train(resume_from_checkpoint=DIR/checkpoint-3)``; reports the
     final weights, the step it resumed from and the draws after the run.
+``trainer-rng-file``
+    a plain ``torch.load`` of the Trainer's ``DIR/checkpoint-3/rng_state.pth``,
+    outside transformers' own allowlist: whether torch refuses that file by
+    default (and so whether a resume that works did so by allow-listing).
+``trainer-fixture``
+    ``trainer-save`` into a scratch folder, then copies its ``checkpoint-3``
+    as written to ``DIR/numpy-<v>/checkpoint-3`` with ``written_by.json``
+    (the versions that wrote it): the Trainer checkpoints of ``hf_fixtures/``,
+    one per numpy major, which ``trainer-resume`` reads under the other.
 ``accelerate-save`` / ``accelerate-resume``
     ``Accelerator.save_state`` after 3 steps of a plain loop, then 3 more;
     ``load_state`` in a fresh process, then the same 3 steps.
@@ -25,6 +34,7 @@ import sys
 import traceback
 from typing import Any
 
+import job_log
 import numpy as np
 import torch
 
@@ -148,6 +158,27 @@ def trainer_resume(out: str) -> dict[str, Any]:
     }
 
 
+def trainer_fixture(out: str) -> dict[str, Any]:
+    import shutil
+    import tempfile
+    from importlib.metadata import version
+
+    target = os.path.join(out, f"numpy-{np.__version__}")
+    with tempfile.TemporaryDirectory() as scratch:
+        saved = trainer_save(scratch)
+        checkpoint = f"checkpoint-{HALF}"
+        shutil.copytree(os.path.join(scratch, checkpoint), os.path.join(target, checkpoint))
+    written_by = {name: version(name) for name in ("transformers", "torch", "numpy")}
+    with open(os.path.join(target, "written_by.json"), "w") as handle:
+        json.dump(written_by, handle, indent=1)
+    return {"written": target, **written_by, "weights": saved["weights"]}
+
+
+def trainer_rng_file(out: str) -> dict[str, Any]:
+    loaded = torch.load(os.path.join(out, f"checkpoint-{HALF}", "rng_state.pth"))
+    return {"keys": sorted(loaded)}
+
+
 class StepCounter:
     """Registered with ``accelerator.register_for_checkpointing``: the resumed step count."""
 
@@ -213,12 +244,15 @@ def accelerate_resume(out: str) -> dict[str, Any]:
 MODES = {
     "trainer-save": trainer_save,
     "trainer-resume": trainer_resume,
+    "trainer-rng-file": trainer_rng_file,
+    "trainer-fixture": trainer_fixture,
     "accelerate-save": accelerate_save,
     "accelerate-resume": accelerate_resume,
 }
 
 
 def main() -> None:
+    job_log.listen()
     mode, out = sys.argv[1], sys.argv[2]
     try:
         result: dict[str, Any] = {"ok": True, **MODES[mode](out)}
@@ -230,16 +264,9 @@ def main() -> None:
             "notes": list(getattr(exc, "__notes__", [])),
             "traceback": traceback.format_exc()[-3000:],
         }
-    result["retries"] = _retries()
+    result["retries"] = job_log.retries()
+    result["compatshim_imported"] = job_log.compatshim_imported()
     print("RESULT " + json.dumps(result))
-
-
-def _retries() -> list[str]:
-    if "compatshim" not in sys.modules:
-        return []
-    from compatshim import _decisions
-
-    return [line for line in _decisions.recent("torch-load-safe-globals") if "retried" in line]
 
 
 if __name__ == "__main__":

@@ -4,17 +4,23 @@ Usage: ``python lightning_job.py MODE DIR`` with MODE one of
 
 ``save``
     for each hyper-parameter kind, an 8-step run whose ``ModelCheckpoint``
-    (Lightning's own save path) writes ``DIR/<kind>/step=4.ckpt`` at the end of
-    the first epoch; its final
-    weights are the reference.
+    (Lightning's own save path) writes ``DIR/<kind>/step=<n>.ckpt`` at the end
+    of every epoch; its final weights are the reference.
 ``resume``
     for each kind, ``trainer.fit(model, ckpt_path=DIR/<kind>/step=4.ckpt)`` to
     step 8 and ``Model.load_from_checkpoint`` of it; reports per kind
     what loaded (or the error), the step training resumed at, the final
     weights and the hyper-parameters with their types.
 
-Training is deterministic (no dropout, no shuffling), so a resumed run must
-end with the reference weights. Run by tests/resume/test_lightning_resume.py.
+Training is deterministic (no dropout, no shuffling) and each epoch is one
+batch, the same every epoch. That matters: resuming from an epoch-end
+checkpoint, every Lightning release 2.3-2.6 re-enters the saved epoch and
+trains one step on the first batch of a fresh loader, so with several batches
+per epoch the resumed run sees another batch order than an uninterrupted one
+(Lightning promises exact data order only for stateful loaders). With one
+batch per epoch the order cannot differ, and a resumed run must end with the
+reference weights: weights, SGD momentum and step counter all restored. Run by
+tests/resume/test_lightning_resume.py.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import sys
 import traceback
 from typing import Any
 
+import job_log
 import torch
 
 try:
@@ -79,9 +86,22 @@ class Model(L.LightningModule):
 
 
 def data() -> Any:
+    """One batch per epoch (see the module docstring), so epoch k ends at step k + 1."""
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(32, 4, generator=g), torch.randn(32, 1, generator=g)
+    x, y = torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+
+
+class WeightsAt(L.Callback):
+    """The weights once ``step`` optimizer steps are done: what ``step=<step>.ckpt`` holds."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.weights: list[float] = []
+
+    def on_train_batch_end(self, trainer: Any, module: Any, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            self.weights = weights(module)
 
 
 class ResumedAt(L.Callback):
@@ -135,6 +155,7 @@ def describe(value: Any) -> dict[str, Any]:
 
 def save(out: str) -> dict[str, Any]:
     reference: dict[str, list[float]] = {}
+    at_half: dict[str, list[float]] = {}
     hparams_type: dict[str, str] = {}
     for kind in kinds():
         model = Model(hyper_parameters(kind))
@@ -142,11 +163,13 @@ def save(out: str) -> dict[str, Any]:
             dirpath=os.path.join(out, kind),
             filename="{step}",
             every_n_epochs=1,
-            save_on_train_epoch_end=True,  # the epoch boundary: every release resumes there exactly
+            save_on_train_epoch_end=True,  # at each epoch's end (there is no validation loop)
             save_top_k=-1,
         )
-        trainer(out, STEPS, every).fit(model, data())
+        half = WeightsAt(HALF)
+        trainer(out, STEPS, every, half).fit(model, data())
         reference[kind] = weights(model)
+        at_half[kind] = half.weights
         hparams_type[kind] = describe(model.hparams)["type"]
         if not os.path.isfile(checkpoint_path(out, kind)):
             raise FileNotFoundError(
@@ -154,6 +177,7 @@ def save(out: str) -> dict[str, Any]:
             )
     return {
         "reference": reference,
+        "at_half": at_half,
         "hparams_type": hparams_type,
         "saved": {k: describe(hyper_parameters(k)) for k in kinds()},
     }
@@ -203,6 +227,7 @@ def resume(out: str) -> dict[str, Any]:
 def main() -> None:
     import warnings
 
+    job_log.listen()
     caught: list[str] = []
     mode, out = sys.argv[1], sys.argv[2]
     with warnings.catch_warnings(record=True) as seen:
@@ -212,16 +237,9 @@ def main() -> None:
             f"{w.category.__name__}: {w.message}" for w in seen if "compatshim" in str(w.message)
         ]
     result["compatshim_warnings"] = caught
-    result["retries"] = _retries()
+    result["retries"] = job_log.retries()
+    result["compatshim_imported"] = job_log.compatshim_imported()
     print("RESULT " + json.dumps(result))
-
-
-def _retries() -> list[str]:
-    if "compatshim" not in sys.modules:
-        return []
-    from compatshim import _decisions
-
-    return [line for line in _decisions.recent("torch-load-safe-globals") if "retried" in line]
 
 
 if __name__ == "__main__":

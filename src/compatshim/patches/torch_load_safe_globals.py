@@ -217,6 +217,9 @@ def _probe_file() -> Any:
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     buffer.seek(0)
+    # After apply, the registry probes again through the wrapper, which retries and records it:
+    # the decision then names the probe rather than "<_io.BytesIO object at 0x...>".
+    buffer.name = "the patch's own probe checkpoint"
     return buffer
 
 
