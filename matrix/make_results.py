@@ -70,7 +70,7 @@ def _json(path: Path) -> Any:
 def _python_of(tox_env: dict[str, Any]) -> str:
     info = tox_env.get("python") or {}
     version = info.get("version_info")
-    return ".".join(map(str, version[:3])) if isinstance(version, list) else ""
+    return ".".join(map(str, version[:2])) if isinstance(version, list) else ""  # a spec only
 
 
 def outcome(tox_env: dict[str, Any], has_junit: bool) -> str:
@@ -119,7 +119,8 @@ def main(argv: list[str]) -> int:
     results = Path(argv[0]) if argv else ROOT / ".results"
     commit = argv[1] if len(argv) > 1 else "the working tree"
     tox_envs: dict[str, dict[str, Any]] = _json(results / "tox-result.json").get("testenvs", {})
-    tox_envs = {name: env for name, env in tox_envs.items() if not name.startswith(".")}
+    # the JSON lists every configured env; those this run did not select have no result
+    tox_envs = {n: e for n, e in tox_envs.items() if "result" in e and not n.startswith(".")}
     junit = {p.stem for p in results.glob("*.xml")}
     envs = sorted(junit | {name for name in tox_envs if name != "lint"})
     if not envs:
@@ -134,7 +135,7 @@ def main(argv: list[str]) -> int:
         "# Compatibility matrix results",
         "",
         f"Generated {datetime.date.today().isoformat()} by `python matrix/make_results.py` "
-        f"from the junit files of `tox -m matrix` run on {commit} "
+        f"from the junit files of the run below, on commit {commit} "
         f"(CPU, real multi-process gloo groups). `lint` (ruff + mypy): {lint}.",
         "",
         *run_summary(_json(results / "run.json"), len(envs)),
