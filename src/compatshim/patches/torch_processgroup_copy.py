@@ -9,8 +9,8 @@ What breaks
     model and crash. PyTorch issues 76927 and 73825.
 
 Which versions
-    Every torch 2.x release up to 2.15 (tested: 2.1, 2.4, 2.5, 2.8, 2.13, 2.14,
-    2.15). On a newer release the probe alone decides.
+    Every torch 2.x release up to 2.13 (tested: 2.1, 2.4, 2.5, 2.13). On a
+    newer release the probe alone decides.
 
 How it is detected
     The probe builds a bare, unregistered ``ProcessGroup`` (no store traffic,
@@ -345,7 +345,7 @@ def _apply(module: ModuleType, patcher: Patcher) -> None:
 PATCH = Patch(
     name="torch-processgroup-copy",
     distribution="torch",
-    specifier=">=2.0,<=2.15",
+    specifier=">=2.0,<=2.13",
     targets=("torch.distributed",),
     probe=_probe,
     apply=_apply,
