@@ -2,7 +2,10 @@
 
 pytest exits 5 when nothing was collected; a matrix env that tests nothing is
 a broken env, not a green one, so this maps 5 to a failure with a message.
-Results go to ``.results/<env>.xml`` (junit) for ``matrix/make_results.py``.
+The same holds when tests were collected but every one skipped (a pinned
+framework that does not import, say): nothing passed, so the env fails.
+Results go to ``.results/<env>.xml`` (junit) for ``matrix/make_results.py``,
+the resolved versions (Python included) to ``.results/<env>.versions.json``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ RECORDED = (
     "colossalai",
     "nuscenes-devkit",
     "lightning",
+    "lightning-fabric",
+    "pytorch-lightning",
     "transformers",
     "accelerate",
     "timm",
@@ -41,15 +46,35 @@ def record_versions(path: str) -> None:
         json.dump(found, handle, indent=1)
 
 
+class PassCounter:
+    """pytest plugin: how many test calls passed."""
+
+    def __init__(self) -> None:
+        self.passed = 0
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" and report.passed:
+            self.passed += 1
+
+
 def main(argv: list[str]) -> int:
     env = os.environ.get("TOX_ENV_NAME", "local")
     results = os.path.join(os.environ.get("COMPATSHIM_RESULTS", ".results"), f"{env}.xml")
     os.makedirs(os.path.dirname(results), exist_ok=True)
     record_versions(results[: -len(".xml")] + ".versions.json")
-    code = int(pytest.main([*argv, f"--junitxml={results}", "-o", f"junit_suite_name={env}"]))
+    counter = PassCounter()
+    args = [*argv, f"--junitxml={results}", "-o", f"junit_suite_name={env}"]
+    code = int(pytest.main(args, plugins=[counter]))
     if code == pytest.ExitCode.NO_TESTS_COLLECTED:
         print(
             f"run_pytest: environment {env!r} collected no tests for {argv}: failing",
+            file=sys.stderr,
+        )
+        return 1
+    if code == pytest.ExitCode.OK and counter.passed == 0:
+        print(
+            f"run_pytest: environment {env!r} ran no passing test for {argv} "
+            "(every test skipped): failing",
             file=sys.stderr,
         )
         return 1
