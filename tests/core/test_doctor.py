@@ -78,7 +78,7 @@ def test_cli_help(argv: list[str]) -> None:
 
 
 def test_doctor_lists_the_checkpoint_patches_and_adapter() -> None:
-    code, out = _doctor("--json")
+    _, out = _doctor("--json")
     payload = json.loads(out)
     names = {row["name"] for row in payload["checks"]}
     assert {"torch-load-safe-globals", "numpy-core-names", "checkpoint"} <= names, names
