@@ -18,8 +18,8 @@ What breaks
 
 Which versions
     numpy 1.x reading numpy-2 names; numpy 2.x reading numpy-1 names whose
-    shim warns (tested: 1.24, 1.26, 2.x). Written against the layouts of
-    numpy 1.17-2.4; on a newer release the probe decides.
+    shim warns (tested: 1.24, 1.26, 2.0, 2.4, 2.5). Written against the
+    layouts of numpy 1.17-2.5; on a newer release the probe decides.
 
 How it is detected
     numpy 1.x: a numpy-2 module name (``numpy._core``, its ``multiarray``,
@@ -362,7 +362,7 @@ PATCH = Patch(
     name="numpy-core-names",
     distribution="numpy",
     requires=">=1.17",
-    tested=">=1.24,<2.5",
+    tested=">=1.24,<=2.5.5",
     targets=("numpy",),
     probe=probe,
     apply=apply,

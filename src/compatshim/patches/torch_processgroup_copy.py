@@ -9,8 +9,9 @@ What breaks
     model and crash. PyTorch issues 76927 and 73825.
 
 Which versions
-    Every torch 2.x release up to 2.13 (tested: 2.1, 2.4, 2.5, 2.13). On a
-    newer release the probe alone decides.
+    Every torch 2.x release up to 2.15, the newest (tested: 2.1, 2.4, 2.5,
+    2.8, 2.13, 2.14, 2.15 on Python 3.9-3.13). On a newer release the probe
+    alone decides.
 
 How it is detected
     The probe builds a bare, unregistered ``ProcessGroup`` (no store traffic,
@@ -352,7 +353,7 @@ PATCH = Patch(
     name="torch-processgroup-copy",
     distribution="torch",
     requires=">=2.0",
-    tested=">=2.1,<=2.13.0",
+    tested=">=2.1,<=2.15.0",
     targets=("torch.distributed",),
     probe=_probe,
     apply=_apply,
