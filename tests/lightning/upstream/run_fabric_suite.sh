@@ -7,7 +7,8 @@
 #   requirements/fabric/test.txt of the matching tag, and compatshim installed.
 # TESTS_DIR: that tag's tests/ folder, e.g.
 #   git -C <lightning clone> archive 2.6.5 tests | tar -x -C /tmp/lightning-2.6.5
-# OUT_DIR: junit files and logs; summarise them with summarise.py.
+# OUT_DIR: junit files and logs; summarise them with summarise.py. (pytest's cache
+#   plugin stays on: Lightning 2.4's conftest reads its --failed-first option.)
 #
 # Three parts per mode, as Lightning's CI runs them:
 #   suite       - every test of tests_fabric in one pytest process;
@@ -24,17 +25,17 @@ export PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1
 for mode in $modes; do
   auto=0; [ "$mode" = armed ] && auto=1
   echo "== $mode: suite"
-  COMPATSHIM_AUTO=$auto "$python" -m pytest -p no:cacheprovider -q -rfE --timeout 600 \
+  COMPATSHIM_AUTO=$auto "$python" -m pytest -o cache_dir="$out/.pytest_cache" -q -rfE --timeout 600 \
     --junitxml "$out/$mode-suite.xml" . > "$out/$mode-suite.log" 2>&1
   tail -1 "$out/$mode-suite.log"
   echo "== $mode: standalone"
-  COMPATSHIM_AUTO=$auto PL_RUN_STANDALONE_TESTS=1 "$python" -m pytest -p no:cacheprovider -q \
+  COMPATSHIM_AUTO=$auto PL_RUN_STANDALONE_TESTS=1 "$python" -m pytest -o cache_dir="$out/.pytest_cache" -q \
     --setup-only --junitxml "$out/$mode-standalone-setup.xml" . > "$out/$mode-standalone-setup.log" 2>&1
   i=0
   for test_id in $("$python" "$here/summarise.py" --runnable "$out/$mode-standalone-setup.xml"); do
     i=$((i + 1))
     COMPATSHIM_AUTO=$auto PL_RUN_STANDALONE_TESTS=1 MASTER_PORT=$((29500 + i)) \
-      timeout 900 "$python" -m pytest -p no:cacheprovider -q -s --timeout 600 \
+      timeout 900 "$python" -m pytest -o cache_dir="$out/.pytest_cache" -q -s --timeout 600 \
       --junitxml "$out/$mode-standalone-$i.xml" "$test_id" > "$out/$mode-standalone-$i.log" 2>&1
     echo "$test_id: $(tail -1 "$out/$mode-standalone-$i.log")"
   done
