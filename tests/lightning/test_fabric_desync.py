@@ -185,6 +185,9 @@ def fabric_class() -> Any:
     return importlib.import_module(FABRIC_MODULE).Fabric
 
 
+# In-process gloo: a hang here would sit in C++ holding the GIL, where pytest-timeout's
+# signal never lands; the thread method ends the run with every stack instead.
+@pytest.mark.timeout(300, method="thread")
 def test_in_process_one_device_run_leaves_nothing() -> None:
     """As Lightning's own tests run Fabric: in the test process, then its thread check."""
     import torch
@@ -197,12 +200,19 @@ def test_in_process_one_device_run_leaves_nothing() -> None:
     fabric_class()  # imported first: its own import-time set-up is not ours
     compatshim.install(include=["lightning-fabric-desync"])
     assert ours() == []
+    # torch (seen on 2.13, plain and armed) can deadlock when the last reference to a gloo
+    # group goes while one of its worker threads drops a finished all_reduce that holds the
+    # last reference to a Python tensor: the worker waits for the GIL, the main thread holds
+    # it while joining that worker. Keeping the reduced tensors alive until the end means
+    # the worker never needs the GIL.
+    reduced: list[torch.Tensor] = []
     try:
         for strategy in ("auto", "ddp"):
             fabric = fabric_class()(accelerator="cpu", devices=1, strategy=strategy)
             fabric.launch()
             model = fabric.setup_module(torch.nn.Linear(4, 1))
-            fabric.all_reduce(model(torch.ones(2, 4)).sum().detach())
+            reduced.append(model(torch.ones(2, 4)).sum().detach())
+            reduced.append(fabric.all_reduce(reduced[-1]))
             fabric.barrier()
             assert ours() == [], strategy
             import torch.distributed as dist
