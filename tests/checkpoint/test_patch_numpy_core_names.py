@@ -144,8 +144,14 @@ def test_torch_allowlist_takes_both_spellings_and_reverts(installed: Any) -> Non
         pytest.skip(f"torch {torch.__version__} has no user allowlist (refuses numpy)")
     installed.install(include=[PATCH])
     multiarray = sys.modules["numpy._core.multiarray" if NUMPY2 else "numpy.core.multiarray"]
-    with torch.serialization.safe_globals([multiarray._reconstruct]):
+    serialization = torch.serialization
+    before = serialization.get_safe_globals()
+    serialization.add_safe_globals([multiarray._reconstruct])  # torch 2.4 has no safe_globals()
+    try:
         allowed = unpickler._get_user_allowed_globals()
+    finally:
+        serialization.clear_safe_globals()
+        serialization.add_safe_globals(before)
     assert allowed["numpy.core.multiarray._reconstruct"] is multiarray._reconstruct
     assert allowed["numpy._core.multiarray._reconstruct"] is multiarray._reconstruct
     installed.uninstall([PATCH])
