@@ -9,7 +9,9 @@ resolved versions each env ran with. Inputs, all written by ``bash matrix/run``:
 - ``tox-result.json`` (``tox --result-json``): every env tox ran, its exit code
   and duration, so an env that failed before its tests (install, missing pin
   file) is listed as such instead of vanishing from the table;
-- ``run.json``: the run's wall time and disk use.
+- ``run.json``: the run's commit, wall time and disk use;
+- ``tox-result-rerun-<time>.json`` and ``.commit`` beside it, from ``MATRIX_RERUN=1 bash
+  matrix/run -e ...``: envs run again later; their rows replace the first run's and say so.
 
 Releases that could not be installed or run here are listed from
 ``matrix/*SKIPPED.md``.
@@ -115,12 +117,28 @@ def run_summary(run: dict[str, Any], envs: int) -> list[str]:
     return [lines[0] + ".", ""]
 
 
+def tox_results(results: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Every env tox ran, newest run winning; and, per re-run env, the commit it re-ran on."""
+    tox_envs: dict[str, dict[str, Any]] = {}
+    rerun: dict[str, str] = {}
+    reruns = sorted(results.glob("tox-result-rerun-*.json"))
+    for path in [results / "tox-result.json", *reruns]:
+        found = _json(path).get("testenvs", {})
+        # the JSON lists every configured env; those this run did not select have no result
+        ran = {n: e for n, e in found.items() if "result" in e and not n.startswith(".")}
+        tox_envs.update(ran)
+        if path in reruns:
+            marker = path.with_suffix(".commit")
+            commit = marker.read_text().strip() if marker.is_file() else "a later commit"
+            rerun.update(dict.fromkeys(ran, commit))
+    return tox_envs, rerun
+
+
 def main(argv: list[str]) -> int:
     results = Path(argv[0]) if argv else ROOT / ".results"
-    commit = argv[1] if len(argv) > 1 else "the working tree"
-    tox_envs: dict[str, dict[str, Any]] = _json(results / "tox-result.json").get("testenvs", {})
-    # the JSON lists every configured env; those this run did not select have no result
-    tox_envs = {n: e for n, e in tox_envs.items() if "result" in e and not n.startswith(".")}
+    run = _json(results / "run.json")
+    commit = argv[1] if len(argv) > 1 else run.get("commit", "the working tree")
+    tox_envs, rerun = tox_results(results)
     junit = {p.stem for p in results.glob("*.xml")}
     envs = sorted(junit | {name for name in tox_envs if name != "lint"})
     if not envs:
@@ -138,7 +156,7 @@ def main(argv: list[str]) -> int:
         f"from the junit files of the run below, on commit {commit} "
         f"(CPU, real multi-process gloo groups). `lint` (ruff + mypy): {lint}.",
         "",
-        *run_summary(_json(results / "run.json"), len(envs)),
+        *run_summary(run, len(envs)),
         "Rows are pinned release sets (tox envs, pins in `matrix/<env>.txt`); columns are test "
         "modules (one per adapter or patch). Empty cell: that family is not tested in that env.",
         "",
@@ -150,9 +168,12 @@ def main(argv: list[str]) -> int:
         tox_env = tox_envs.get(env, {})
         python = versions[env].get("python") or _python_of(tox_env)
         seconds = (tox_env.get("result") or {}).get("duration")
+        result = outcome(tox_env, env in junit)
+        if env in rerun:
+            result += f" (re-run on {rerun[env]})"
         lines.append(
             f"| {env} | {python} | {versions[env].get('torch', '')} "
-            f"| {outcome(tox_env, env in junit)} | {_minutes(seconds) if seconds else ''} | "
+            f"| {result} | {_minutes(seconds) if seconds else ''} | "
             + " | ".join(cell(counts[m]) if m in counts else "" for m in modules)
             + " |"
         )
@@ -169,7 +190,7 @@ def main(argv: list[str]) -> int:
     gpu = ROOT / "matrix" / "GPU.md"
     if gpu.exists():
         lines += ["", gpu.read_text().strip()]
-    out = ROOT / "matrix" / "RESULTS.md"
+    out = Path(argv[2]) if len(argv) > 2 else ROOT / "matrix" / "RESULTS.md"
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}: {len(envs)} envs, {len(modules)} test modules")
     return 0
