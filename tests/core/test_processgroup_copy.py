@@ -134,6 +134,17 @@ def test_pickling_a_group_torch_does_not_know_is_a_clear_error(
         pickle.dumps(bare_group)
 
 
+def test_pickle_error_is_one_picklable_pickling_error() -> None:
+    """Made on first use (install() must not import _pickle), it is still one class."""
+    error = patch_module.ProcessGroupPickleError
+    assert error is patch_module.ProcessGroupPickleError is patch_module._pickle_error()
+    assert issubclass(error, pickle.PicklingError)
+    assert f"{error.__module__}.{error.__qualname__}" == f"{patch_module.__name__}.{error.__name__}"
+    assert pickle.loads(pickle.dumps(error("x"))).args == ("x",)
+    with pytest.raises(AttributeError):
+        patch_module.NoSuchName  # noqa: B018
+
+
 def test_unknown_registry_layout_names_torch_version_and_layouts(
     patched: None, bare_group: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

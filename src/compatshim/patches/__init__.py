@@ -33,13 +33,13 @@ def patch_name(module_name: str) -> str:
 
 def load_catalogue() -> list[tuple[str, Patch | None, str | None]]:
     """``(name, PATCH, None)`` per catalogue module; ``(name, None, why)`` for one that fails."""
-    from importlib import import_module
-
     found: list[tuple[str, Patch | None, str | None]] = []
     for module_name in CATALOGUE:
         name = patch_name(module_name)
         try:
-            patch = import_module(f"{__name__}.{module_name}").PATCH
+            # __import__ with a fromlist returns the submodule; importlib would cost an import
+            # (and its ``warnings``) on the start-up path
+            patch = __import__(f"{__name__}.{module_name}", fromlist=("PATCH",)).PATCH
             if patch.name != name:
                 raise ValueError(f"module {module_name} declares a patch named {patch.name!r}")
         except Exception as exc:

@@ -33,8 +33,6 @@ Revert: every wrapped method is put back through the ``Patcher``.
 
 from __future__ import annotations
 
-import functools
-
 from .._patch import Patch
 
 TYPE_CHECKING = False  # no ``typing`` import at run time: install() imports this module at start-up
@@ -75,12 +73,14 @@ def probe(module: ModuleType) -> bool:
 
 
 def _breadcrumb(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    from functools import wraps  # here, not at the top: install() imports this module
+
     from ..dist import _framework as watch
 
     op = f"Fabric.{name}"
     collective = name in COLLECTIVES
 
-    @functools.wraps(original)
+    @wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         watch.watch_process_group()
         # world-wide unless a sub-group is passed: then waiting on it proves no dead lock
@@ -95,12 +95,14 @@ def _breadcrumb(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _meeting(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    from functools import wraps
+
     from ..dist import _framework as watch
 
     op = f"Fabric.{name}"
     compares_module = name != "setup_dataloaders"
 
-    @functools.wraps(original)
+    @wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         distributed = watch.watch_process_group()
         call = watch.enter_call(op)
@@ -169,8 +171,9 @@ class _Launching:
 
     def then(self, function: Callable[..., Any]) -> Callable[..., Any]:
         """``function``, ending the launch when it starts (the group exists by then)."""
+        from functools import wraps
 
-        @functools.wraps(function)
+        @wraps(function)
         def run(*args: Any, **kwargs: Any) -> Any:
             self.leave()
             self._watch.watch_process_group()
@@ -188,10 +191,12 @@ def _launch(original: Callable[..., Any]) -> Callable[..., Any]:
     processes (armed through ``COMPATSHIM_AUTO``) while this one only waits
     for them: nothing to watch here.
     """
+    from functools import wraps
+
     from ..dist import _framework as watch
     from ._fabric_launcher import launcher_children
 
-    @functools.wraps(original)
+    @wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         given = bool(args) or "function" in kwargs
         function: Any = kwargs["function"] if "function" in kwargs else (args[0] if args else None)

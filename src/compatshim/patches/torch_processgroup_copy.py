@@ -64,8 +64,6 @@ The revert
 
 from __future__ import annotations
 
-from _pickle import PicklingError  # pickle.PicklingError itself, without importing pickle
-
 from .._patch import Patch
 from .._versions import installed_version
 
@@ -78,7 +76,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PATCH",
-    "ProcessGroupPickleError",
+    "ProcessGroupPickleError",  # noqa: F822 - made on first use by the module __getattr__
     "ProcessGroupUnavailableError",
     "UnboundProcessGroup",
     "rebind_process_group",
@@ -88,8 +86,30 @@ _REGISTRY_LAYOUTS = ("distributed_c10d._world.pg_group_ranks", "distributed_c10d
 _NAME_LAYOUTS = ("distributed_c10d._world.pg_names", "distributed_c10d._pg_names")
 
 
-class ProcessGroupPickleError(PicklingError):
-    """A ProcessGroup cannot be pickled because torch.distributed does not know its ranks."""
+def _pickle_error() -> type[Exception]:
+    """``ProcessGroupPickleError``, a ``pickle.PicklingError``, made on first use.
+
+    Its base lives in ``_pickle``, whose imports (functools, collections) would
+    double what ``install()`` costs at start-up; nothing is pickled before then.
+    """
+    made = globals().get("ProcessGroupPickleError")
+    if made is None:
+        from _pickle import PicklingError  # pickle.PicklingError itself, without pickle
+
+        class ProcessGroupPickleError(PicklingError):
+            """A ProcessGroup cannot be pickled: torch.distributed does not know its ranks."""
+
+        ProcessGroupPickleError.__module__ = __name__
+        ProcessGroupPickleError.__qualname__ = "ProcessGroupPickleError"
+        made = globals().setdefault("ProcessGroupPickleError", ProcessGroupPickleError)
+    error: type[Exception] = made
+    return error
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ProcessGroupPickleError":
+        return _pickle_error()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ProcessGroupUnavailableError(RuntimeError):
@@ -175,7 +195,7 @@ def _reduce_group(self: Any, protocol: int = 2) -> tuple[Any, tuple[Any, ...]]:
     """``__reduce_ex__``: record global ranks, backend, name; :func:`rebind_process_group` loads."""
     mapping = _group_ranks_registry().get(self)
     if mapping is None:
-        raise ProcessGroupPickleError(
+        raise _pickle_error()(
             f"cannot pickle {self!r}: torch.distributed does not know this process group "
             "(it is neither WORLD nor made by new_group), so its global ranks are unknown"
         )
@@ -333,7 +353,7 @@ def _probe(module: ModuleType) -> bool:
         return True
     try:
         pickle.dumps(group)
-    except ProcessGroupPickleError:
+    except _pickle_error():
         return False  # our reducer ran and rightly refused an unregistered group
     except Exception:
         return True
