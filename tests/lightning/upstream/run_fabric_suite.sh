@@ -9,6 +9,8 @@
 #   git -C <lightning clone> archive 2.6.5 tests | tar -x -C /tmp/lightning-2.6.5
 # OUT_DIR: junit files and logs; summarise them with summarise.py. (pytest's cache
 #   plugin stays on: Lightning 2.4's conftest reads its --failed-first option.)
+# FABRIC_SUITE_PATHS (optional): test paths under tests_fabric for the suite part instead of
+#   all of it, e.g. "test_fabric.py strategies utilities/test_distributed.py".
 #
 # Three parts per mode, as Lightning's CI runs them:
 #   suite       - every test of tests_fabric in one pytest process;
@@ -26,7 +28,7 @@ for mode in $modes; do
   auto=0; [ "$mode" = armed ] && auto=1
   echo "== $mode: suite"
   COMPATSHIM_AUTO=$auto "$python" -m pytest -o cache_dir="$out/.pytest_cache" -q -rfE --timeout 600 \
-    --junitxml "$out/$mode-suite.xml" . > "$out/$mode-suite.log" 2>&1
+    --junitxml "$out/$mode-suite.xml" ${FABRIC_SUITE_PATHS:-.} > "$out/$mode-suite.log" 2>&1
   tail -1 "$out/$mode-suite.log"
   echo "== $mode: standalone"
   COMPATSHIM_AUTO=$auto PL_RUN_STANDALONE_TESTS=1 "$python" -m pytest -o cache_dir="$out/.pytest_cache" -q \
