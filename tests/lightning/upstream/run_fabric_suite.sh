@@ -22,7 +22,7 @@ set -u
 python=$1; tests=$(cd "$2" && pwd); out=$(mkdir -p "$3" && cd "$3" && pwd); shift 3
 modes=${*:-plain armed}
 here=$(cd "$(dirname "$0")" && pwd)
-cd "$tests/tests_fabric"
+cd "$tests/tests_fabric" || { echo "no tests_fabric under $tests (TESTS_DIR is the tag's tests/ folder)" >&2; exit 2; }
 export PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1
 for mode in $modes; do
   auto=0; [ "$mode" = armed ] && auto=1
