@@ -19,7 +19,8 @@
 #                 --setup-only pass sorts out those RunIf skips on this machine (GPU,
 #                 DeepSpeed, XLA ...): they are counted as skipped, the rest are run.
 set -u
-python=$1; tests=$(cd "$2" && pwd); out=$(mkdir -p "$3" && cd "$3" && pwd); shift 3
+case $1 in */*) python=$(cd "$(dirname "$1")" && pwd)/$(basename "$1") ;; *) python=$1 ;; esac
+tests=$(cd "$2" && pwd); out=$(mkdir -p "$3" && cd "$3" && pwd); shift 3
 modes=${*:-plain armed}
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$tests/tests_fabric" || { echo "no tests_fabric under $tests (TESTS_DIR is the tag's tests/ folder)" >&2; exit 2; }
