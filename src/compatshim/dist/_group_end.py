@@ -6,6 +6,20 @@ default group stops the monitor first, while the store still answers. The
 wrapper is removed when the monitor stops, but only where it is still in place:
 if someone replaced it meanwhile (a test's monkeypatch), theirs is left alone.
 torch is never imported here: a monitor runs only after torch.distributed is.
+
+Before the default group is destroyed, the wrapper also gives torch's gloo
+workers a moment without the GIL (``SETTLE``). A worker that drops a finished
+work whose thread-local state holds a Python object (torch 2.15's backward
+stashes a ``contextvars.Context`` there, so every DDP gradient all-reduce
+carries one) must take the GIL to do it, and ``~ProcessGroupGloo`` joins its
+workers while the thread that drops the last reference to the group holds the
+GIL (pytorch issue 56297): if a worker is still waiting for the GIL then, the
+process hangs at exit. The monitor's thread competes for the GIL too, and in
+2-rank Fabric runs on a loaded 2-core machine it made that race a few percent
+likely (gdb: main thread in ``~ProcessGroupGloo`` -> ``thread::join``, worker in
+``~AsyncAllreduceWork`` -> ``SafePyObject`` decref -> ``take_gil``); no new work
+is queued after ``destroy_process_group``, so a worker still waiting gets the
+GIL during the pause and the group goes with nothing pending.
 """
 
 from __future__ import annotations
@@ -13,10 +27,12 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import time
 from types import ModuleType
 from typing import Any, Callable
 
 _MODULES = ("torch.distributed", "torch.distributed.distributed_c10d")
+SETTLE = 0.1  # seconds without the GIL before the default group goes (see the docstring)
 _installed: list[tuple[ModuleType, Callable[..., Any], Callable[..., Any]]] = []
 _lock = threading.Lock()
 
@@ -35,6 +51,7 @@ def install(on_destroy: Callable[[], None]) -> None:
             group = args[0] if args else kwargs.get("group")
             if group is None or group is members.WORLD:
                 on_destroy()
+                time.sleep(SETTLE)  # gloo workers finish dropping what they hold
             return original(*args, **kwargs)
 
         for name in _MODULES:
