@@ -41,11 +41,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", type=int, help="runs per mode")
     parser.add_argument("--parallel", type=int, default=3, help="runs at a time (load matters)")
-    parser.add_argument("--modes", default="armed,plain", help="armed, plain or both")
+    parser.add_argument(
+        "--modes", default="armed,plain", help="comma-separated: armed, plain (default both)"
+    )
     parser.add_argument("--grace", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
-    modes = [mode == "armed" for mode in args.modes.split(",")]
+    names = args.modes.split(",")
+    if not set(names) <= {"armed", "plain"}:
+        parser.error(f"--modes takes armed and/or plain, not {args.modes!r}")
+    modes = [name == "armed" for name in names]
     jobs = [(number, armed) for number in range(args.runs) for armed in modes]
     counts: Counter[tuple[str, bool]] = Counter()
     with ThreadPoolExecutor(args.parallel) as pool:
