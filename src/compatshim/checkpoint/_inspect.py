@@ -21,7 +21,7 @@ from ._container import (
     read_zip_directory,
     sniff,
 )
-from ._load import describe_source
+from ._load import describe_source, plain_text
 from ._machine import Source
 from ._scan import ScanMachine, ScanResult
 from .allowlist import lookup
@@ -249,5 +249,5 @@ def _guarded(file: IO[bytes], what: str) -> CheckpointInfo:
         ) from None
     except (RecursionError, MemoryError, Exception) as exc:
         raise CheckpointError(
-            f"{what}: damaged or unsupported file ({type(exc).__name__}: {str(exc)[:200]})"
+            f"{what}: damaged or unsupported file ({type(exc).__name__}: {plain_text(exc)})"
         ) from None

@@ -38,7 +38,8 @@ from ._container import (
     sniff,
 )
 from ._machine import Source
-from ._safe import SafeMachine, UserAllow, check_nesting
+from ._objects import short
+from ._safe import Budget, SafeMachine, UserAllow, check_result
 from ._scan import ScanMachine, StorageDecl
 from .allowlist import lookup
 from .errors import CheckpointError, UnsafeCheckpointError
@@ -123,7 +124,7 @@ class ZipStorages:
         key, location, numel = rest
         location = location.decode("ascii", "replace") if type(location) is bytes else location
         if type(key) is not str or not _KEY.fullmatch(key):
-            raise CheckpointError(f"{self.what}: storage key {str(key)[:40]!r} is malformed")
+            raise CheckpointError(f"{self.what}: storage key {short(key)} is malformed")
         if type(location) is not str or type(numel) is not int or numel < 0:
             raise CheckpointError(f"{self.what}: storage {key} has a malformed location or size")
         if key in self.loaded:
@@ -160,6 +161,7 @@ class Loader:
         self.allow = UserAllow(allow)
         self.mmap = mmap
         self.depth = depth
+        self.budget = Budget(0)
 
     # ------------------------------------------------------------------ entry
     def load(self, f: Any) -> Any:
@@ -173,6 +175,9 @@ class Loader:
 
     def _guarded(self, file: IO[bytes], what: str, path: str | None) -> Any:
         try:
+            here = file.tell()
+            self.budget = Budget(file.seek(0, io.SEEK_END) - here)
+            file.seek(here)
             return self._load(file, what, path)
         except UnsafeCheckpointError as exc:
             raise _name_file(exc, what) from None
@@ -184,7 +189,7 @@ class Loader:
             raise CheckpointError(f"{what}: not enough memory for what the file holds") from None
         except Exception as exc:
             raise CheckpointError(
-                f"{what}: damaged or unsupported file ({type(exc).__name__}: {str(exc)[:300]})"
+                f"{what}: damaged or unsupported file ({type(exc).__name__}: {plain_text(exc)})"
             ) from None
 
     def _load(self, file: IO[bytes], what: str, path: str | None) -> Any:
@@ -285,6 +290,7 @@ class Loader:
             allow=self.allow,
             tensors=tensors,
             storages=storages,
+            budget=self.budget,
             load_nested=self._nested,
         )
         start = source.file.tell()
@@ -292,7 +298,7 @@ class Loader:
             value = machine.run()
         except UnsafeCheckpointError as exc:
             raise self._every_refusal(source, start, exc) from None
-        check_nesting(value, "the loaded object")
+        check_result(value, "the loaded object", machine.forbidden_values(), machine.created())
         return value
 
     def _nested(self, data: bytes) -> Any:
@@ -300,6 +306,7 @@ class Loader:
             raise CheckpointError("storages pickled inside pickled storages, too deep")
         inner = Loader(self.map_location, (), False, self.depth + 1)
         inner.allow = self.allow
+        inner.budget = self.budget  # one budget for the whole file, nested pickles included
         return inner._load(io.BytesIO(data), "<pickled storage>", None)
 
     def _every_refusal(
@@ -363,7 +370,7 @@ class LegacyStorages:
         key, location, numel, view = rest
         decl = self.roots.get(key) if type(key) is str else None
         if decl is None or decl.type_name != type_name or decl.numel != numel:
-            raise CheckpointError(f"legacy storage {str(key)[:40]!r} changed between passes")
+            raise CheckpointError(f"legacy storage {short(key)} changed between passes")
         typed = self.loaded.get(key)
         if typed is None:
             typed = self._read(decl, location)
@@ -417,6 +424,14 @@ def _numpy_ok() -> bool:
     except ImportError:
         return False
     return True
+
+
+def plain_text(exc: BaseException) -> str:
+    """An exception's message only when every argument is a short string: ``str(KeyError(x))``
+    is ``repr(x)``, and ``x`` may be a file value whose text is exponential in its size."""
+    if all(type(arg) is str for arg in exc.args):
+        return str(exc)[:300]
+    return "message not shown: it holds values from the file"
 
 
 def _prefixed(message: str, what: str) -> str:

@@ -8,7 +8,10 @@ the container mutations ``set_items``, ``append_items``, ``add_items``.
 
 Bounds that hold whatever the bytes: every length is checked against the bytes
 left before anything is read or allocated; mark nesting is bounded; the machine
-is iterative (no Python recursion per level of nesting); copyreg extension
+is iterative (no Python recursion per level of nesting); tuples and frozensets
+(the containers ``hash`` recurses into, in C, without a recursion check) are
+refused beyond ``MAX_NESTING`` levels *when they are built*, so no value the file
+makes can crash a dict key, a set or the caller's ``hash()``; copyreg extension
 codes and out-of-band buffers are refused. Errors other than the library's
 own are turned into :class:`CheckpointError` by the caller (``run``).
 """
@@ -24,6 +27,7 @@ from typing import IO, Any, Callable
 from .errors import CheckpointError, UnsafeCheckpointError
 
 MAX_MARK_DEPTH = 2000
+MAX_NESTING = 1000
 MAX_LINE = 1 << 20
 HIGHEST_PROTOCOL = 5
 
@@ -85,6 +89,7 @@ class Machine:
         self.metastack: list[list[Any]] = []
         self.memo: dict[int, Any] = {}
         self.proto = 0
+        self._nest: dict[int, tuple[Any, int]] = {}  # id -> (tuple or frozenset, depth > 1)
         self._dispatch = self._build_dispatch()
 
     # ------------------------------------------------------------------ hooks
@@ -146,6 +151,27 @@ class Machine:
         if not self.stack:
             raise CheckpointError("pickle stack underflow")
         return self.stack[-1]
+
+    def nesting(self, items: Any) -> int:
+        """Depth of a tuple/frozenset made of ``items``; refused beyond :data:`MAX_NESTING`."""
+        deepest = 0
+        nest = self._nest
+        for item in items:
+            kind = type(item)
+            if kind is tuple or kind is frozenset:
+                known = nest.get(id(item))
+                depth = known[1] if known is not None and known[0] is item else 1
+                if depth > deepest:
+                    deepest = depth
+        if deepest >= MAX_NESTING:
+            raise CheckpointError(f"tuples or frozensets nested deeper than {MAX_NESTING} levels")
+        return deepest + 1
+
+    def hashable(self, value: Any, depth: int) -> Any:
+        """Remember a tuple/frozenset deeper than one level (keeps it alive for ``id``)."""
+        if depth > 1:
+            self._nest[id(value)] = (value, depth)
+        return value
 
     def _pop_mark(self) -> list[Any]:
         if not self.metastack:
@@ -209,7 +235,7 @@ class Machine:
             b"\x97": s._buffer,
             b"\x98": s._buffer,
             b")": lambda: s.stack.append(()),
-            b"t": lambda: s._push_marked(tuple),
+            b"t": lambda: s._push_hashable(tuple),
             b"\x85": lambda: s._tuple(1),
             b"\x86": lambda: s._tuple(2),
             b"\x87": lambda: s._tuple(3),
@@ -223,7 +249,7 @@ class Machine:
             b"u": s._setitems,
             b"\x8f": lambda: s.stack.append(s.new_container(set())),
             b"\x90": s._additems,
-            b"\x91": lambda: s._push_marked(frozenset),
+            b"\x91": lambda: s._push_hashable(frozenset),
             b"p": lambda: s._put(s._line_int()),
             b"q": lambda: s._put(s.source.read(1)[0]),
             b"r": lambda: s._put(s._unpack("<I", 4)),
@@ -335,12 +361,17 @@ class Machine:
         value = self.new_container(kind(self._pop_mark()))  # pops first: the stack changes
         self.stack.append(value)
 
+    def _push_hashable(self, kind: Callable[[list[Any]], Any]) -> None:
+        items = self._pop_mark()
+        depth = self.nesting(items)  # before frozenset() hashes the items
+        self.stack.append(self.new_container(self.hashable(kind(items), depth)))
+
     def _tuple(self, count: int) -> None:
         if len(self.stack) < count:
             raise CheckpointError("pickle stack underflow")
         items = tuple(self.stack[-count:])
         del self.stack[-count:]
-        self.stack.append(self.new_container(items))
+        self.stack.append(self.new_container(self.hashable(items, self.nesting(items))))
 
     def _append(self) -> None:
         item = self._pop()

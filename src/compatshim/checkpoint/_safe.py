@@ -9,6 +9,13 @@ Rules, whatever the bytes:
 * BUILD, SETITEM, APPEND and ADDITEMS act only on objects this load created
   (plain lists/dicts/sets from opcodes, or instances a handler registered),
   never on a global, a class, a function, a module or a shared enum member.
+* Work is charged to one :class:`Budget` per load, shared by nested loads: every
+  call, NEWOBJ and BUILD pays for the size of what it is handed, so a memoized
+  argument passed a thousand times costs a thousand times (opcodes themselves
+  are bounded by the file's length).
+* The result is walked once (:func:`check_result`): its real nesting depth, over
+  every path (memo shortcuts do not shorten it), and no allow-listed function
+  that could run code is handed back as a value (classes and constants may be).
 """
 
 from __future__ import annotations
@@ -16,17 +23,72 @@ from __future__ import annotations
 import collections
 import enum
 import importlib
+import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from . import _numpy, _objects, _tensors
-from ._machine import Machine, Source
+from ._machine import MAX_NESTING, Machine, Source
 from .allowlist import Entry, lookup
 from .errors import CheckpointError, UnsafeCheckpointError
 
 Builder = Callable[[Any, Any], None]
 StorageGetter = Callable[[str, tuple[Any, ...]], Any]
-MAX_NESTING = 1000
+BUDGET_PER_BYTE = 8
+BUDGET_FLOOR = 1 << 25  # small files may still build a few MB (a metrics dict, an RNG state)
+
+
+class Budget:
+    """Bytes a load may still allocate through calls (estimated; see :func:`weight`).
+
+    ``BUDGET_PER_BYTE`` times the file's size, plus ``BUDGET_FLOOR``; nested loads
+    (storages pickled inside a pickle) draw from the same budget. What the opcodes
+    build directly is bounded by the file already; the budget bounds what calls add
+    on top, which memo references could otherwise repeat without limit.
+    """
+
+    def __init__(self, file_size: int) -> None:
+        self.total = BUDGET_PER_BYTE * max(file_size, 0) + BUDGET_FLOOR
+        self.left = self.total
+        self.file_size = file_size
+
+    def charge(self, units: int, what: str) -> None:
+        self.left -= units
+        if self.left < 0:
+            raise CheckpointError(
+                f"{what} goes over the work budget of {self.total} bytes for a file of "
+                f"{self.file_size} bytes (shared references are counted at every use): "
+                "the file asks for far more work or memory than it holds"
+            )
+
+
+def weight(args: Any) -> int:
+    """Bytes a call handed ``args`` may allocate by copying them: per character or byte, per
+    list/tuple item (a pointer) and per set/dict entry (a hash slot), one level inside tuples
+    too (numpy's array state holds its bytes there). Iterates nothing but those tuples."""
+    total = 16
+    for arg in args if type(args) is tuple else (args,):
+        per_item = _ITEM_BYTES.get(type(arg))
+        if per_item is not None:
+            total += per_item * len(arg)
+            if type(arg) is tuple:
+                for item in arg:
+                    inner = _ITEM_BYTES.get(type(item))
+                    if inner is not None:
+                        total += inner * len(item)
+    return total
+
+
+_ITEM_BYTES: dict[type, int] = {
+    str: 1,
+    bytes: 1,
+    bytearray: 1,
+    tuple: 8,
+    list: 8,
+    dict: 50,
+    set: 50,
+    frozenset: 50,
+}
 
 
 @dataclass(frozen=True)
@@ -37,6 +99,12 @@ class Role:
     kind: str  # an allowlist kind, or "user" for the call's allow=
     key: str
     obj: Any
+    value_ok: bool = True  # may appear in the result as a value
+
+
+def harmless_value(entry: Entry, obj: Any) -> bool:
+    """A class or a non-callable may be returned as data; a function only if its entry says so."""
+    return isinstance(obj, type) or not callable(obj) or bool(getattr(entry, "value_ok", False))
 
 
 def handler_key(entry: Entry) -> str:
@@ -99,9 +167,11 @@ class SafeMachine(Machine):
         allow: UserAllow,
         tensors: _tensors.Tensors,
         storages: StorageGetter | None,
+        budget: Budget,
         load_nested: Callable[[bytes], Any] | None = None,
     ) -> None:
         super().__init__(source)
+        self.budget = budget
         self.allow = allow
         self.tensors = tensors
         self.storages = storages
@@ -144,8 +214,18 @@ class SafeMachine(Machine):
             obj = entry.resolve()
         except LookupError as exc:
             raise refused(entry.qualname, str(exc)) from None
-        self._roles[id(obj)] = Role(entry.qualname, entry.kind, handler_key(entry), obj)
+        self._roles[id(obj)] = Role(
+            entry.qualname, entry.kind, handler_key(entry), obj, harmless_value(entry, obj)
+        )
         return obj
+
+    def created(self) -> dict[int, Any]:
+        """Objects this load made and may have given state (walked by :func:`check_result`)."""
+        return self._builders
+
+    def forbidden_values(self) -> dict[int, str]:
+        """``id -> name`` of the resolved globals that must not come back as values."""
+        return {key: role.qualname for key, role in self._roles.items() if not role.value_ok}
 
     def role_of(self, value: Any) -> Role | None:
         role = self._roles.get(id(value))
@@ -166,6 +246,7 @@ class SafeMachine(Machine):
                 f"call of {describe(func)} refused: only allow-listed globals may be called",
                 (f"call {describe(func)}",),
             )
+        self.budget.charge(weight(args), role.qualname)
         kind = role.kind
         if kind == "user":
             return self._call_user(func, args)
@@ -183,6 +264,14 @@ class SafeMachine(Machine):
         key = role.key
         if key not in HANDLED:
             raise UnsafeCheckpointError(f"{role.qualname} has no checked handler", (role.qualname,))
+        made = self._dispatch_handler(role, func, args)
+        kind = type(made)
+        if kind is tuple or kind is frozenset:
+            self.hashable(made, self.nesting(made))
+        return made
+
+    def _dispatch_handler(self, role: Role, func: Any, args: tuple[Any, ...]) -> Any:
+        key = role.key
         rebuild = _tensors.REBUILDS.get(key)
         if rebuild is not None:
             return rebuild(self.tensors, args)
@@ -251,6 +340,7 @@ class SafeMachine(Machine):
     def _storage_from_bytes(self, args: tuple[Any, ...]) -> Any:
         if len(args) != 1 or type(args[0]) is not bytes or self.load_nested is None:
             raise _objects.bad("torch.storage._load_from_bytes", args)
+        self.budget.charge(2 * len(args[0]), "torch.storage._load_from_bytes")
         import torch
 
         storage = self.load_nested(args[0])
@@ -259,6 +349,7 @@ class SafeMachine(Machine):
         return self.tensors.add_storage(storage)
 
     def new_object(self, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.budget.charge(weight(args) + len(kwargs), "NEWOBJ")
         role = self.role_of(cls)
         kind = role.kind if role is not None else None
         if kind == "user" and isinstance(cls, type):
@@ -286,6 +377,7 @@ class SafeMachine(Machine):
 
     # ------------------------------------------------------------------ state
     def build(self, inst: Any, state: Any) -> None:
+        self.budget.charge(weight(state), "BUILD")
         registered = self._builders.get(id(inst))
         if registered is None or registered[0] is not inst:
             raise UnsafeCheckpointError(
@@ -388,34 +480,90 @@ def refused(qualname: str, why: str) -> UnsafeCheckpointError:
     return UnsafeCheckpointError(f"global {qualname} refused: {why}", (qualname,))
 
 
-def check_nesting(value: Any, what: str, limit: int = MAX_NESTING) -> None:
-    """Refuse results nested deeper than ``limit`` (iterative: no recursion here)."""
-    containers = (list, tuple, dict, set, frozenset, collections.deque)
-    seen: set[int] = set()
-    todo: list[tuple[Any, int]] = [(value, 0)]
-    while todo:
-        current, depth = todo.pop()
-        if depth > limit:
+def check_result(
+    value: Any,
+    what: str,
+    forbidden: dict[int, str] | None = None,
+    created: dict[int, Any] | None = None,
+    limit: int = MAX_NESTING,
+) -> None:
+    """Refuse a result nested deeper than ``limit`` along any path, or holding a forbidden value.
+
+    Depth is the longest path (post-order, each object measured once), so references that
+    skip ahead through the memo cannot hide a deep chain; a cycle is not a path. Iterative.
+    """
+    forbidden = forbidden or {}
+    created = created or {}
+    height: dict[int, int] = {}
+    on_path: set[int] = set()
+    frames: list[list[Any]] = []  # [object, iterator over its children, tallest child]
+
+    def enter(node: Any) -> None:
+        if len(frames) >= limit:
             raise CheckpointError(f"{what}: values nested deeper than {limit} levels")
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        children: Iterable[Any]
-        if isinstance(current, dict):
-            children = [*current.keys(), *current.values()]
-            extra = getattr(current, "__dict__", None)
-            if extra:
-                children = [*children, *extra.values()]
-        elif isinstance(current, containers):
-            children = current
-        else:
-            extra = getattr(current, "__dict__", None) if _is_plain_instance(current) else None
-            if not extra:
+        on_path.add(id(node))
+        frames.append([node, iter(_children(node)), 0])
+
+    enter(value)
+    while frames:
+        frame = frames[-1]
+        for child in frame[1]:
+            kind = type(child)
+            if kind in _LEAVES:
                 continue
-            children = extra.values()
-        for child in children:
-            if isinstance(child, containers) or _is_plain_instance(child):
-                todo.append((child, depth + 1))
+            key = id(child)
+            if key in forbidden:
+                raise UnsafeCheckpointError(
+                    f"{what}: holds {forbidden[key]} as a value; it may only be called while "
+                    "loading (a caller that later calls it would run code)",
+                    (forbidden[key],),
+                )
+            if not (kind in _CONTAINERS or key in created or _is_plain_instance(child)):
+                continue
+            known = height.get(key)
+            if known is None:
+                if key in on_path:
+                    continue  # a cycle: repr, deepcopy and pickle handle those
+                enter(child)
+                break
+            if known > frame[2]:
+                frame[2] = known
+        else:
+            frames.pop()
+            node, _, tallest = frame
+            on_path.discard(id(node))
+            height[id(node)] = tallest + 1
+            if tallest + 1 > limit:
+                raise CheckpointError(f"{what}: values nested deeper than {limit} levels")
+            if frames and tallest + 1 > frames[-1][2]:
+                frames[-1][2] = tallest + 1
+
+
+def _children(node: Any) -> Iterable[Any]:
+    if isinstance(node, dict):
+        extra = getattr(node, "__dict__", None)
+        items: Iterable[Any] = itertools.chain(node.keys(), node.values())
+        return itertools.chain(items, extra.values()) if extra else items
+    if type(node) in _CONTAINERS or isinstance(node, collections.deque):
+        return node  # type: ignore[no-any-return]
+    extra = getattr(node, "__dict__", None)
+    return extra.values() if extra else ()
+
+
+_CONTAINERS = frozenset(
+    {
+        list,
+        tuple,
+        dict,
+        set,
+        frozenset,
+        collections.deque,
+        collections.OrderedDict,
+        collections.defaultdict,
+        collections.Counter,
+    }
+)
+_LEAVES = frozenset({int, float, str, bytes, bool, type(None), complex})
 
 
 def _is_plain_instance(value: Any) -> bool:

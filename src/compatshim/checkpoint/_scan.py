@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._machine import Machine, Source
+from ._objects import short
 from ._tensors import STORAGE_DTYPES
 
 TENSOR_REBUILDS = frozenset(
@@ -103,7 +104,7 @@ class ScanMachine(Machine):
         elif name == "torch._tensor._rebuild_from_type_v2" and len(args) == 4:
             inner = args[2] if type(args[2]) is tuple else ()
             self.call(args[0], inner)
-        return Symbol(f"{name}()")
+        return Symbol(_called(name, "()"))
 
     def _tensor_dtype(self, name: str, args: tuple[Any, ...]) -> str:
         if name.endswith("_v3") and len(args) > 6 and type(args[6]) is Symbol:
@@ -116,7 +117,7 @@ class ScanMachine(Machine):
 
     def new_object(self, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         name = cls.name if type(cls) is Symbol else f"<{type(cls).__name__}>"
-        return Symbol(f"{name}.__new__()")
+        return Symbol(_called(name, ".__new__()"))
 
     def build(self, inst: Any, state: Any) -> None:
         return None
@@ -125,7 +126,11 @@ class ScanMachine(Machine):
         if type(pid) is not tuple or not pid:
             self.found.persistent_kinds["<not a tuple>"] += 1
             return Symbol("<persistent id>")
-        kind = pid[0].decode("ascii", "replace") if type(pid[0]) is bytes else str(pid[0])
+        first = pid[0]
+        if type(first) is bytes:
+            kind = first.decode("ascii", "replace")
+        else:
+            kind = first if type(first) is str else short(first)
         self.found.persistent_kinds[kind] += 1
         if kind != "storage" or len(pid) < 5 or type(pid[1]) is not Symbol:
             return Symbol(f"<persistent {kind}>")
@@ -133,14 +138,14 @@ class ScanMachine(Machine):
         key, location, numel = pid[2], pid[3], pid[4]
         view = pid[5] if len(pid) > 5 else None
         if type(key) is not str or type(numel) is not int or numel < 0:
-            self.found.problems.append(f"malformed storage id for key {str(key)[:20]!r}")
+            self.found.problems.append(f"malformed storage id for key {short(key)}")
             return Symbol("<bad storage>")
         if type(location) is bytes:
             location = location.decode("ascii", "replace")
-        decl = StorageDecl(key, type_name, numel, str(location), view)
+        decl = StorageDecl(key, type_name, numel, location if type(location) is str else "?", view)
         known = self.found.storages.setdefault(key, decl)
         if (known.type_name, known.numel) != (type_name, numel):
-            self.found.problems.append(f"storage {key!r} declared twice with different sizes")
+            self.found.problems.append(f"storage {short(key)} declared twice with different sizes")
         return decl
 
     def set_items(self, target: Any, pairs: list[Any]) -> None:
@@ -155,6 +160,12 @@ class ScanMachine(Machine):
 
     def add_items(self, target: Any, items: list[Any]) -> None:
         return None
+
+
+def _called(name: str, suffix: str) -> str:
+    """The name of a call's result; a result called again keeps its name (``f()()()`` would
+    grow by two characters a call: quadratic text from a linear file)."""
+    return name if name.endswith(")") else name + suffix
 
 
 def scan(source: Source) -> ScanResult:
