@@ -51,7 +51,14 @@ def _from_metadata(distribution: str) -> str | None:
 
 
 def installed_version(distribution: str) -> str | None:
-    """The installed version of ``distribution`` as written in its metadata, or None."""
+    """The installed version of ``distribution`` as written in its metadata, or None.
+
+    ``"python"`` is the running interpreter, for patches of the standard library.
+    """
+    if distribution == "python":
+        import sys
+
+        return ".".join(map(str, sys.version_info[:3]))
     if distribution not in _cache:
         version = _from_dist_info(distribution)
         if version is None:  # egg-info, zipped or unusual layouts

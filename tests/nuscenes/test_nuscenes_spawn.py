@@ -2,6 +2,8 @@
 
 The parent arms the patch with ``compatshim.install()``; the spawned children
 get it only from ``COMPATSHIM_AUTO=1`` (the start-up hook the wheel ships).
+DataLoader workers run under ``spawn`` and ``forkserver`` (Python 3.14's default
+on Linux; compatshim never switches the start method), four of them.
 Each child pickles the config again (worker results back to the parent; the
 ``all_gather_object`` between ranks), so an unpatched child fails the test.
 Every wait has a deadline and ends in an error.
@@ -25,6 +27,7 @@ import compatshim
 from harness.dist import free_port
 
 PATCH = "nuscenes-dict-views"
+PATHS = "multiprocessing-pickle-paths"
 TIMEOUT_S = 240.0
 
 pytestmark = pytest.mark.dist
@@ -44,27 +47,49 @@ def _dataset() -> EvalConfigDataset:
     return EvalConfigDataset(config_factory("detection_cvpr_2019"))
 
 
-def _loader(dataset: EvalConfigDataset) -> DataLoader:  # type: ignore[type-arg]
+START_METHODS = ("spawn", "forkserver")
+
+
+def _loader(dataset: EvalConfigDataset, method: str = "spawn") -> DataLoader:  # type: ignore[type-arg]
     return DataLoader(
         dataset,
         batch_size=2,
-        num_workers=2,
-        multiprocessing_context="spawn",
+        num_workers=4,
+        multiprocessing_context=method,
         collate_fn=keep_samples,
         timeout=TIMEOUT_S,
     )
 
 
-def test_dataloader_spawn_workers_without_the_patch_fail_with_the_dict_keys_error() -> None:
-    compatshim.uninstall([PATCH])
+@pytest.mark.parametrize("method", START_METHODS)
+def test_dataloader_workers_without_the_patch_fail_with_the_dict_keys_error(method: str) -> None:
+    compatshim.uninstall([PATCH, PATHS])
     with pytest.raises(TypeError, match="cannot pickle 'dict_keys' object"):
-        next(iter(_loader(_dataset())))
+        next(iter(_loader(_dataset(), method)))
 
 
-def test_dataloader_spawn_workers_get_the_config_and_send_it_back(children_auto: None) -> None:
+@pytest.mark.parametrize("method", START_METHODS)
+def test_without_the_patch_the_error_names_the_path_and_the_fix(method: str) -> None:
+    """multiprocessing-pickle-paths alone: same error type, plus where and which fix."""
+    compatshim.uninstall([PATCH])
+    compatshim.install(include=[PATHS])
+    try:
+        with pytest.raises(TypeError, match="cannot pickle 'dict_keys' object") as caught:
+            next(iter(_loader(_dataset(), method)))
+    finally:
+        compatshim.uninstall([PATHS])
+    line = str(caught.value).splitlines()[-1]
+    assert "args[1].eval_cfg.class_names (dict_keys)" in line, line
+    assert "fix: patch nuscenes-dict-views" in line, line
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_dataloader_workers_get_the_config_and_send_it_back(
+    children_auto: None, method: str
+) -> None:
     dataset = _dataset()
     cfg = dataset.eval_cfg
-    samples = [sample for batch in _loader(dataset) for sample in batch]
+    samples = [sample for batch in _loader(dataset, method) for sample in batch]
     assert sorted(s["index"] for s in samples) == list(range(len(dataset)))
     assert {s["pid"] for s in samples}.isdisjoint({os.getpid()})
     names = list(cfg.class_names)
