@@ -55,6 +55,25 @@ def _initialising(module: object) -> bool:
     return bool(getattr(spec, "_initializing", False))
 
 
+def half_built(exc: BaseException | None) -> str | None:
+    """The module, still initialising, that ``exc`` (or its cause) met half-built, if any.
+
+    Python's answer when two threads' imports would deadlock is a half-built module:
+    ``ImportError.name`` or ``AttributeError.obj`` (3.10+) names it; the caller may
+    wait and retry while that module is initialising.
+    """
+    for _ in range(8):  # the cause chain, bounded
+        if exc is None:
+            return None
+        name = exc.name if isinstance(exc, ImportError) else None
+        if isinstance(exc, AttributeError):
+            name = getattr(getattr(exc, "obj", None), "__name__", None)
+        if type(name) is str and _initialising(sys.modules.get(name)):
+            return name
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def ready(name: str) -> ModuleType | None:
     """``sys.modules[name]`` once it and all its parents have finished importing, else None."""
     for prefix in _chain(name):

@@ -38,9 +38,7 @@ if TYPE_CHECKING:
     from ._records import PatchStatus, Position
 
 _WAIT_FOR_HOOKS_S = 30.0
-_IMPORT_RACE_S = 2.0
-# Python's answer when two threads' imports would deadlock: one gets a half-built module.
-_IMPORT_RACE = "partially initialized module"
+_IMPORT_RACE_S = 2.0  # how long to wait for another thread's import (_import_hooks.half_built)
 
 
 class _State:
@@ -85,6 +83,12 @@ class _Outcome:
         self.fixed: bool | None = None
         self.patcher: Patcher | None = None
         self.error: str | None = None
+        self.race: str | None = None  # the half-built module the error met (another import)
+
+    def failed(self, error: str, exc: BaseException) -> _Outcome:
+        self.error = error
+        self.race = _import_hooks.half_built(exc)
+        return self
 
 
 _lock = RLock()
@@ -200,15 +204,15 @@ def _decide(patch: Patch, target: str, module: ModuleType, *, apply: bool = True
             distribution, version, patch.requires, patch.tested
         )
     except Exception as exc:  # packaging unusable: the version cannot gate, so nothing applies
-        outcome.error = f"version check failed for {distribution} {version}: {_describe(exc)}"
-        return outcome
+        return outcome.failed(
+            f"version check failed for {distribution} {version}: {_describe(exc)}", exc
+        )
     if outcome.position == "unsupported":
         return outcome
     try:
         outcome.defect = bool(patch.probe(module))
     except Exception as exc:  # a probe that cannot decide leaves the module alone
-        outcome.error = f"probe failed on {target}: {_describe(exc)}"
-        return outcome
+        return outcome.failed(f"probe failed on {target}: {_describe(exc)}", exc)
     if not outcome.defect or not apply:
         return outcome
     patcher = Patcher()
@@ -221,11 +225,11 @@ def _decide(patch: Patch, target: str, module: ModuleType, *, apply: bool = True
             patcher.revert()
         except Exception as revert_exc:  # worse: say so rather than claim "unchanged"
             failure = revert_exc
-        outcome.error = (
+        return outcome.failed(
             f"could not be applied to {target} ({distribution} {version}): "
-            f"{_describe(failure)}; the module is left unchanged"
+            f"{_describe(failure)}; the module is left unchanged",
+            exc,
         )
-        return outcome
     outcome.patcher = patcher
     return outcome
 
@@ -243,7 +247,7 @@ def _settled(patch: Patch, target: str, module: ModuleType, *, apply: bool = Tru
     outcome = _decide(patch, target, module, apply=apply)
     deadline = time.monotonic() + _IMPORT_RACE_S
     delay = 0.005
-    while _IMPORT_RACE in (outcome.error or "") and time.monotonic() < deadline:
+    while outcome.race is not None and time.monotonic() < deadline:
         time.sleep(delay)
         delay = min(delay * 2, 0.1)
         outcome = _decide(patch, target, module, apply=apply)
@@ -433,7 +437,7 @@ def status() -> list[PatchStatus]:
         try:
             return _status()
         except (ImportError, AttributeError) as exc:  # see _settled: another thread's import
-            if _IMPORT_RACE not in str(exc) or time.monotonic() > deadline:
+            if _import_hooks.half_built(exc) is None or time.monotonic() > deadline:
                 raise
             time.sleep(0.01)
 

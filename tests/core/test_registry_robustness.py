@@ -376,3 +376,40 @@ def test_decision_trail_is_logged(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "compatshim: test-trail: armed" in done.stderr
     assert "compatshim: test-trail: applied (cs_trail_target" in done.stderr
+
+
+# -- 6. another thread's import ----------------------------------------------------------------
+def test_a_half_built_module_is_named_by_the_import_hooks_not_by_message_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two threads import one slow module: the second meets it half-built. The registry asks
+    the import hooks which module that is (and whether it still initialises) to retry."""
+    import importlib
+    import threading
+    import time
+
+    from compatshim import _import_hooks
+
+    (tmp_path / "cs_slow_module.py").write_text(
+        "import time\nstarted = True\ntime.sleep(1.0)\nlate = 1\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importer = threading.Thread(target=importlib.import_module, args=("cs_slow_module",))
+    importer.start()
+    try:
+        deadline = time.monotonic() + 10
+        while "cs_slow_module" not in sys.modules and time.monotonic() < deadline:
+            time.sleep(0.01)
+        half = sys.modules["cs_slow_module"]
+        try:
+            half.late  # noqa: B018 (the attribute the other thread has not set yet)
+        except AttributeError as exc:
+            met: BaseException = exc
+        if sys.version_info >= (3, 10):
+            assert _import_hooks.half_built(met) == "cs_slow_module"
+        assert _import_hooks.half_built(ImportError("x", name="cs_slow_module")) == "cs_slow_module"
+    finally:
+        importer.join(10)
+        sys.modules.pop("cs_slow_module", None)
+    assert _import_hooks.half_built(ImportError("x", name="cs_slow_module")) is None
+    assert _import_hooks.half_built(ValueError("partially initialized module 'os'")) is None
