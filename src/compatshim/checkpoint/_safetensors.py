@@ -167,9 +167,10 @@ def _entry(name: str, info: Any, data_size: int) -> Entry:
 
 
 def read_header(file: IO[bytes]) -> Header:
-    """The checked header; the file's position is left at the data section."""
-    size = file.seek(0, 2)
-    file.seek(0)
+    """The checked header of the file from its position on; leaves it at the data section."""
+    start = file.tell()
+    size = file.seek(0, 2) - start
+    file.seek(start)
     head = file.read(8)
     if len(head) != 8:
         raise CheckpointError("safetensors file shorter than its 8-byte header length")
@@ -202,8 +203,8 @@ def read_header(file: IO[bytes]) -> Header:
         for key, value in metadata.items():
             _text(key, "metadata key")
             _text(value, "metadata value")
-    data_start = 8 + length
-    data_size = size - data_start
+    data_start = start + 8 + length
+    data_size = size - 8 - length
     entries = sorted(
         (_entry(_text(name, "tensor name"), info, data_size) for name, info in parsed.items()),
         key=lambda e: (e.begin, e.end),
