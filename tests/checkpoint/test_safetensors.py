@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import tracemalloc
+from inspect import getsource
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ def tensors() -> dict[str, torch.Tensor]:
         "i32": torch.tensor([1 << 30], dtype=torch.int32),
         "c64": torch.randn(2, dtype=torch.complex64),
         "fp8": torch.randn(4).to(torch.float8_e4m3fn),
-        "u16": torch.tensor([65535], dtype=torch.uint16),
+        **({"u16": torch.tensor([65535], dtype=torch.uint16)} if hasattr(torch, "uint16") else {}),
     }
 
 
@@ -82,7 +83,8 @@ def test_load_matches_torch_load_and_load_file(saved: Path) -> None:
 
     got = load(saved)
     same(got, load_file(saved))
-    same(got, torch.load(saved))  # torch 2.13 reads .safetensors paths via load_file
+    if ".safetensors" in getsource(torch.serialization.load):  # torch 2.13 reads them so
+        same(got, torch.load(saved))
     for name, tensor in tensors().items():
         assert torch.equal(got[name].view(-1).view(torch.uint8), tensor.view(-1).view(torch.uint8))
         # each tensor has a storage of its own size, as load_file's do
