@@ -188,6 +188,40 @@ def test_hand_written_file_needs_no_package(tmp_path: Path) -> None:
     assert inspect(path).metadata is None
 
 
+def test_upstream_deserialization_vector() -> None:
+    """The bytes huggingface/safetensors' own tests (bindings/python/tests/test_simple.py) read."""
+    serialized = (
+        b'<\x00\x00\x00\x00\x00\x00\x00{"test":{"dtype":"I32","shape":[2,2],"data_offsets":[0,16]}}'
+        + b"\x00" * 16
+    )
+    got = load(io.BytesIO(serialized))
+    assert list(got) == ["test"] and torch.equal(got["test"], torch.zeros(2, 2, dtype=torch.int32))
+
+
+def test_upstream_abuse_attempt_3(tmp_path: Path) -> None:
+    """huggingface/safetensors attacks/safetensors_abuse_attempt_3.py: 100 000 tensors claiming
+    the same bytes; refused with memory a small multiple of the file (the parsed header)."""
+    shape = [200, 200]
+    n = shape[0] * shape[1] * 4
+    header = {f"weight_{i}": entry("F32", shape, 0, n) for i in range(100_000)}
+    raw = json.dumps(header).encode()
+    path = tmp_path / "abuse3.safetensors"
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + b"\0" * len(raw))
+    size_mb = path.stat().st_size / 2**20
+    imports = "import torch\nfrom compatshim.checkpoint import CheckpointError, inspect, load\n"
+    code = imports + (
+        "for reader in (load, inspect):\n"
+        "    try:\n"
+        f"        reader({str(path)!r})\n"
+        "    except CheckpointError as exc:\n"
+        "        print('overlaps' in str(exc))\n"
+    )
+    peak, out = peak_rss_mb(code)
+    base, _ = peak_rss_mb(imports)
+    assert out.split() == ["True", "True"]
+    assert peak - base < 10 * size_mb, (peak, base, size_mb)
+
+
 def test_dtype_torch_lacks_is_refused_by_load_not_inspect(tmp_path: Path) -> None:
     path = write(tmp_path / "f6.safetensors", {"x": entry("F6_E2M3", [4], 0, 3)}, b"abc")
     assert inspect(path).named_tensors[0].dtype == "F6_E2M3"

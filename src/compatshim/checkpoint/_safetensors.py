@@ -106,6 +106,10 @@ def _no_constant(name: str) -> Any:
     raise CheckpointError(f"safetensors header holds {name}, which JSON does not allow")
 
 
+def _label(name: str) -> str:
+    return f"safetensors tensor {name[:60]!r}"
+
+
 def _text(value: Any, what: str) -> str:
     if type(value) is not str:
         raise CheckpointError(f"safetensors {what} is a {type(value).__name__}, not a string")
@@ -118,31 +122,28 @@ def _text(value: Any, what: str) -> str:
 
 def _shape(value: Any, name: str) -> tuple[int, ...]:
     if type(value) is not list or len(value) > MAX_DIMS:
-        raise CheckpointError(f"safetensors tensor {name[:60]!r}: shape is not a list of ints")
+        raise CheckpointError(f"{_label(name)}: shape is not a list of ints")
     numel = 1
     for dim in value:
         if type(dim) is not int or not 0 <= dim <= MAX_INT64:
             raise CheckpointError(
-                f"safetensors tensor {name[:60]!r}: shape holds a "
+                f"{_label(name)}: shape holds a "
                 + ("negative or too large int" if type(dim) is int else type(dim).__name__)
             )
         if dim:
             numel *= dim
             if numel > MAX_INT64:
-                raise CheckpointError(
-                    f"safetensors tensor {name[:60]!r}: shape's product overflows int64"
-                )
+                raise CheckpointError(f"{_label(name)}: shape's product overflows int64")
     return tuple(value)
 
 
 def _entry(name: str, info: Any, data_size: int) -> Entry:
-    label = f"safetensors tensor {name[:60]!r}"
     if type(info) is not dict:
-        raise CheckpointError(f"{label}: its header entry is not an object")
+        raise CheckpointError(f"{_label(name)}: its header entry is not an object")
     dtype = info.get("dtype")
     if type(dtype) is not str or dtype not in DTYPES:
         shown = dtype[:20] if type(dtype) is str else type(dtype).__name__
-        raise CheckpointError(f"{label}: unknown dtype {shown!r}")
+        raise CheckpointError(f"{_label(name)}: unknown dtype {shown!r}")
     shape = _shape(info.get("shape"), name)
     offsets = info.get("data_offsets")
     if (
@@ -152,7 +153,7 @@ def _entry(name: str, info: Any, data_size: int) -> Entry:
         or not 0 <= offsets[0] <= offsets[1] <= data_size
     ):
         raise CheckpointError(
-            f"{label}: data_offsets are not two ints within the {data_size}-byte data section"
+            f"{_label(name)}: data_offsets are not two ints within the {data_size}-byte data"
         )
     numel = 1
     for dim in shape:
@@ -160,10 +161,28 @@ def _entry(name: str, info: Any, data_size: int) -> Entry:
     bits = numel * DTYPES[dtype][1]
     if bits % 8 or bits // 8 != offsets[1] - offsets[0]:
         raise CheckpointError(
-            f"{label}: {numel} x {dtype} is {bits / 8:g} bytes, its data_offsets hold "
+            f"{_label(name)}: {numel} x {dtype} is {bits / 8:g} bytes, its data_offsets hold "
             f"{offsets[1] - offsets[0]}"
         )
     return Entry(name, dtype, shape, offsets[0], offsets[1])
+
+
+def _parse(file: IO[bytes], length: int) -> Any:
+    """The JSON, after a linear check that it nests no deeper than a header does."""
+    raw = file.read(length)
+    if len(raw) != length:
+        raise CheckpointError("safetensors header ends early")
+    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    for _ in range(MAX_PASSES):
+        brackets = brackets.replace(b"[]", b"").replace(b"{}", b"")
+    if brackets:
+        raise CheckpointError("safetensors header is nested too deeply or unbalanced")
+    try:
+        text = raw.decode("utf-8")
+        del raw  # parsing holds ~8x the header in objects; not these bytes as well
+        return json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"safetensors header is not JSON ({str(exc)[:120]})") from None
 
 
 def read_header(file: IO[bytes]) -> Header:
@@ -180,20 +199,7 @@ def read_header(file: IO[bytes]) -> Header:
             f"safetensors header claims {length} bytes; the file holds {size - 8} after the "
             f"length and headers are capped at {MAX_HEADER}"
         )
-    raw = file.read(length)
-    if len(raw) != length:
-        raise CheckpointError("safetensors header ends early")
-    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
-    for _ in range(MAX_PASSES):
-        brackets = brackets.replace(b"[]", b"").replace(b"{}", b"")
-    if brackets:
-        raise CheckpointError("safetensors header is nested too deeply or unbalanced")
-    try:
-        parsed = json.loads(
-            raw.decode("utf-8"), object_pairs_hook=_pairs, parse_constant=_no_constant
-        )
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise CheckpointError(f"safetensors header is not JSON ({str(exc)[:120]})") from None
+    parsed = _parse(file, length)
     if type(parsed) is not dict:
         raise CheckpointError(f"safetensors header is a JSON {type(parsed).__name__}, not object")
     metadata = parsed.pop("__metadata__", None)
@@ -214,7 +220,7 @@ def read_header(file: IO[bytes]) -> Header:
         if entry.begin != reached:
             problem = "overlaps the tensor before it" if entry.begin < reached else "leaves a gap"
             raise CheckpointError(
-                f"safetensors tensor {entry.name[:60]!r} at bytes {entry.begin}..{entry.end} "
+                f"{_label(entry.name)} at bytes {entry.begin}..{entry.end} "
                 f"{problem} (tensors must tile the data section)"
             )
         reached = entry.end
@@ -258,13 +264,12 @@ def load(
         dtype = getattr(torch, torch_name, None) if torch_name else None
         if dtype is None:
             raise CheckpointError(
-                f"safetensors tensor {entry.name[:60]!r}: dtype {entry.dtype} has no torch "
+                f"{_label(entry.name)}: dtype {entry.dtype} has no torch "
                 f"dtype in torch {torch.__version__}"
             )
         if entry.dtype == "F4" and (not entry.shape or entry.shape[-1] % 2):
             raise CheckpointError(
-                f"safetensors tensor {entry.name[:60]!r}: F4 needs an even last dimension "
-                "(torch packs two per byte)"
+                f"{_label(entry.name)}: F4 needs an even last dimension (torch packs two per byte)"
             )
         dtypes[entry.name] = dtype
     if mmap:
