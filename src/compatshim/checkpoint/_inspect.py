@@ -32,7 +32,8 @@ from .errors import CheckpointError, UnsafeCheckpointError
 
 # Well-known gadgets: globals that hand a pickle code execution, files or imports, and why.
 # Keys are "module.name", or "prefix*" for every name starting so ("os.*": os and its
-# submodules; modules no checkpoint needs, whose names include gadgets).
+# submodules; standard modules no checkpoint needs, whose names include gadgets, and that
+# no project shadows; "code" may be a project's package, so its gadgets are named one by one).
 DANGEROUS: dict[str, str] = {
     "os.*": "operating-system calls: run shell commands, execute programs, delete files",
     "posix.*": "os under its C name: os.system, exec*, spawn*, remove",
@@ -51,7 +52,9 @@ DANGEROUS: dict[str, str] = {
     "builtins.breakpoint": "starts a debugger",
     "importlib.*": "imports any module (importing runs its code)",
     "runpy.*": "runs any module or script",
-    "code.*": "runs Python source from the file",
+    "code.InteractiveInterpreter": "runs Python source from the file",
+    "code.InteractiveConsole": "runs Python source from the file",
+    "code.interact": "starts an interactive interpreter",
     "timeit.*": "runs Python source given as a string",
     "pdb.*": "runs Python source under the debugger",
     "ctypes.*": "calls any C function, reads and writes any memory",
