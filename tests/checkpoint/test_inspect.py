@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from checkpoint.corpus import Scripted
 from checkpoint.helpers import Box
@@ -220,6 +222,20 @@ def test_printable_is_bounded_and_unambiguous() -> None:
     assert printable("\u00e9\u4e2d") == "\u00e9\u4e2d"  # letters stay readable
     shown = printable("\x1b" * 10**6, 100)
     assert len(shown) < 100 * 4 + 40 and shown.endswith("(1000000 characters)")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(), max_size=300), st.integers(1, 120))
+def test_printable_never_lets_a_control_through(text: str, limit: int) -> None:
+    import unicodedata
+
+    from compatshim.checkpoint.report import printable
+
+    shown = printable(text, limit)
+    assert all(
+        unicodedata.category(c) not in {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"} for c in shown
+    )
+    assert len(shown) <= 10 * limit + 40
 
 
 # ---------------------------------------------------------------- known gadgets and allow=

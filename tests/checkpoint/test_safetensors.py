@@ -130,6 +130,24 @@ def test_mmap_maps_instead_of_reading(saved: Path, tmp_path: Path) -> None:
     assert grown[True] < 16 and grown[False] > 60, grown
 
 
+def test_numpy_writer(tmp_path: Path) -> None:
+    """Files from safetensors.numpy (another writer of the same format) load as tensors."""
+    np = pytest.importorskip("numpy")
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    arrays = {
+        "f": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "h": np.array([1.5], dtype=np.float16),
+        "b": np.array([[True], [False]]),
+        "u": np.array(7, dtype=np.uint8),
+    }
+    path = tmp_path / "np.safetensors"
+    safetensors_numpy.save_file(arrays, path)
+    got = load(path)
+    assert set(got) == set(arrays)
+    for name, array in arrays.items():
+        assert torch.equal(got[name], torch.from_numpy(array)), name
+
+
 def test_inspect(saved: Path) -> None:
     info = inspect(saved)
     assert info.container == "safetensors" and info.loadable and info.globals == ()
