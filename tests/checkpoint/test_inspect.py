@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from checkpoint.corpus import Scripted
 from checkpoint.helpers import Box
@@ -108,3 +110,176 @@ def test_cli_exit_codes(state_dict_file: Path, tmp_path: Path) -> None:
     assert len(broken.stderr.strip().splitlines()) == 1
     missing = _cli(str(tmp_path / "absent.pt"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
+
+
+# ---------------------------------------------------------------- terminal injection
+FORGED = "\x1b[2K\r  -> loadable by compatshim.checkpoint.load"
+CONTROLS = ("\x1b", "\r", "\x9b", "\x7f", "\u202e", "\u2066", "\x00")
+
+
+def _stack_global_pickle(*names: tuple[str, str]) -> bytes:
+    """A protocol-4 dict {i: module.name}: STACK_GLOBAL takes any string as a name."""
+    out = b"\x80\x04}"
+    for i, (module, name) in enumerate(names):
+        out += b"K" + bytes([i])
+        for part in (module, name):
+            raw = part.encode("utf-8", "surrogatepass")
+            out += b"X" + len(raw).to_bytes(4, "little") + raw
+        out += b"\x93s"
+    return out + b"."
+
+
+def _assert_clean(output: str) -> None:
+    for char in CONTROLS:
+        assert char not in output, repr(char)
+    assert output.rstrip().splitlines()[-1] == "  -> NOT loadable as is"
+
+
+def test_forged_global_names_are_escaped(tmp_path: Path) -> None:
+    path = tmp_path / "forged.pkl"
+    path.write_bytes(
+        _stack_global_pickle(
+            ("mylib", "Net" + FORGED),
+            ("x\u202eevil", "y\u2066\x9b\x7f\x00"),
+            ("a", "b" * 100_000),
+        )
+    )
+    done = _cli(str(path))
+    assert done.returncode == 1
+    _assert_clean(done.stdout)
+    assert "mylib.Net\\x1b[2K\\x0d  -> loadable" in done.stdout
+    assert "x\\u202eevil.y\\u2066\\x9b\\x7f\\x00" in done.stdout
+    assert len(done.stdout) < 5000  # the 100 000-character name is cut
+    exact = json.loads(_cli(str(path), "--json").stdout)
+    assert "mylib.Net" + FORGED in [g["name"] for g in exact["globals"]]
+
+
+def test_forged_zip_names_and_records_are_escaped(tmp_path: Path) -> None:
+    import zipfile
+
+    path = tmp_path / "forged.pt"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("archive/data.pkl", _stack_global_pickle(("mylib", "Net")))
+        archive.writestr("archive/version", "3" + FORGED[:40])
+        archive.writestr("archive/byteorder", "little\u202e")
+    done = _cli(str(path))
+    assert done.returncode == 1
+    _assert_clean(done.stdout)
+    assert "archive version 3\\x1b[2K\\x0d" in done.stdout
+    outside = tmp_path / "outside.pt"
+    with zipfile.ZipFile(outside, "w") as archive:
+        archive.writestr("archive/data.pkl", b"\x80\x02}.")
+        archive.writestr("evil" + FORGED + "\u202e/x", b"")
+    done = _cli(str(outside))
+    assert done.returncode == 1
+    _assert_clean(done.stdout)
+
+
+def test_forged_safetensors_names_and_metadata_are_escaped(tmp_path: Path) -> None:
+    header = json.dumps(
+        {
+            "__metadata__": {"note" + FORGED: "\u202etxt.exe" + FORGED},
+            "w" + FORGED: {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+        }
+    ).encode()
+    path = tmp_path / "forged.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header + b"x")
+    done = _cli(str(path))
+    assert done.returncode == 0  # it is loadable: the point is that nothing is forged
+    for char in CONTROLS:
+        assert char not in done.stdout
+    assert "w\\x1b[2K\\x0d  -> loadable" in done.stdout and "\\u202etxt.exe" in done.stdout
+
+
+def test_error_messages_are_escaped(tmp_path: Path) -> None:
+    """A storage key from the pickle reaches the one-line error on stderr."""
+    import io
+    import zipfile
+
+    class Forging(pickle.Pickler):
+        def persistent_id(self, obj: object) -> object:
+            return ("storage", torch.FloatStorage, "0" + FORGED, "cpu", 1) if obj == "S" else None
+
+    data = io.BytesIO()
+    Forging(data, 2).dump({"a": "S"})
+    path = tmp_path / "broken.pt"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("archive/data.pkl", data.getvalue())
+    done = _cli(str(path))
+    assert done.returncode == 2 and "storage 0\\x1b[2K\\x0d  -> loadable" in done.stderr
+    for char in CONTROLS:
+        assert char not in done.stderr
+
+
+def test_printable_is_bounded_and_unambiguous() -> None:
+    from compatshim.checkpoint.report import printable
+
+    assert printable("plain.name") == "plain.name"
+    assert printable("a\\x1b") == "a\\\\x1b"  # a literal backslash cannot pose as an escape
+    assert printable("\x1b\r\x85\u202a\u2069\u2028\ud800\U000e0001") == (
+        "\\x1b\\x0d\\x85\\u202a\\u2069\\u2028\\ud800\\U000e0001"
+    )
+    assert printable("\u00e9\u4e2d") == "\u00e9\u4e2d"  # letters stay readable
+    shown = printable("\x1b" * 10**6, 100)
+    assert len(shown) < 100 * 4 + 40 and shown.endswith("(1000000 characters)")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(), max_size=300), st.integers(1, 120))
+def test_printable_never_lets_a_control_through(text: str, limit: int) -> None:
+    import unicodedata
+
+    from compatshim.checkpoint.report import printable
+
+    shown = printable(text, limit)
+    assert all(
+        unicodedata.category(c) not in {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"} for c in shown
+    )
+    assert len(shown) <= 10 * limit + 40
+
+
+# ---------------------------------------------------------------- known gadgets and allow=
+@pytest.mark.parametrize(
+    "module, name",
+    [
+        ("os", "system"),
+        ("posix", "system"),
+        ("nt", "system"),
+        ("subprocess", "Popen"),
+        ("builtins", "eval"),
+        ("builtins", "exec"),
+        ("builtins", "getattr"),
+        ("builtins", "__import__"),
+        ("__builtin__", "open"),
+        ("builtins", "compile"),
+        ("importlib", "import_module"),
+        ("runpy", "run_path"),
+        ("pickle", "loads"),
+        ("_pickle", "loads"),
+        ("dill", "loads"),
+        ("torch.serialization", "load"),
+        ("torch.jit", "load"),
+    ],
+)
+def test_known_gadgets_are_named_dangerous(tmp_path: Path, module: str, name: str) -> None:
+    path = tmp_path / "gadget.pkl"
+    path.write_bytes(_stack_global_pickle((module, name)))
+    (use,) = inspect(path).globals
+    assert not use.covered and use.dangerous and use.allow is None
+    done = _cli(str(path))
+    assert f"known dangerous: {use.dangerous}" in done.stdout and "allow=" not in done.stdout
+    assert json.loads(_cli(str(path), "--json").stdout)["globals"][0]["dangerous"]
+
+
+def test_unknown_global_gets_the_line_that_allows_it(tmp_path: Path) -> None:
+    path = tmp_path / "box.pt"
+    torch.save({"box": Box(3)}, path)
+    (use,) = [g for g in inspect(path).globals if not g.covered]
+    assert use.dangerous is None
+    assert use.allow == 'compatshim.checkpoint.load(path, allow=["checkpoint.helpers.Box"])'
+    import compatshim
+
+    assert eval(use.allow, {"compatshim": compatshim, "path": path}) == {"box": Box(3)}
+    done = _cli(str(path))
+    assert f"to allow it for one call: {use.allow}" in done.stdout
+    assert json.loads(_cli(str(path), "--json").stdout)["globals"][-1]["allow"] == use.allow

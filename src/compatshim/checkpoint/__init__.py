@@ -1,7 +1,8 @@
 """Load any training checkpoint safely, on every torch and numpy: ``load`` and ``inspect``.
 
 ``load(f, map_location=None, *, allow=(), trusted=False, mmap=False)`` reads
-torch.save files (zip and legacy formats) and plain pickles with the same
+torch.save files (zip and legacy formats), plain pickles and safetensors files
+(a dict of tensors, as ``torch.load`` returns for a ``.safetensors`` path) with the same
 weights-only guarantees on every torch release: only globals on compatshim's
 allowlist (``compatshim.checkpoint.allowlist``) or in ``allow=`` are used, no
 code from the file runs (never ``torch.jit.load``), no state is set on a
@@ -55,8 +56,8 @@ def load(
     "module.name")`` pairs; allowed classes are constructed and callables
     called with the file's arguments, and instances they make may receive
     state, but the classes and callables themselves never do. ``mmap``: map
-    tensor data from the file instead of reading it (zip format only; the
-    legacy format raises CheckpointError). ``trusted=True`` is plain
+    tensor data from the file instead of reading it (zip format and
+    safetensors; the legacy format raises CheckpointError). ``trusted=True`` is plain
     ``torch.load(weights_only=False)``: it RUNS ANY CODE IN THE FILE; use it
     only for files you made yourself.
     """

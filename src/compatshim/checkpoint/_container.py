@@ -15,9 +15,10 @@ import zipfile
 from dataclasses import dataclass
 from typing import IO, Literal
 
+from . import _safetensors
 from .errors import CheckpointError, UnsafeCheckpointError
 
-Container = Literal["zip", "legacy", "pickle", "torchscript", "tar", "other"]
+Container = Literal["zip", "legacy", "pickle", "torchscript", "tar", "safetensors", "other"]
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL = 1001
@@ -28,9 +29,14 @@ def sniff(file: IO[bytes]) -> Container:
     """The container kind from the first bytes ("pickle" may still turn out legacy)."""
     here = file.tell()
     head = file.read(512)
+    size = file.seek(0, 2) - here
     file.seek(here)
     if head[:4] in ZIP_MAGICS:
         return "zip"
+    if _safetensors.looks_like(head) and (
+        8 + int.from_bytes(head[:8], "little") <= size or head[0] not in _PICKLE_FIRST_BYTES
+    ):
+        return "safetensors"  # a pickle may start so, but then its "length" exceeds the file
     if len(head) >= 262 and head[257:262] == b"ustar":
         return "tar"
     if head and head[0] in _PICKLE_FIRST_BYTES:

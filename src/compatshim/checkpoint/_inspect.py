@@ -2,18 +2,21 @@
 
 The pickle is run symbolically (``_scan``): nothing it names is imported or
 constructed, and no tensor data is read (zip records are sized from the
-directory, legacy storages from their size headers). Neither torch nor numpy
-is imported, which keeps it well under a second for any size of file.
+directory, legacy storages from their size headers); a safetensors file is
+its checked header alone (``_safetensors``). Neither torch nor numpy is
+imported, which keeps it well under a second for any size of file.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import zipfile
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
+from . import _safetensors
 from ._container import (
     LEGACY_MAGIC,
     LEGACY_PROTOCOL,
@@ -27,16 +30,90 @@ from ._scan import ScanMachine, ScanResult
 from .allowlist import lookup
 from .errors import CheckpointError, UnsafeCheckpointError
 
+# Well-known gadgets: globals that hand a pickle code execution, files or imports, and why.
+# Keys are "module.name", or "prefix*" for every name starting so ("os.*": os and its
+# submodules; standard modules no checkpoint needs, whose names include gadgets, and that
+# no project shadows; "code" may be a project's package, so its gadgets are named one by one).
+DANGEROUS: dict[str, str] = {
+    "os.*": "operating-system calls: run shell commands, execute programs, delete files",
+    "posix.*": "os under its C name: os.system, exec*, spawn*, remove",
+    "nt.*": "os under its Windows name: os.system, exec*, spawn*, remove",
+    "subprocess.*": "runs any program",
+    "pty.*": "runs any program on a terminal",
+    "builtins.eval": "evaluates Python source from the file",
+    "builtins.exec": "executes Python source from the file",
+    "builtins.compile": "compiles Python source from the file into code objects",
+    "builtins.getattr": "reaches any attribute of any object (e.g. a module's system())",
+    "builtins.setattr": "changes attributes of modules and classes: global state",
+    "builtins.delattr": "removes attributes of modules and classes: global state",
+    "builtins.__import__": "imports any module (importing runs its code)",
+    "builtins.open": "reads or overwrites any file",
+    "builtins.globals": "hands out a module's namespace to change",
+    "builtins.breakpoint": "starts a debugger",
+    "importlib.*": "imports any module (importing runs its code)",
+    "runpy.*": "runs any module or script",
+    "code.InteractiveInterpreter": "runs Python source from the file",
+    "code.InteractiveConsole": "runs Python source from the file",
+    "code.interact": "starts an interactive interpreter",
+    "timeit.*": "runs Python source given as a string",
+    "pdb.*": "runs Python source under the debugger",
+    "ctypes.*": "calls any C function, reads and writes any memory",
+    "shutil.*": "moves, overwrites and deletes files",
+    "socket.*": "opens network connections",
+    "types.FunctionType": "makes a function from a code object in the file",
+    "types.CodeType": "makes a code object from bytes in the file",
+    "marshal.loads": "makes code objects from bytes in the file",
+    "operator.attrgetter": "reaches any attribute of any object",
+    "operator.methodcaller": "calls any method of any object",
+    "pickle.*": "unpickles bytes from the file with no allowlist (any global, any code)",
+    "_pickle.*": "unpickles bytes from the file with no allowlist (any global, any code)",
+    "dill.*": "unpickles bytes from the file with no allowlist, including code",
+    "cloudpickle.*": "unpickles bytes from the file with no allowlist, including code",
+    "joblib.load": "unpickles a file with no allowlist",
+    "torch.load": "may run torch.load(weights_only=False) on bytes from the file",
+    "torch.serialization.load": "may run torch.load(weights_only=False) on bytes from the file",
+    "torch.storage._load_from_bytes": "torch.load(weights_only=False) on bytes from the file",
+    "torch.jit.*": "compiles and runs TorchScript code from the file",
+    "torch.hub.*": "downloads and runs code",
+    "torch._C._jit_*": "compiles and runs TorchScript code",
+}
+
+
+def danger(name: str) -> str | None:
+    """Why ``name`` is a known gadget (``DANGEROUS``), or None; ``__builtin__`` is builtins."""
+    if name.startswith("__builtin__."):
+        name = "builtins." + name[len("__builtin__.") :]
+    if name in DANGEROUS:
+        return DANGEROUS[name]
+    for pattern, reason in DANGEROUS.items():
+        if pattern.endswith("*") and name.startswith(pattern[:-1]):
+            return reason
+    return None
+
+
+def allow_code(name: str) -> str | None:
+    """The one line that admits ``name`` for one call; None where no module can define it."""
+    if not all(part.isidentifier() for part in name.split(".")) or "." not in name:
+        return None
+    return f"compatshim.checkpoint.load(path, allow=[{json.dumps(name)}])"
+
 
 @dataclass(frozen=True)
 class GlobalUse:
-    """One ``module.name`` the pickle refers to; ``entry`` is the allowlist entry covering it."""
+    """One ``module.name`` the pickle refers to; ``entry`` is the allowlist entry covering it.
+
+    For a global not covered: ``dangerous`` says why it is a known gadget, else ``allow``
+    is the code that would admit it for one call (None for a name that is not a dotted
+    Python name, which nothing can define).
+    """
 
     name: str
     count: int
     entry: str | None
     kind: str | None
     note: str | None = None
+    dangerous: str | None = None
+    allow: str | None = None
 
     @property
     def covered(self) -> bool:
@@ -57,6 +134,15 @@ class Writer:
 
 
 @dataclass(frozen=True)
+class NamedTensor:
+    """A tensor a safetensors header lists; dtype is torch's name where torch has one."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class CheckpointInfo:
     """What :func:`inspect` found; ``as_dict()`` for JSON."""
 
@@ -69,6 +155,8 @@ class CheckpointInfo:
     dtypes: dict[str, int]
     writer: Writer
     refusals: tuple[str, ...] = field(default_factory=tuple)
+    named_tensors: tuple[NamedTensor, ...] = field(default_factory=tuple)  # safetensors only
+    metadata: dict[str, str] | None = None  # safetensors' __metadata__
 
     @property
     def unknown(self) -> tuple[str, ...]:
@@ -95,11 +183,21 @@ def _use(name: str, count: int) -> GlobalUse:
         owner_entry = lookup(owner_module, owner)
         if owner_entry is not None and owner_entry.kind == "enum":
             entry = owner_entry
-    if entry is None:
-        return GlobalUse(name, count, None, None, "not on compatshim's allowlist")
     from .allowlist import _version_problem
 
-    return GlobalUse(name, count, entry.qualname, entry.kind, _version_problem(entry))
+    note = "not on compatshim's allowlist" if entry is None else _version_problem(entry)
+    if entry is not None and note is None:
+        return GlobalUse(name, count, entry.qualname, entry.kind)
+    reason = danger(name)
+    return GlobalUse(
+        name,
+        count,
+        None if entry is None else entry.qualname,
+        None if entry is None else entry.kind,
+        note,
+        dangerous=reason,
+        allow=None if reason else allow_code(name),
+    )
 
 
 def _numpy_major(names: list[str]) -> int | None:
@@ -199,6 +297,26 @@ def _from_pickle(file: IO[bytes], what: str) -> CheckpointInfo:
     return _info(what, "legacy", found, writer, [])
 
 
+def _from_safetensors(file: IO[bytes], what: str) -> CheckpointInfo:
+    header = _safetensors.read_header(file)
+    entries = header.entries
+    dtypes: dict[str, int] = {}
+    for e in entries:
+        dtypes[e.torch_dtype] = dtypes.get(e.torch_dtype, 0) + 1
+    return CheckpointInfo(
+        path=what,
+        container="safetensors",
+        globals=(),
+        tensors=len(entries),
+        storages=len(entries),
+        tensor_bytes=header.data_size,
+        dtypes=dict(sorted(dtypes.items())),
+        writer=Writer(),
+        named_tensors=tuple(NamedTensor(e.name, e.torch_dtype, e.shape) for e in entries),
+        metadata=header.metadata,
+    )
+
+
 def _info(
     what: str, container: str, found: ScanResult, writer: Writer, refusals: list[str]
 ) -> CheckpointInfo:
@@ -237,6 +355,8 @@ def _guarded(file: IO[bytes], what: str) -> CheckpointInfo:
             return _from_zip(file, what)
         if kind == "pickle":
             return _from_pickle(file, what)
+        if kind == "safetensors":
+            return _from_safetensors(file, what)
         if kind == "tar":
             raise CheckpointError(f"{what}: torch's tar format (torch < 0.4) is not supported")
         raise CheckpointError(f"{what}: neither a torch zip file nor a pickle")

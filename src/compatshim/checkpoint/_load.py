@@ -14,6 +14,8 @@ legacy
     pickle run for real.
 plain pickle
     run by :class:`SafeMachine` with no storages.
+safetensors
+    header checked whole, then the data read or mmapped (``_safetensors``).
 
 Every error that is not the library's own becomes :class:`CheckpointError`
 naming the file; a refused global is reported with every other global the
@@ -28,7 +30,7 @@ import os
 import re
 from typing import IO, Any, Callable, Iterable
 
-from . import _tensors
+from . import _safetensors, _tensors
 from ._container import (
     LEGACY_MAGIC,
     LEGACY_PROTOCOL,
@@ -196,9 +198,12 @@ class Loader:
         kind = sniff(file)
         if kind == "zip":
             return self._zip(file, what, path)
+        if kind == "safetensors":
+            return _safetensors.load(file, path, restorer(self.map_location), self.mmap)
         if self.mmap:
             raise CheckpointError(
-                f"{what}: mmap=True needs torch's zip format (torch.save's default since 1.6); "
+                f"{what}: mmap=True needs torch's zip format (torch.save's default since 1.6) "
+                "or safetensors; "
                 f"this file is {'a legacy torch file or ' if kind == 'pickle' else ''}"
                 f"not a zip file. Load it without mmap, or re-save it."
             )
