@@ -85,6 +85,10 @@ def test_agreeing_32_threads_pass() -> None:
 WORLD, ME, LATE = 1024, 6, 777
 
 
+def _has_check(store: Any) -> bool:
+    return hasattr(store, "check")
+
+
 def _simulated_world(straggler_exited: bool) -> Any:
     store = torch.distributed.HashStore()
     now = time.time()
@@ -112,7 +116,9 @@ def test_sync_point_1024_ranks_finds_the_straggler_within_the_timeout() -> None:
         cdist.sync_point("epoch", timeout=2.0, store=store, rank=ME, world_size=WORLD)
     elapsed = time.monotonic() - start
     report = caught.value.report
-    assert 2.0 <= elapsed < 2.0 + 4.0, elapsed  # the timeout, then the notice to the others
+    # the timeout, then the report and the notice to the others; on torch 2.1 (no
+    # Store.check) each probe of a missing key is a 1 ms timed wait: slower at 1024 ranks
+    assert 2.0 <= elapsed < 2.0 + (4.0 if _has_check(store) else 30.0), elapsed
     assert "rank(s) [777] never reached sync point #1 'epoch'" in report
     assert "ranks [0-5, 7-776, 778-1023]: at 'epoch' from train.py:200 in main" in report
     assert "rank 777: never arrived" in report and "in all_reduce called at train.py:120" in report
@@ -125,7 +131,7 @@ def test_sync_point_1024_ranks_finds_an_exited_straggler_long_before_the_timeout
     start = time.monotonic()
     with pytest.raises(cdist.DesyncError) as caught:
         cdist.sync_point("epoch", timeout=60.0, store=store, rank=ME, world_size=WORLD)
-    assert time.monotonic() - start < 5.0
+    assert time.monotonic() - start < (5.0 if _has_check(store) else 30.0)
     assert "rank(s) [777] never reached sync point #1 'epoch' (rank(s) [777] exited)" in (
         caught.value.report
     )
