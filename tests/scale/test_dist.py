@@ -162,3 +162,30 @@ def test_fake_backend_world_1024_sync_point_and_consistency_return() -> None:
 def test_rank_list_writes_runs_as_ranges(ranks: list[int], text: str) -> None:
     assert rank_list(ranks) == text
     assert re.fullmatch(r"\[[-0-9, ]*\]", text)
+
+
+def test_report_groups_alike_ranks_and_shows_their_ages_as_a_range() -> None:
+    from compatshim.dist._liveness import RankState
+    from compatshim.dist.report import GROUP_ABOVE, build_report
+
+    now = time.time()
+    site = [("train.py", 120, "train_step")]
+    ranks = {
+        rank: RankState(
+            seen=Seen(op="all_reduce", stack=site, since=now - 30, active=True),
+            heartbeat_age=0.1 * (rank % 5),
+            is_self=rank == 0,
+        )
+        for rank in range(GROUP_ABOVE + 12)
+    }
+    ranks[7].seen = Seen(op="barrier", stack=site, since=now - 3, active=True)
+    text = build_report(headline="h", ranks=ranks, differs=[])
+    lines = text.splitlines()
+    assert "  ranks [1-6, 8-19]: never arrived" in lines, text
+    assert "    alive (heartbeat 0.0-0.4 s ago)" in lines, text
+    assert any(line.startswith("  rank 7: never arrived") for line in lines), text
+    assert any(line.startswith("  rank 0: this rank") for line in lines), text
+    # small worlds keep one block per rank, as before
+    small = {rank: ranks[rank] for rank in range(GROUP_ABOVE)}
+    text = build_report(headline="h", ranks=small, differs=[])
+    assert sum(line.startswith("  rank ") for line in text.splitlines()) == GROUP_ABOVE

@@ -168,7 +168,8 @@ def test_saved_at_1024_restored_at_m(big_file: dict[str, Any], world: int) -> No
 def test_saved_at_n_restored_at_1024(saved: dict[int, Path], saved_world: int) -> None:
     file = rng.read(saved[saved_world])
     # every rank of the new world: planned (pure), no stream twice, saved ranks their own
-    ranks = range(BIG) if saved_world == 32 else _sample(BIG)
+    # (every rank for one file: each plan re-reads every saved state, ~9 ms for 8 of them)
+    ranks = range(BIG) if saved_world == 8 else _sample(BIG)
     saved_cpu = {bytes(p.torch_cpu.numpy()) for p in parse_file(file).ranks}
     seen: set[bytes] = set()
     for rank in ranks:

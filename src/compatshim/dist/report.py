@@ -114,9 +114,9 @@ def _rank_blocks(ranks: dict[int, RankState], now: float) -> list[list[str]]:
         return list(described.values())
     groups: dict[str, list[int]] = {}
     for rank, lines in described.items():
-        body = "\n".join([lines[0][len(f"rank {rank}") :], *lines[1:]])
-        groups.setdefault(_SECONDS.sub("\0", body), []).append(rank)
-    blocks = []
+        joined = "\n".join([lines[0][len(f"rank {rank}") :], *lines[1:]])
+        groups.setdefault(_SECONDS.sub("\0", joined), []).append(rank)
+    blocks: list[list[str]] = []
     for key, members in groups.items():
         if len(members) == 1:
             blocks.append(described[members[0]])
