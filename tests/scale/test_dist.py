@@ -8,6 +8,7 @@ own), so each world below meets exactly once per rank.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from typing import Any
 
@@ -27,15 +28,23 @@ def _differs(report: str) -> list[str]:
     return report.split("What differs:\n", 1)[1].splitlines()
 
 
-def _straggler_and_odd_path(rank: int, world_size: int) -> None:
-    if rank == STRAGGLER:
-        time.sleep(2.5)  # past every other rank's timeout
-    cdist.sync_point("other" if rank == ODD else "step", timeout=1.0)
+def _straggler_and_odd_path(rank: int, world_size: int, given_up: threading.Semaphore) -> None:
+    if rank == STRAGGLER:  # arrives only once every other rank has given up on it
+        for _ in range(world_size - 1):
+            assert given_up.acquire(timeout=30)
+    try:
+        cdist.sync_point("other" if rank == ODD else "step", timeout=1.0)
+    finally:
+        if rank != STRAGGLER:
+            given_up.release()
 
 
 @pytest.mark.timeout(60)
 def test_sync_point_32_threads_names_exactly_the_straggler_and_the_odd_rank() -> None:
-    outcomes = run_threaded(_straggler_and_odd_path, 32, timeout=40, expect_failure=True)
+    given_up = threading.Semaphore(0)
+    outcomes = run_threaded(
+        _straggler_and_odd_path, 32, args=(given_up,), timeout=40, expect_failure=True
+    )
     assert all(kind == "error" for kind, _ in outcomes), outcomes
     errors = [value for _, value in outcomes]
     assert all(isinstance(e, cdist.DesyncError) for e in errors), errors
