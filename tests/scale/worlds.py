@@ -11,9 +11,11 @@ version number:
   compatshim's monitor thread and import hooks); a test that touches such
   state serialises it itself (:data:`GLOBAL_LOCK`).
 - :func:`fake_world` initialises ``fake_pg``'s backend as one rank of a large
-  world: no peer exists and collectives are not real (2.1-2.13: Python
-  ``FakeStore``/``FakeProcessGroup``; 2.14+: both in C++; 2.15 adds
-  ``FakeProcessGroup.Options``), but ranks, sizes and subgroups are.
+  world: no peer exists and collectives are not real, but ranks, sizes and
+  subgroups are (2.1: ``FakeStore`` and ``FakeProcessGroup`` are Python
+  classes; 2.13: the group is C++, the store still Python; 2.14+: the store
+  is C++ too; 2.15 adds ``FakeProcessGroup.Options``; the creator's
+  signature changed on the way: :func:`fake_world` only names the backend).
 
 Every thread is joined before :func:`run_threaded` returns; a rank still
 running at the deadline ends the world (torch's terminate event wakes ranks
