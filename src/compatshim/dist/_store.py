@@ -71,10 +71,26 @@ class Meeting:
         return int(self.store.add(key, add))
 
 
+def _is_fake_world() -> bool:
+    """torch's ``fake`` backend: one process plays one rank of a world with no peers.
+
+    Its collectives return at once without communicating, and its ``FakeStore``
+    cannot hold a record (``set`` is not implemented), so there is no one to
+    meet: a sync point returns at once there, as the collectives do.
+    """
+    import torch.distributed as dist
+
+    try:
+        return str(dist.get_backend()) == "fake"
+    except Exception:  # a backend name is only a hint here
+        return False
+
+
 def default_meeting(
     store: Any = None, rank: int | None = None, world_size: int | None = None
 ) -> Meeting | None:
-    """The meeting for the given store, else the default process group's; None in a 1-rank run.
+    """The meeting for the given store, else the default process group's; None in a 1-rank run
+    (and under torch's ``fake`` backend, whose ranks have no peers to meet).
 
     Raises when the environment says the run is distributed but no process group
     exists yet, because silently skipping the check there would hide the bug.
@@ -95,7 +111,7 @@ def default_meeting(
             )
         return None
     world = dist.get_world_size() if world_size is None else world_size
-    if world <= 1:
+    if world <= 1 or _is_fake_world():
         return None
     from torch.distributed.distributed_c10d import GroupMember, _get_default_store
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .report import rank_list
 from .sync import meet
 
 Entry = list[Any]  # [kind, name, shape, dtype, requires_grad]
@@ -48,7 +49,7 @@ def first_difference(summaries: dict[int, Any]) -> list[str]:
             entry = summary[index] if index < len(summary) else None
             seen.setdefault(_describe(entry), []).append(rank)
         if len(seen) > 1:
-            sides = "; ".join(f"ranks {who} have {what}" for what, who in seen.items())
+            sides = "; ".join(f"ranks {rank_list(who)} have {what}" for what, who in seen.items())
             return [f"modules differ at entry #{index}: {sides}"]
     counts = {rank: len(summaries[rank] or []) for rank in ranks}
     if len(set(counts.values())) > 1 or (not reference and longest):

@@ -13,8 +13,9 @@ the error's name.
 
 from __future__ import annotations
 
+import re
 import time
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from ._liveness import RankState
 from ._records import Site
@@ -22,6 +23,8 @@ from ._sites import format_site
 
 HEADLINE = "compatshim.dist.DesyncError: "
 SILENT_WHY = "blocked while holding the GIL, stopped, or its host is unreachable"
+GROUP_ABOVE = 8  # worlds larger than this list ranks with the same description together
+_SECONDS = re.compile(r"\d+\.\d s\b")  # "1.2 s": the one part of a description that varies
 
 
 class DesyncError(RuntimeError):
@@ -44,6 +47,23 @@ DesyncError.__module__ = "compatshim.dist"  # shown in tracebacks: the public na
 def titled(text: str) -> str:
     """``text`` as the first line of a report (for the short ones, with no rank blocks)."""
     return HEADLINE + text
+
+
+def rank_list(ranks: Iterable[int]) -> str:
+    """``[0-29, 31]``: ranks in order, runs of three or more written as ranges."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    start = 0
+    while start < len(ordered):
+        end = start
+        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
+            end += 1
+        if end - start >= 2:
+            parts.append(f"{ordered[start]}-{ordered[end]}")
+        else:
+            parts += [str(r) for r in ordered[start : end + 1]]
+        start = end + 1
+    return "[" + ", ".join(parts) + "]"
 
 
 def _stack_lines(stack: Sequence[Site], indent: str) -> list[str]:
@@ -83,6 +103,38 @@ def describe_rank(rank: int, info: RankState, now: float) -> list[str]:
     return parts
 
 
+def _rank_blocks(ranks: dict[int, RankState], now: float) -> list[list[str]]:
+    """One block per rank; above ``GROUP_ABOVE`` ranks, one per distinct description.
+
+    Ranks whose lines differ only in their ages (``1.2 s ago``) share a block
+    headed ``ranks [0-5, 7]``, each age shown as the range seen in the group.
+    """
+    described = {rank: describe_rank(rank, ranks[rank], now) for rank in sorted(ranks)}
+    if len(described) <= GROUP_ABOVE:
+        return list(described.values())
+    groups: dict[str, list[int]] = {}
+    for rank, lines in described.items():
+        joined = "\n".join([lines[0][len(f"rank {rank}") :], *lines[1:]])
+        groups.setdefault(_SECONDS.sub("\0", joined), []).append(rank)
+    blocks: list[list[str]] = []
+    for key, members in groups.items():
+        if len(members) == 1:
+            blocks.append(described[members[0]])
+            continue
+        ages = [
+            [float(m.group()[:-2]) for m in _SECONDS.finditer("\n".join(described[r]))]
+            for r in members
+        ]
+        pieces = key.split("\0")
+        text = pieces[0]
+        for column, piece in zip(zip(*ages), pieces[1:]):
+            low, high = min(column), max(column)
+            text += (f"{low:.1f} s" if low == high else f"{low:.1f}-{high:.1f} s") + piece
+        body = text.split("\n")
+        blocks.append([f"ranks {rank_list(members)}{body[0]}", *body[1:]])
+    return blocks
+
+
 def build_report(
     *,
     headline: str,
@@ -93,8 +145,8 @@ def build_report(
     """Assemble the text: headline, one block per rank, what differs, optional full stacks."""
     now = time.time()
     lines = [HEADLINE + headline]
-    for rank in sorted(ranks):
-        lines += ["  " + line for line in describe_rank(rank, ranks[rank], now)]
+    for block in _rank_blocks(ranks, now):
+        lines += ["  " + line for line in block]
     if differs:
         lines.append("What differs:")
         lines += [f"  - {item}" for item in differs]

@@ -23,7 +23,7 @@ from ._sites import user_frames
 from ._store import Meeting, default_meeting
 from ._trail import TRAIL
 from .monitor import ensure_monitor
-from .report import DesyncError, build_report
+from .report import DesyncError, build_report, rank_list
 
 Compare = Callable[[dict[int, Any]], list[str]]
 
@@ -153,15 +153,23 @@ class _Suspects:
         return False
 
 
-def _differences(arrivals: dict[int, Arrival], compare: Compare | None) -> list[str]:
+def _tag_difference(arrivals: dict[int, Arrival]) -> list[str]:
+    """The line naming which ranks are at which sync point, when they are not all at one."""
     tags: dict[str, list[int]] = {}
     for rank, arrival in sorted(arrivals.items()):
         tags.setdefault(arrival.tag, []).append(rank)
     if len(tags) > 1:
         return [
             "ranks are at different sync points: "
-            + "; ".join(f"ranks {ranks} at {tag!r}" for tag, ranks in tags.items())
+            + "; ".join(f"ranks {rank_list(ranks)} at {tag!r}" for tag, ranks in tags.items())
         ]
+    return []
+
+
+def _differences(arrivals: dict[int, Arrival], compare: Compare | None) -> list[str]:
+    tags = _tag_difference(arrivals)
+    if tags:
+        return tags
     if compare is not None:
         return compare({rank: arrival.payload for rank, arrival in arrivals.items()})
     return []
@@ -173,9 +181,9 @@ def _gone_words(gone: list[int], ranks: dict[int, RankState]) -> str:
     exited = [r for r in gone if r not in left]
     words = []
     if exited:
-        words.append(f"rank(s) {exited} exited")
+        words.append(f"rank(s) {rank_list(exited)} exited")
     if left:
-        words.append(f"rank(s) {left} left the process group")
+        words.append(f"rank(s) {rank_list(left)} left the process group")
     return " and ".join(words)
 
 
@@ -188,20 +196,23 @@ def _fail(
         info.arrived = meeting.read(Keys.arrival(seq, rank), Arrival)
         if info.arrived is None:
             missing.append(rank)
+    if missing and not differs:  # those that did arrive may disagree too: name them
+        arrived = {rank: info.arrived for rank, info in ranks.items() if info.arrived is not None}
+        differs = _tag_difference(arrived)
     if missing:
         gone = [r for r in missing if ranks[r].exit is not None or ranks[r].state == "gone"]
         if gone:
             why = _gone_words(gone, ranks)
         elif blocked:
             why = (
-                f"rank(s) {blocked} wait in a collective that cannot complete while rank "
+                f"rank(s) {rank_list(blocked)} wait in a collective that cannot complete while rank "
                 f"{meeting.rank} waits here: a dead lock"
             )
         else:
             why = f"not all ranks arrived within {limit:g} s"
         differs = [
             *differs,
-            f"rank(s) {missing} never reached sync point #{seq} {tag!r} ({why})",
+            f"rank(s) {rank_list(missing)} never reached sync point #{seq} {tag!r} ({why})",
         ]
         other = meeting.read(Keys.desync(), DesyncNotice)
         if other is not None and other.reporter != meeting.rank:
