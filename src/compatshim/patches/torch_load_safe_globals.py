@@ -16,12 +16,14 @@ What breaks
 Which versions
     torch whose plain ``torch.load`` is weights-only: 2.6 and later (tested
     2.6-2.15). Older releases default to ``weights_only=False``; the probe
-    finds nothing to fix there.
+    finds nothing to fix there, except in hardened mode (2.1+).
 
 How it is detected
     The probe saves a small checkpoint holding an ``argparse.Namespace`` (and
     a numpy array when numpy is already imported) and loads it back with a
-    plain ``torch.load``: the defect is present when torch refuses it.
+    plain ``torch.load``: the defect is present when torch refuses it. In
+    hardened mode it is also present while ``torch.load(weights_only=False)``
+    accepts a file naming ``builtins.len`` (torch's full unpickler runs).
 
 The fix
     ``torch.load`` (and ``torch.serialization.load``, the same function) is
@@ -34,14 +36,35 @@ The fix
     guarantees (curated allowlist, no code from the file, no state set on
     classes or functions) and builds the types that were saved: an
     ``AttributeDict`` comes back an ``AttributeDict``, a ``Namespace`` a
-    ``Namespace``. ``weights_only=False`` calls (Lightning 2.4/2.5 pass it)
-    and calls with a ``pickle_module`` are never touched, and nothing ever
-    sets ``weights_only=False``.
+    ``Namespace``. Outside hardened mode, ``weights_only=False`` calls
+    (Lightning 2.4/2.5 and DeepSpeed pass it) and calls with a
+    ``pickle_module`` are never touched; nothing ever sets ``weights_only=False``.
 
     When compatshim's loader refuses the file too, torch's original exception
-    is re-raised unchanged, with a note naming what compatshim refused, and a
+    is re-raised (same type and message), with ``refused`` (the refused
+    globals, a tuple) and a note naming what compatshim refused and how to
+    allow a trusted global for every load in the process
+    (``compatshim.checkpoint.allow``, ``COMPATSHIM_ALLOW``), and a
     :class:`CheckpointRefusedWarning` is emitted, so a caller that swallows
-    the error (accelerate 0.34) can no longer drop state silently.
+    the error (accelerate 0.34) can no longer drop state silently. torch's
+    message still says ``add_safe_globals``: PyTorch Geometric's
+    ``fs.torch_load`` retries such a refusal with ``weights_only=False``,
+    which this mode leaves alone; hardened mode is the answer there.
+
+    Hardened mode (``COMPATSHIM_SAFE_LOAD=1`` when the patch applies, with
+    ``COMPATSHIM_AUTO=1`` or ``compatshim.install()``): every call is
+    weights-only, ``weights_only=False`` and ``pickle_module=`` included
+    (pickle options are dropped: they only serve torch's full unpickler).
+    On torch 2.6+ torch's weights-only unpickler tries first (it honours
+    ``torch.serialization.add_safe_globals``), then compatshim's loader as
+    above; before 2.6 (CVE-2025-32434) compatshim's loader reads every file.
+    A refusal raises :class:`~compatshim.checkpoint.UnsafeCheckpointError`
+    (a ``pickle.UnpicklingError``) with ``refused``, advice to allow
+    process-wide, and never torch's wording. The probe then also asks
+    whether ``weights_only=False`` still runs torch's full unpickler.
+
+    Warnings raised inside the wrapper, torch's and compatshim's, name the
+    line that called ``torch.load`` (see :func:`_skipped_by_warnings`).
 
     Why retry and not ``torch.serialization.add_safe_globals``: registering
     compatshim's allowlist changes what every ``weights_only=True`` load in
