@@ -226,3 +226,32 @@ def test_control_armed_only_the_payload_runs(tmp_path: Path) -> None:
     )
     result = run_child(script, str(tmp_path), COMPATSHIM_SAFE_LOAD="0")
     assert result["hardened"] is False and marker.exists()
+
+
+@pytest.mark.parametrize(
+    "env,says",
+    [
+        ({}, "off: torch.load(weights_only=False)"),
+        ({"COMPATSHIM_SAFE_LOAD": "1", "COMPATSHIM_AUTO": "1"}, "on: every torch.load"),
+        (
+            {"COMPATSHIM_SAFE_LOAD": "1", "COMPATSHIM_DISABLE": "torch_load_safe_globals"},
+            "off: COMPATSHIM_SAFE_LOAD is set but COMPATSHIM_DISABLE",
+        ),
+    ],
+)
+def test_the_doctor_says_whether_hardened_mode_is_on(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], says: str
+) -> None:
+    from compatshim.checkpoint import doctor, process_allow
+
+    for name in ("COMPATSHIM_SAFE_LOAD", "COMPATSHIM_AUTO", "COMPATSHIM_DISABLE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("COMPATSHIM_ALLOW", "fractions.Fraction")
+    process_allow._reset()
+    row = doctor.safe_load_row()
+    assert row.name == "checkpoint-safe-load" and row.detail.startswith(says), row.detail
+    assert row.extra["safe_load"] is says.startswith("on")
+    assert "fractions.Fraction (COMPATSHIM_ALLOW)" in row.detail
+    assert row.extra["allowed"][0]["qualname"] == "fractions.Fraction"
