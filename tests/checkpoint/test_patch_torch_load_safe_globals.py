@@ -264,3 +264,29 @@ def test_hardened_in_process_refuses_weights_only_false(
     finally:
         compatshim.uninstall([PATCH])
     assert not hasattr(torch.load, "__compatshim_original__")
+
+
+def test_hardened_before_torch_2_6_reads_every_file_with_compatshim(tmp_path: Path) -> None:
+    """torch < 2.6's weights-only unpickler could run code (CVE-2025-32434): it never runs."""
+    from compatshim.checkpoint import UnsafeCheckpointError
+
+    calls: list[Any] = []
+
+    def original(*args: Any, **kwargs: Any) -> Any:
+        calls.append((args, kwargs))
+        raise AssertionError("torch's own load must not run")
+
+    load = patch._wrap(original, True, False)
+    state = torch.nn.Linear(2, 2).state_dict()
+    loaded = load(_saved(state), "cpu", pickle, weights_only=False, encoding="latin1")
+    assert all(torch.equal(loaded[k], state[k]) for k in state)
+    path = tmp_path / "evil.ckpt"
+    torch.save({"x": _RunsCode(tmp_path / "marker")}, path)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(UnsafeCheckpointError) as raised:
+            load(path, weights_only=False)  # the caller's line
+    caller_line = sys._getframe().f_lineno - 1
+    assert raised.value.refused == ("builtins.getattr",) and calls == []
+    assert not (tmp_path / "marker").exists()
+    assert [(w.filename, w.lineno) for w in seen] == [(__file__, caller_line)]
