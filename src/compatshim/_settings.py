@@ -17,10 +17,14 @@ DISABLE = "COMPATSHIM_DISABLE"  # comma-separated patch names to leave off
 DESYNC_TIMEOUT = "COMPATSHIM_DESYNC_TIMEOUT"  # seconds before a desync/hang report
 DOCTOR_TIMEOUT = "COMPATSHIM_DOCTOR_TIMEOUT"  # seconds allowed for the doctor's live probes
 LOG = "COMPATSHIM_LOG"  # "debug": print the registry's decision trail to stderr
+SAFE_LOAD = "COMPATSHIM_SAFE_LOAD"  # hardened mode: every torch.load is weights-only
+ALLOW = "COMPATSHIM_ALLOW"  # comma-separated module.name globals every checkpoint load accepts
+ALLOW_FILE = "COMPATSHIM_ALLOW_FILE"  # a file of such globals, one "module.name  # reason" a line
 
 DEFAULT_DESYNC_TIMEOUT = 300.0
 DEFAULT_DOCTOR_TIMEOUT = 300.0
 _FALSE = ("", "0", "false", "no", "off")
+_QUALNAME = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+"
 
 
 class SettingError(ValueError):
@@ -69,3 +73,29 @@ def doctor_timeout(value: float | None = None) -> float:
 
 def log_level() -> str:
     return os.environ.get(LOG, "").strip().lower()
+
+
+def safe_load() -> bool:
+    """``COMPATSHIM_SAFE_LOAD``: the torch-load-safe-globals patch makes every torch.load safe."""
+    return truthy(os.environ.get(SAFE_LOAD))
+
+
+def qualnames(raw: str, where: str) -> list[str]:
+    """``module.name`` globals separated by commas or whitespace; SettingError names a bad one."""
+    import re
+
+    names = [part for part in re.split(r"[\s,]+", raw) if part]
+    bad = [name for name in names if not re.fullmatch(_QUALNAME, name)]
+    if bad:
+        raise SettingError(f"{where}: {bad[0][:80]!r} is not a 'module.name' global")
+    return names
+
+
+def allow_names() -> list[str]:
+    """The globals listed in ``COMPATSHIM_ALLOW`` (SettingError for a malformed entry)."""
+    return qualnames(os.environ.get(ALLOW, ""), ALLOW)
+
+
+def allow_file() -> str | None:
+    """The path in ``COMPATSHIM_ALLOW_FILE``, or None."""
+    return os.environ.get(ALLOW_FILE, "").strip() or None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import io
 import pickle
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -164,3 +165,128 @@ def test_an_unseekable_stream_keeps_torchs_own_error(installed: Any) -> None:
     with warnings.catch_warnings(record=True) as seen, pytest.raises(io.UnsupportedOperation):
         torch.load(io.BufferedReader(Forward(data)))
     assert seen == [] and list(installed.status()) == before  # no retry, no refusal recorded
+
+
+@needs_default
+def test_a_refusal_by_both_carries_refused_and_advice_for_torch_load_callers(
+    installed: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / "evil.ckpt"
+    torch.save({"x": _RunsCode(tmp_path / "marker")}, path)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(pickle.UnpicklingError) as raised:
+            torch.load(path)  # the caller's line
+    caller_line = sys._getframe().f_lineno - 1
+    assert type(raised.value) is pickle.UnpicklingError  # torch's own type and message
+    assert raised.value.refused == ("builtins.getattr",)  # Path.write_text, by name
+    (note,) = raised.value.__notes__
+    assert "may be malicious" in note and "COMPATSHIM_ALLOW=" not in note
+    assert "allow=[" not in note and "trusted=True" not in note  # checkpoint.load's own advice
+    (warning,) = seen
+    assert (warning.filename, warning.lineno) == (__file__, caller_line)
+
+
+@needs_default
+def test_torchs_own_warnings_name_the_caller(
+    installed: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # torch warns, stacklevel=2
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.load(_saved({"w": torch.ones(1)}))  # the caller's line
+    caller_line = sys._getframe().f_lineno - 1
+    ours = [w for w in seen if "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" in str(w.message)]
+    assert [(w.filename, w.lineno) for w in ours] == [(__file__, caller_line)]
+
+
+@needs_default
+def test_tracebacks_still_show_the_wrappers_source(installed: Any) -> None:
+    import linecache
+
+    code = torch.load.__code__
+    assert "importlib._bootstrap" in code.co_filename
+    assert "def load" in linecache.getline(code.co_filename, code.co_firstlineno + 1)
+
+
+@needs_default
+def test_process_wide_allow_reaches_the_patched_torch_load(installed: Any) -> None:
+    import fractions
+
+    from compatshim import checkpoint
+
+    buffer = _saved({"v": fractions.Fraction(1, 3)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", patch.CheckpointRefusedWarning)
+        with pytest.raises(pickle.UnpicklingError) as raised:
+            torch.load(buffer)
+    assert raised.value.refused == ("fractions.Fraction",)
+    (note,) = raised.value.__notes__
+    assert "COMPATSHIM_ALLOW=fractions.Fraction" in note
+    assert "compatshim.checkpoint.allow('fractions.Fraction'" in note
+    checkpoint.allow("fractions.Fraction", reason="a test's own file")
+    try:
+        buffer.seek(0)
+        assert torch.load(buffer) == {"v": fractions.Fraction(1, 3)}
+        buffer.seek(0)
+        assert checkpoint.load(buffer) == {"v": fractions.Fraction(1, 3)}
+    finally:
+        checkpoint.disallow("fractions.Fraction")
+    buffer.seek(0)
+    with pytest.raises(checkpoint.UnsafeCheckpointError):
+        checkpoint.load(buffer)
+
+
+@needs_default
+def test_hardened_in_process_refuses_weights_only_false(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import compatshim
+    from compatshim.checkpoint import UnsafeCheckpointError
+
+    compatshim.uninstall([PATCH])
+    monkeypatch.setenv("COMPATSHIM_SAFE_LOAD", "1")
+    compatshim.install(include=[PATCH])
+    try:
+        assert torch.load.__compatshim_hardened__ is True
+        marker = tmp_path / "marker"
+        path = tmp_path / "evil.ckpt"
+        torch.save({"x": _RunsCode(marker)}, path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", patch.CheckpointRefusedWarning)
+            with pytest.raises(UnsafeCheckpointError) as raised:
+                torch.load(path, weights_only=False)
+        assert not marker.exists() and raised.value.refused == ("builtins.getattr",)
+        assert "add_safe_globals" not in str(raised.value)
+        state = torch.nn.Linear(2, 2).state_dict()
+        loaded = torch.load(_saved(state), weights_only=False, pickle_module=pickle)
+        assert all(torch.equal(loaded[k], state[k]) for k in state)
+    finally:
+        compatshim.uninstall([PATCH])
+    assert not hasattr(torch.load, "__compatshim_original__")
+
+
+def test_hardened_before_torch_2_6_reads_every_file_with_compatshim(tmp_path: Path) -> None:
+    """torch < 2.6's weights-only unpickler could run code (CVE-2025-32434): it never runs."""
+    from compatshim.checkpoint import UnsafeCheckpointError
+
+    calls: list[Any] = []
+
+    def original(*args: Any, **kwargs: Any) -> Any:
+        calls.append((args, kwargs))
+        raise AssertionError("torch's own load must not run")
+
+    load = patch._wrap(original, True, False)
+    state = torch.nn.Linear(2, 2).state_dict()
+    loaded = load(_saved(state), "cpu", pickle, weights_only=False, encoding="latin1")
+    assert all(torch.equal(loaded[k], state[k]) for k in state)
+    path = tmp_path / "evil.ckpt"
+    torch.save({"x": _RunsCode(tmp_path / "marker")}, path)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(UnsafeCheckpointError) as raised:
+            load(path, weights_only=False)  # the caller's line
+    caller_line = sys._getframe().f_lineno - 1
+    assert raised.value.refused == ("builtins.getattr",) and calls == []
+    assert not (tmp_path / "marker").exists()
+    assert [(w.filename, w.lineno) for w in seen] == [(__file__, caller_line)]

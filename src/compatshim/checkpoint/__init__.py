@@ -12,6 +12,12 @@ bounded by what the file holds, and only :class:`UnsafeCheckpointError` or
 
 ``inspect(f)`` says what a file needs without constructing anything from it.
 
+``allow(*globals, reason=...)`` adds globals that every load in this process
+accepts, ``compatshim.checkpoint.load`` and the patched ``torch.load`` alike;
+``COMPATSHIM_ALLOW``, ``COMPATSHIM_ALLOW_FILE`` and the ``compatshim.allow``
+entry points do the same for processes you do not write
+(:mod:`compatshim.checkpoint.process_allow`). ``allowed()`` lists them all.
+
 Importing this package imports neither torch nor numpy.
 """
 
@@ -23,9 +29,13 @@ from typing import Any, Iterable
 from .errors import CheckpointError, UnsafeCheckpointError
 
 __all__ = [
+    "Allowed",
     "CheckpointError",
     "CheckpointInfo",
     "UnsafeCheckpointError",
+    "allow",
+    "allowed",
+    "disallow",
     "doctor_rows",
     "inspect",
     "load",
@@ -36,6 +46,7 @@ log = logging.getLogger("compatshim.checkpoint")
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._inspect import CheckpointInfo
+    from .process_allow import Allowed
 
 
 def load(
@@ -75,6 +86,35 @@ def load(
     return safe_load(f, map_location, allow=allow, mmap=mmap)
 
 
+def allow(*globals: Any, reason: str) -> None:
+    """Let every checkpoint load in this process use ``globals``: ``"module.name"`` strings
+    (imported only when a file needs them), classes/functions, or ``(object, "module.name")``.
+
+    Honoured by :func:`load` and by ``torch.load`` while compatshim's
+    torch-load-safe-globals patch is applied (also in hardened mode,
+    ``COMPATSHIM_SAFE_LOAD=1``). ``reason`` says why they are trusted. Allowed
+    classes are constructed and functions called with the file's arguments:
+    name only globals you trust. Idempotent and thread-safe.
+    """
+    from .process_allow import allow as add
+
+    add(*globals, reason=reason)
+
+
+def disallow(*globals: Any) -> None:
+    """Undo :func:`allow` for ``globals`` (``COMPATSHIM_ALLOW``, the file and entry points stay)."""
+    from .process_allow import disallow as remove
+
+    remove(*globals)
+
+
+def allowed() -> list[Allowed]:
+    """Every process-wide entry (code, ``COMPATSHIM_ALLOW``, file, entry points), with reasons."""
+    from .process_allow import allowed as entries
+
+    return entries()
+
+
 def doctor_rows() -> list[Any]:
     """``compatshim doctor`` rows: the allowlist, and torch's own loader where it is unsafe."""
     from .doctor import doctor_rows as rows
@@ -94,4 +134,8 @@ def __getattr__(name: str) -> Any:
         from ._inspect import CheckpointInfo
 
         return CheckpointInfo
+    if name == "Allowed":
+        from .process_allow import Allowed
+
+        return Allowed
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -45,6 +45,7 @@ from ._safe import Budget, SafeMachine, UserAllow, check_result
 from ._scan import ScanMachine, StorageDecl
 from .allowlist import lookup
 from .errors import CheckpointError, UnsafeCheckpointError
+from .process_allow import ProcessAllow, admits
 
 log = logging.getLogger("compatshim.checkpoint")
 _LOCATION = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}(:\d{1,5})?")
@@ -160,7 +161,7 @@ class Loader:
 
     def __init__(self, map_location: Any, allow: Iterable[Any], mmap: bool, depth: int = 0):
         self.map_location = map_location
-        self.allow = UserAllow(allow)
+        self.allow: UserAllow = ProcessAllow(allow)  # allow=, then process-wide entries
         self.mmap = mmap
         self.depth = depth
         self.budget = Budget(0)
@@ -346,7 +347,7 @@ def refusals(globals_named: Iterable[str], allow: UserAllow) -> list[str]:
             owner_entry = lookup(owner_module, owner)
             if owner_entry is not None and owner_entry.kind == "enum":
                 continue
-        if entry is None or not entry.applies():
+        if (entry is None or not entry.applies()) and not admits(module, name):
             out.append(qualname)
     return out
 

@@ -1,6 +1,8 @@
-"""``compatshim doctor`` rows for the checkpoint loader: its allowlist, and torch's own loader.
+"""``compatshim doctor`` rows for the checkpoint loader: its allowlist, torch's own loader,
+hardened mode and the process-wide allow entries.
 
-Cheap: versions come from metadata; neither torch nor numpy is imported.
+Cheap: versions come from metadata; neither torch nor numpy is imported (the
+entry points of ``compatshim.allow`` are loaded, as the first load needing them would).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ def doctor_rows() -> list[DoctorRow]:
             f"; torch {torch}'s own weights_only unpickler can run code from a crafted file "
             "(CVE-2025-32434, fixed in 2.6): load untrusted files with compatshim.checkpoint"
         )
-    return [
+    rows = [
         DoctorRow(
             name="checkpoint",
             kind="adapter",
@@ -34,3 +36,56 @@ def doctor_rows() -> list[DoctorRow]:
             detail=detail if torch is not None else "torch not installed",
         )
     ]
+    if torch is not None:
+        rows.append(safe_load_row())
+    return rows
+
+
+def safe_load_row() -> DoctorRow:
+    """Whether hardened mode is on for processes started with this environment."""
+    import sys
+
+    from .. import _settings
+    from .process_allow import allowed
+
+    patch = "torch-load-safe-globals"
+    on = _settings.safe_load()
+    disabled = patch in {n.strip().lower().replace("_", "-") for n in _settings.disabled_names()}
+    if not on:
+        detail = (
+            f"off: torch.load(weights_only=False) (DeepSpeed's checkpoint engine, Lightning "
+            f"2.4/2.5 resume, PyG's retry) runs any code in a file; {_settings.SAFE_LOAD}=1 "
+            f"with {_settings.AUTO}=1 makes every torch.load weights-only"
+        )
+    elif disabled:
+        detail = f"off: {_settings.SAFE_LOAD} is set but {_settings.DISABLE} names {patch}"
+    else:
+        detail = (
+            "on: every torch.load is weights-only (torch's weights-only unpickler on 2.6+, "
+            "then compatshim.checkpoint.load), weights_only=False included"
+        )
+        if not _settings.auto():
+            detail += f", in processes that call compatshim.install() ({_settings.AUTO} is not set)"
+        torch = sys.modules.get("torch")
+        wrapper = getattr(getattr(torch, "load", None), "__compatshim_hardened__", None)
+        if torch is not None and wrapper is not True:
+            detail += "; NOT applied in the doctor's own probe process"
+    entries = allowed()
+    if entries:
+        names = ", ".join(f"{e.qualname} ({e.source})" for e in entries[:10])
+        more = f" and {len(entries) - 10} more" if len(entries) > 10 else ""
+        detail += f"; {len(entries)} process-wide allow entries: {names}{more}"
+    return DoctorRow(
+        name="checkpoint-safe-load",
+        kind="adapter",
+        applies=True,
+        present=None,
+        fixed=None,
+        detail=detail,
+        extra={
+            "safe_load": on and not disabled,
+            "allowed": [
+                {"qualname": e.qualname, "reason": e.reason, "source": e.source} for e in entries
+            ],
+        },
+    )

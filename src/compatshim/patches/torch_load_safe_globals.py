@@ -16,12 +16,14 @@ What breaks
 Which versions
     torch whose plain ``torch.load`` is weights-only: 2.6 and later (tested
     2.6-2.15). Older releases default to ``weights_only=False``; the probe
-    finds nothing to fix there.
+    finds nothing to fix there, except in hardened mode (2.1+).
 
 How it is detected
     The probe saves a small checkpoint holding an ``argparse.Namespace`` (and
     a numpy array when numpy is already imported) and loads it back with a
-    plain ``torch.load``: the defect is present when torch refuses it.
+    plain ``torch.load``: the defect is present when torch refuses it. In
+    hardened mode it is also present while ``torch.load(weights_only=False)``
+    accepts a file naming ``builtins.len`` (torch's full unpickler runs).
 
 The fix
     ``torch.load`` (and ``torch.serialization.load``, the same function) is
@@ -34,14 +36,35 @@ The fix
     guarantees (curated allowlist, no code from the file, no state set on
     classes or functions) and builds the types that were saved: an
     ``AttributeDict`` comes back an ``AttributeDict``, a ``Namespace`` a
-    ``Namespace``. ``weights_only=False`` calls (Lightning 2.4/2.5 pass it)
-    and calls with a ``pickle_module`` are never touched, and nothing ever
-    sets ``weights_only=False``.
+    ``Namespace``. Outside hardened mode, ``weights_only=False`` calls
+    (Lightning 2.4/2.5 and DeepSpeed pass it) and calls with a
+    ``pickle_module`` are never touched; nothing ever sets ``weights_only=False``.
 
     When compatshim's loader refuses the file too, torch's original exception
-    is re-raised unchanged, with a note naming what compatshim refused, and a
+    is re-raised (same type and message), with ``refused`` (the refused
+    globals, a tuple) and a note naming what compatshim refused and how to
+    allow a trusted global for every load in the process
+    (``compatshim.checkpoint.allow``, ``COMPATSHIM_ALLOW``), and a
     :class:`CheckpointRefusedWarning` is emitted, so a caller that swallows
-    the error (accelerate 0.34) can no longer drop state silently.
+    the error (accelerate 0.34) can no longer drop state silently. torch's
+    message still says ``add_safe_globals``: PyTorch Geometric's
+    ``fs.torch_load`` retries such a refusal with ``weights_only=False``,
+    which this mode leaves alone; hardened mode is the answer there.
+
+    Hardened mode (``COMPATSHIM_SAFE_LOAD=1`` when the patch applies, with
+    ``COMPATSHIM_AUTO=1`` or ``compatshim.install()``): every call is
+    weights-only, ``weights_only=False`` and ``pickle_module=`` included
+    (pickle options are dropped: they only serve torch's full unpickler).
+    On torch 2.6+ torch's weights-only unpickler tries first (it honours
+    ``torch.serialization.add_safe_globals``), then compatshim's loader as
+    above; before 2.6 (CVE-2025-32434) compatshim's loader reads every file.
+    A refusal raises :class:`~compatshim.checkpoint.UnsafeCheckpointError`
+    (a ``pickle.UnpicklingError``) with ``refused``, advice to allow
+    process-wide, and never torch's wording. The probe then also asks
+    whether ``weights_only=False`` still runs torch's full unpickler.
+
+    Warnings raised inside the wrapper, torch's and compatshim's, name the
+    line that called ``torch.load`` (see :func:`_skipped_by_warnings`).
 
     Why retry and not ``torch.serialization.add_safe_globals``: registering
     compatshim's allowlist changes what every ``weights_only=True`` load in
@@ -135,7 +158,12 @@ def _note(exc: BaseException, text: str) -> None:
 
 
 def _warn_refused(message: str) -> None:
-    """One warning per refused load; under ``-W error`` it goes to stderr, never raises."""
+    """One warning per refused load, at the line that called ``torch.load``.
+
+    Called from a helper the wrapper calls: 1 is this function, 2 that helper,
+    3 the caller (the wrapper's own frame is skipped, see :func:`_skipped_by_warnings`).
+    Under ``-W error`` it goes to stderr, never raises.
+    """
     import warnings
 
     try:
@@ -156,22 +184,150 @@ def _record(event: str, detail: str) -> None:
 
 
 def _retry(f: Any, start: int | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Read ``f`` again with compatshim's loader; raise ``LookupError`` explaining a refusal."""
-    from ..checkpoint import CheckpointError, load
+    """Read ``f`` (again) with compatshim's loader; CheckpointError or LookupError if it cannot."""
+    from ..checkpoint import load
 
     if start is None and not isinstance(f, (str, bytes)) and not hasattr(f, "__fspath__"):
         raise LookupError("the file object cannot be rewound to read it again")
     if start is not None:
         f.seek(start)
     map_location = args[1] if len(args) > 1 else kwargs.get("map_location")
+    return load(f, map_location, mmap=_mmap(kwargs))
+
+
+def _plain(exc: BaseException) -> str:
+    """compatshim's refusal less its advice for ``checkpoint.load`` callers (allow=, trusted=)."""
+    from ..checkpoint._load import ADVICE
+
+    text = str(exc)
+    return text[: -len(ADVICE)] if ADVICE and text.endswith(ADVICE) else text
+
+
+# Modules whose globals run code or reach the system: never advised as allow entries.
+_NEVER_ADVISED = frozenset(
+    {
+        *("builtins", "os", "posix", "nt", "subprocess", "sys", "runpy", "importlib", "pickle"),
+        *("marshal", "shutil", "ctypes", "operator", "functools", "code", "codecs", "io", "socket"),
+    }
+)
+
+
+def _how_to_allow(refused: tuple[str, ...]) -> str:
+    """Advice for a ``torch.load`` caller; never torch's (its wording sends PyG to unsafe loads)."""
+    import re
+
+    names = [n for n in refused if re.fullmatch(r"[A-Za-z_][\w.]*\.[A-Za-z_]\w*", n)]
+    risky = [n for n in names if n.partition(".")[0] in _NEVER_ADVISED]
+    if risky:
+        return (
+            f" The file names {', '.join(risky)}, which can run code or reach the system: "
+            "it may be malicious; do not allow it."
+        )
+    if not names:
+        return ""
+    listed = ", ".join(repr(n) for n in names)
+    return (
+        f" If you trust {', '.join(names)}, allow it for every load in this process: "
+        f'compatshim.checkpoint.allow({listed}, reason="...") in code, or '
+        f"COMPATSHIM_ALLOW={','.join(names)} in its environment."
+    )
+
+
+def _refused_hardened(why: BaseException, what: str) -> BaseException:
+    """The hardened-mode refusal: ``pickle.UnpicklingError`` (via UnsafeCheckpointError)."""
+    from ..checkpoint import UnsafeCheckpointError
+
+    refused = tuple(getattr(why, "refused", ()))
+    text = _plain(why)
+    if not isinstance(why, UnsafeCheckpointError):
+        text = f"{what}: compatshim.checkpoint.load could not read it ({text})"
+    return UnsafeCheckpointError(
+        f"{text}. COMPATSHIM_SAFE_LOAD=1: no torch.load in this process runs code from a file, "
+        f"whatever its weights_only argument.{_how_to_allow(refused)}",
+        refused,
+    )
+
+
+def _through_compatshim(
+    f: Any,
+    start: int | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    refusal: BaseException | None,
+    hardened: bool,
+) -> Any:
+    """Load what torch refused (``refusal``) or, hardened on torch < 2.6, every file.
+
+    A refusal by compatshim too raises torch's own error with ``refused`` and a
+    note when not hardened; hardened, compatshim's error (never torch's wording).
+    """
+    from ..checkpoint import CheckpointError
+
+    what = _describe(f)
     try:
-        return load(f, map_location, mmap=_mmap(kwargs))
-    except CheckpointError as exc:
-        raise LookupError(f"{type(exc).__name__}: {exc}") from None
+        loaded = _retry(f, start, args, kwargs)
+    except (CheckpointError, LookupError) as why:
+        refused = tuple(getattr(why, "refused", ()))
+        text = f"{type(why).__name__}: {_plain(why)}"
+        _record("refused", f"{what}: {text}")
+        if hardened or refusal is None:
+            _warn_refused(
+                f"torch.load of {what} refused by compatshim (COMPATSHIM_SAFE_LOAD=1): {text}; "
+                "whatever was to be loaded from it is missing, even if the caller carries on"
+            )
+            raise _refused_hardened(why, what) from None
+        refusal.refused = refused  # type: ignore[attr-defined]
+        _note(
+            refusal,
+            f"compatshim.checkpoint.load refused it too: {text}.{_how_to_allow(refused)}",
+        )
+        _warn_refused(
+            f"torch.load refused {what} (weights-only) and compatshim.checkpoint.load "
+            f"refused it too ({text}); whatever was to be loaded from it is missing, "
+            "even if the caller carries on"
+        )
+        raise refusal from None
+    if refusal is not None:  # hardened before torch 2.6, every load comes here: not recorded
+        _record("retried", f"{what}: torch refused it, compatshim.checkpoint.load loaded it")
+    return loaded
 
 
-def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch.load`` that retries torch's weights-only refusals through compatshim's loader."""
+def _weights_only_call(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The same load, weights-only: ``f``, ``map_location`` and ``mmap`` kept, pickle options
+    (``pickle_module``, ``encoding``...) dropped: they only serve torch's full unpickler."""
+    kept = {k: v for k, v in kwargs.items() if k in ("f", "map_location", "mmap")}
+    kept["weights_only"] = True
+    return args[:2], kept
+
+
+def _skipped_by_warnings(function: Callable[..., Any]) -> None:
+    """Make ``warnings`` pass over ``function``'s frames, as if callers called torch.load itself.
+
+    A warning's ``stacklevel`` counts frames, so with a wrapper in between, torch's
+    own warnings (``stacklevel=2`` in ``torch.load``) would name the wrapper's line.
+    CPython skips frames whose file name holds "importlib" and "_bootstrap" when it
+    counts (3.9-3.14, C and Python ``warnings`` alike; thread-safe, unlike catching
+    and re-emitting); the wrapper's code gets such a name, and linecache the real
+    lines under it, so tracebacks still show its source.
+    """
+    import linecache
+
+    code = function.__code__
+    name = f"{code.co_filename} (a frame warnings skip, as importlib._bootstrap's)"
+    lines = linecache.getlines(code.co_filename)
+    if lines:
+        linecache.cache[name] = (sum(map(len, lines)), None, lines, name)
+    function.__code__ = code.replace(co_filename=name)
+
+
+def _wrap(original: Callable[..., Any], hardened: bool, torch_checks: bool) -> Callable[..., Any]:
+    """``torch.load`` that retries torch's weights-only refusals through compatshim's loader.
+
+    ``hardened``: every call is weights-only; ``torch_checks``: torch's weights-only
+    unpickler is trusted to try first (2.6+), else compatshim reads every file.
+    """
     import functools
     import pickle
 
@@ -179,27 +335,20 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     def load(*args: Any, **kwargs: Any) -> Any:
         f = args[0] if args else kwargs.get("f")
         start = _position(f)
+        if hardened:
+            if not torch_checks:
+                return _through_compatshim(f, start, args, kwargs, None, True)
+            args, kwargs = _weights_only_call(args, kwargs)
         try:
             return original(*args, **kwargs)
         except pickle.UnpicklingError as refusal:
-            if not _was_weights_only(kwargs, args):
+            if not hardened and not _was_weights_only(kwargs, args):
                 raise
-            what = _describe(f)
-            try:
-                loaded = _retry(f, start, args, kwargs)
-            except LookupError as why:
-                _record("refused", f"{what}: {why}")
-                _note(refusal, f"compatshim.checkpoint.load refused it too: {why}")
-                _warn_refused(
-                    f"torch.load refused {what} (weights-only) and compatshim.checkpoint.load "
-                    f"refused it too ({why}); whatever was to be loaded from it is missing, "
-                    "even if the caller carries on"
-                )
-                raise refusal from None
-            _record("retried", f"{what}: torch refused it, compatshim.checkpoint.load loaded it")
-            return loaded
+            return _through_compatshim(f, start, args, kwargs, refusal, hardened)
 
+    _skipped_by_warnings(load)
     load.__compatshim_original__ = original  # type: ignore[attr-defined]
+    load.__compatshim_hardened__ = hardened  # type: ignore[attr-defined]
     return load
 
 
@@ -223,14 +372,39 @@ def _probe_file() -> Any:
     return buffer
 
 
+def _full_unpickler_runs(torch: ModuleType) -> bool:
+    """Hardened mode's defect: ``torch.load(weights_only=False)`` runs torch's full unpickler.
+
+    The probe file names ``builtins.len`` (harmless: nothing is called), which
+    neither weights-only loader accepts.
+    """
+    import io
+    import pickle
+
+    buffer = io.BytesIO()
+    torch.save({"probe": len}, buffer)
+    buffer.seek(0)
+    buffer.name = "the patch's own hardened-mode probe checkpoint"
+    try:
+        torch.load(buffer, weights_only=False)
+    except pickle.UnpicklingError:
+        return False
+    return True
+
+
 def probe(torch: ModuleType) -> bool:
-    """True while a plain ``torch.load`` refuses a checkpoint holding a Namespace (and numpy)."""
+    """True while a plain ``torch.load`` refuses a checkpoint holding a Namespace (and numpy),
+    or, with ``COMPATSHIM_SAFE_LOAD=1``, while ``weights_only=False`` can run code."""
     import pickle
     import warnings
+
+    from .. import _settings
 
     buffer = _probe_file()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch 2.4/2.5 warn about their weights_only=False default
+        if _settings.safe_load() and _full_unpickler_runs(torch):
+            return True
         try:
             torch.load(buffer)
         except pickle.UnpicklingError:
@@ -241,12 +415,19 @@ def probe(torch: ModuleType) -> bool:
 def apply(torch: ModuleType, patcher: Patcher) -> None:
     from torch import serialization
 
+    from .. import _settings
+    from .._versions import version_at_least
+
+    hardened = _settings.safe_load()
+    # torch's own weights-only unpickler could run code from a crafted file before 2.6
+    # (CVE-2025-32434): hardened, compatshim's loader then reads every file itself.
+    torch_checks = version_at_least(str(torch.__version__), "2.6")
     wrapped: dict[int, Callable[..., Any]] = {}
     for owner in (torch, serialization):
         original = vars(owner)["load"]
         if getattr(original, "__compatshim_original__", None) is not None:
             continue  # already ours (installed twice by hand): wrapping again would nest
-        replacement = wrapped.setdefault(id(original), _wrap(original))
+        replacement = wrapped.setdefault(id(original), _wrap(original, hardened, torch_checks))
         patcher.setattr(owner, "load", replacement)
 
 

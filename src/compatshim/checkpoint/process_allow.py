@@ -1,0 +1,273 @@
+"""Process-wide allow entries: globals every checkpoint load in this process accepts.
+
+``allow=`` admits globals for one ``compatshim.checkpoint.load`` call; frameworks
+call ``torch.load``, which has no such argument. These entries reach both, from
+four sources, each entry with a reason:
+
+code
+    ``compatshim.checkpoint.allow("module.name", ..., reason="...")`` (and
+    ``disallow``): strings, classes/functions, or ``(object, "module.name")``.
+environment
+    ``COMPATSHIM_ALLOW="module.name,module.name"``, for processes you do not write.
+file
+    ``COMPATSHIM_ALLOW_FILE=path``: one ``module.name  # reason`` a line.
+entry points
+    group ``compatshim.allow``: each names a list of entries, or a callable
+    returning one, so a framework can ship entries for its own checkpoints.
+    An entry is a ``"module.name"`` string, a ``("module.name", "reason")``
+    pair, or a class/function.
+
+They are consulted only for a global that neither the call's ``allow=`` nor
+compatshim's allowlist admits: a load that needs none of them never reads the
+file or the entry points, and a string names a module that is imported only
+when a file needs it. An entry never replaces the allowlist's handling of a
+global it already lists. A malformed variable, file or entry point is warned
+about once and ignored: ignoring an entry only makes loading stricter.
+Allowed classes are constructed and functions called with the file's
+arguments, as with ``allow=``: name only globals you trust.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from .. import _settings
+from ._safe import _MISSING, _UNRESOLVED, UserAllow
+from .allowlist import lookup
+
+GROUP = "compatshim.allow"
+MAX_FILE_BYTES = 1 << 20
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """One process-wide entry: the global, why it is trusted, and where it was declared."""
+
+    qualname: str
+    reason: str
+    source: str
+
+
+_lock = threading.Lock()
+_code: dict[Key, tuple[Any, Allowed]] = {}  # the object, or _UNRESOLVED for a string
+_entry_points: dict[Key, tuple[Any, Allowed]] | None = None
+_file: tuple[Any, dict[Key, tuple[Any, Allowed]]] | None = None  # (stat key, entries)
+_warned: set[str] = set()
+
+
+def allow(*globals: Any, reason: str) -> None:
+    """Let every checkpoint load in this process use ``globals`` (idempotent, thread-safe).
+
+    ``reason`` says why they are trusted (shown by ``allowed()`` and the
+    doctor). Strings are not imported here, only when a file needs them.
+    """
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValueError("allow() needs a reason: why these globals are trusted")
+    named = UserAllow(globals).named  # the same items, and the same errors, as allow=
+    with _lock:
+        for key, obj in named.items():
+            _code[key] = (
+                obj,
+                Allowed(".".join(key), reason.strip(), "compatshim.checkpoint.allow"),
+            )
+
+
+def disallow(*globals: Any) -> None:
+    """Undo :func:`allow` for ``globals`` (entries from other sources stay)."""
+    named = UserAllow(globals).named
+    with _lock:
+        for key in named:
+            _code.pop(key, None)
+
+
+def allowed() -> list[Allowed]:
+    """Every process-wide entry from every source, code first (reads the file, entry points)."""
+    found: dict[Key, Allowed] = {}
+    for source in _sources():
+        for key, (_, entry) in source.items():
+            found.setdefault(key, entry)
+    return list(found.values())
+
+
+def find(module: str, name: str) -> Any:
+    """The object (or ``_UNRESOLVED``) a process-wide entry gives ``module.name``, else _MISSING.
+
+    Sources are read in order and only as far as needed: entry points last.
+    """
+    for source in _sources():
+        hit = source.get((module, name))
+        if hit is not None:
+            return hit[0]
+    return _MISSING
+
+
+def admits(module: str, name: str) -> bool:
+    """Whether a process-wide entry names ``module.name`` (for listing every refusal)."""
+    return find(module, name) is not _MISSING
+
+
+class ProcessAllow(UserAllow):
+    """A call's ``allow=``, then, for globals off the allowlist, the process-wide entries."""
+
+    def resolve(self, module: str, name: str) -> Any:
+        found = super().resolve(module, name)
+        if found is not _MISSING or _curated(module, name):
+            return found
+        hit = find(module, name)
+        if hit is _MISSING:
+            return _MISSING
+        self.named[(module, name)] = hit
+        return super().resolve(module, name)  # imports the module of a string entry
+
+
+def _curated(module: str, name: str) -> bool:
+    entry = lookup(module, name)
+    if entry is None and "." in name:  # an enum member spelled Class.MEMBER
+        owner = lookup(module, name.partition(".")[0])
+        return owner is not None and owner.kind == "enum"
+    return entry is not None and entry.applies()
+
+
+def _sources() -> Iterable[dict[Key, tuple[Any, Allowed]]]:
+    with _lock:
+        code = dict(_code)
+    yield code
+    yield _from_environment()
+    yield _from_file()
+    yield _from_entry_points()
+
+
+def _strings(names: Iterable[tuple[str, str, str]]) -> dict[Key, tuple[Any, Allowed]]:
+    """``(qualname, reason, source)`` triples as entries (strings: resolved when needed)."""
+    out: dict[Key, tuple[Any, Allowed]] = {}
+    for qualname, reason, source in names:
+        module, _, name = qualname.rpartition(".")
+        out.setdefault((module, name), (_UNRESOLVED, Allowed(qualname, reason, source)))
+    return out
+
+
+def _from_environment() -> dict[Key, tuple[Any, Allowed]]:
+    try:
+        names = _settings.allow_names()
+    except _settings.SettingError as exc:
+        _warn_once(f"env:{exc}", f"compatshim: {exc}; {_settings.ALLOW} is ignored")
+        return {}
+    return _strings((n, f"listed in {_settings.ALLOW}", _settings.ALLOW) for n in names)
+
+
+def _from_file() -> dict[Key, tuple[Any, Allowed]]:
+    """The entries in ``COMPATSHIM_ALLOW_FILE``, read again only when the file changes."""
+    global _file
+    import os
+
+    path = _settings.allow_file()
+    if path is None:
+        return {}
+    try:
+        stat = os.stat(path)
+        key = (path, stat.st_mtime_ns, stat.st_size)
+        with _lock:
+            if _file is not None and _file[0] == key:
+                return _file[1]
+        if stat.st_size > MAX_FILE_BYTES:
+            raise _settings.SettingError(f"larger than {MAX_FILE_BYTES} bytes")
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read(MAX_FILE_BYTES)
+        entries = _strings(_parse_file(text, path))
+    except (OSError, ValueError) as exc:
+        _warn_once(
+            f"file:{path}:{exc}",
+            f"compatshim: {_settings.ALLOW_FILE}={path!r} is ignored: {type(exc).__name__}: {exc}",
+        )
+        return {}
+    with _lock:
+        _file = (key, entries)
+    return entries
+
+
+def _parse_file(text: str, path: str) -> list[tuple[str, str, str]]:
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        entry, _, comment = line.partition("#")
+        where = f"{path}:{number}"
+        for name in _settings.qualnames(entry, where):
+            found.append((name, comment.strip() or f"listed in {where}", where))
+    return found
+
+
+def _from_entry_points() -> dict[Key, tuple[Any, Allowed]]:
+    """Entries from the ``compatshim.allow`` entry points, loaded once, at the first need."""
+    global _entry_points
+    with _lock:
+        if _entry_points is not None:
+            return _entry_points
+    loaded: dict[Key, tuple[Any, Allowed]] = {}
+    for point in _points():  # imports other packages' modules: never under the lock
+        source = f"entry point {point.name} = {point.value}"
+        try:
+            value = point.load()
+            if callable(value) and not isinstance(value, (list, tuple)):
+                value = value()
+            for key, hit in _entry_point_items(value, source).items():
+                loaded.setdefault(key, hit)
+        except Exception as exc:
+            _warn_once(
+                f"ep:{source}",
+                f"compatshim: {GROUP} {source} is ignored: {type(exc).__name__}: {exc}",
+            )
+    with _lock:
+        if _entry_points is None:
+            _entry_points = loaded
+        return _entry_points
+
+
+def _points() -> list[Any]:
+    from importlib import metadata
+
+    try:
+        points: Any = metadata.entry_points()
+        if hasattr(points, "select"):
+            return list(points.select(group=GROUP))
+        return list(points.get(GROUP, ()))  # Python 3.9
+    except Exception as exc:
+        _warn_once("ep:list", f"compatshim: could not list {GROUP} entry points: {exc}")
+        return []
+
+
+def _entry_point_items(value: Any, source: str) -> dict[Key, tuple[Any, Allowed]]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"expected a list of entries, got {type(value).__name__}")
+    out: dict[Key, tuple[Any, Allowed]] = {}
+    for item in value:
+        reason = f"declared by {source}"
+        if isinstance(item, tuple) and len(item) == 2 and all(isinstance(i, str) for i in item):
+            item, reason = item
+        if isinstance(item, str):
+            _settings.qualnames(item, source)
+        for key, obj in UserAllow([item]).named.items():
+            out[key] = (obj, Allowed(".".join(key), reason, source))
+    return out
+
+
+def _warn_once(key: str, message: str) -> None:
+    from .._decisions import warn
+
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warn(message)
+
+
+def _reset() -> None:
+    """Forget every entry and cached source (tests)."""
+    global _entry_points, _file
+    with _lock:
+        _code.clear()
+        _entry_points = None
+        _file = None
+        _warned.clear()

@@ -1,0 +1,152 @@
+"""Process-wide allow entries: code, COMPATSHIM_ALLOW, COMPATSHIM_ALLOW_FILE, entry points."""
+
+from __future__ import annotations
+
+import decimal
+import fractions
+import importlib
+import io
+import sys
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from compatshim import checkpoint  # noqa: E402
+from compatshim.checkpoint import process_allow  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in ("COMPATSHIM_ALLOW", "COMPATSHIM_ALLOW_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    process_allow._reset()
+    yield
+    process_allow._reset()
+
+
+def _saved(obj: Any) -> io.BytesIO:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def _refused(obj: Any) -> tuple[str, ...]:
+    with pytest.raises(checkpoint.UnsafeCheckpointError) as raised:
+        checkpoint.load(_saved(obj))
+    return raised.value.refused
+
+
+def test_allow_needs_a_reason_and_takes_what_allow_takes() -> None:
+    with pytest.raises(ValueError, match="reason"):
+        checkpoint.allow("fractions.Fraction", reason=" ")
+    with pytest.raises(TypeError):
+        checkpoint.allow(3, reason="not a global")
+    checkpoint.allow(fractions.Fraction, reason="an object")
+    checkpoint.allow("fractions.Fraction", reason="twice is once")
+    assert [e.qualname for e in checkpoint.allowed()] == ["fractions.Fraction"]
+    assert checkpoint.load(_saved(fractions.Fraction(1, 3))) == fractions.Fraction(1, 3)
+    checkpoint.disallow("fractions.Fraction")
+    assert _refused(fractions.Fraction(1, 3)) == ("fractions.Fraction",)
+
+
+def test_a_string_is_not_imported_until_a_file_needs_it() -> None:
+    sys.modules.pop("tabnanny", None)
+    checkpoint.allow("tabnanny.NannyNag", reason="the test")
+    checkpoint.load(_saved({"w": torch.ones(1)}))
+    assert "tabnanny" not in sys.modules
+
+
+def test_allow_from_many_threads() -> None:
+    names = [f"module{i}.Name" for i in range(50)]
+    threads = [
+        threading.Thread(target=checkpoint.allow, args=(n,), kwargs={"reason": "t"}) for n in names
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert sorted(e.qualname for e in checkpoint.allowed()) == sorted(names)
+
+
+def test_environment_entries_and_a_malformed_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COMPATSHIM_ALLOW", "fractions.Fraction, decimal.Decimal")
+    assert checkpoint.load(_saved([fractions.Fraction(1, 2), decimal.Decimal("2")])) == [
+        fractions.Fraction(1, 2),
+        decimal.Decimal("2"),
+    ]
+    monkeypatch.setenv("COMPATSHIM_ALLOW", "fractions.Fraction,not a name")
+    with pytest.warns(RuntimeWarning, match="COMPATSHIM_ALLOW.*ignored"):
+        assert _refused(fractions.Fraction(1, 2)) == ("fractions.Fraction",)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once only
+        _refused(fractions.Fraction(1, 2))
+
+
+def test_a_file_of_entries_with_reasons(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    listing = tmp_path / "allow.txt"
+    listing.write_text("# ours\nfractions.Fraction  # exact ratios in our files\n")
+    monkeypatch.setenv("COMPATSHIM_ALLOW_FILE", str(listing))
+    assert checkpoint.load(_saved(fractions.Fraction(1, 2))) == fractions.Fraction(1, 2)
+    (entry,) = checkpoint.allowed()
+    assert entry.reason == "exact ratios in our files" and entry.source == f"{listing}:2"
+    listing.write_text("fractions.Fraction decimal.Decimal\nbad-name\n")  # changed: read again
+    with pytest.warns(RuntimeWarning, match="bad-name"):
+        assert _refused(fractions.Fraction(1, 2)) == ("fractions.Fraction",)
+    monkeypatch.setenv("COMPATSHIM_ALLOW_FILE", str(tmp_path / "missing.txt"))
+    with pytest.warns(RuntimeWarning, match="missing.txt"):
+        _refused(fractions.Fraction(1, 2))
+
+
+@pytest.fixture
+def distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An installed distribution declaring ``compatshim.allow`` entry points (one broken)."""
+    module = "compatshim_test_allow_entries"
+    (tmp_path / f"{module}.py").write_text(
+        'ENTRIES = ["fractions.Fraction", ("decimal.Decimal", "money in its checkpoints")]\n'
+        "def more():\n"
+        '    return ["uuid.UUID"]\n'
+    )
+    info = tmp_path / "compatshim_test_allow-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: compatshim-test-allow\nVersion: 1.0\n"
+    )
+    (info / "entry_points.txt").write_text(
+        f"[compatshim.allow]\nlisted = {module}:ENTRIES\nmade = {module}:more\n"
+        f"broken = {module}:MISSING\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    yield module
+    sys.modules.pop(module, None)
+
+
+def test_entry_points_load_at_the_first_load_that_needs_them(distribution: str) -> None:
+    checkpoint.load(_saved({"w": torch.ones(1), "n": [1, 2]}))  # allowlist only
+    assert distribution not in sys.modules
+    with pytest.warns(RuntimeWarning, match="broken"):
+        loaded = checkpoint.load(_saved([fractions.Fraction(1, 3), decimal.Decimal("1.5")]))
+    assert loaded == [fractions.Fraction(1, 3), decimal.Decimal("1.5")]
+    assert distribution in sys.modules
+    reasons = {e.qualname: (e.reason, e.source) for e in checkpoint.allowed()}
+    assert set(reasons) == {"fractions.Fraction", "decimal.Decimal", "uuid.UUID"}
+    assert reasons["decimal.Decimal"] == (
+        "money in its checkpoints",
+        f"entry point listed = {distribution}:ENTRIES",
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the broken entry point is reported once
+        _refused(torch.nn.Linear)  # a global nothing allows: every source consulted again
+
+
+def test_an_entry_never_replaces_the_allowlists_handling() -> None:
+    checkpoint.allow("torch._utils._rebuild_tensor_v2", reason="already listed")
+    before = process_allow._entry_points
+    assert torch.equal(checkpoint.load(_saved(torch.ones(2))), torch.ones(2))
+    assert process_allow._entry_points is before  # no source beyond code was needed
