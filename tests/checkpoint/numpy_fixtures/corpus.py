@@ -149,7 +149,7 @@ def draws(value: Any, np: Any) -> Any:
             child.generate_state(2).tolist(),
         ]
     if hasattr(value, "random_raw"):
-        return draws(np.random.Generator(value), np) + [value.random_raw(2).tolist()]
+        return [*draws(np.random.Generator(value), np), value.random_raw(2).tolist()]
     return None
 
 
