@@ -234,12 +234,10 @@ def _random() -> Any:
     return numpy.random
 
 
-def _refuse_random(what: str, value: Any) -> UnsafeCheckpointError:
+def _refuse_random(what: str, value: Any, only: str = "") -> UnsafeCheckpointError:
     shown = short(value) if isinstance(value, (str, bytes, int, float)) else _named(value)
-    return UnsafeCheckpointError(
-        f"{what} of {shown} refused: only numpy's bit generators {', '.join(BIT_GENERATORS)}",
-        (f"{what} argument",),
-    )
+    only = only or f"numpy's bit generators {', '.join(BIT_GENERATORS)}"
+    return UnsafeCheckpointError(f"{what} of {shown} refused: only {only}", (f"{what} argument",))
 
 
 def _named(value: Any) -> str:
@@ -402,7 +400,8 @@ def seed_sequence(args: tuple[Any, ...], register: Register, made: list[int]) ->
     """Cython's ``__pyx_unpickle_SeedSequence(cls, checksum, state)``: an empty SeedSequence."""
     cls = _random().SeedSequence
     if len(args) != 3 or args[0] is not cls or type(args[1]) is not int:
-        raise _refuse_random("numpy.random SeedSequence", args[0] if args else None)
+        what = "numpy.random SeedSequence"
+        raise _refuse_random(what, args[0] if args else None, "SeedSequence itself")
     _one_more(made)
     made_seq = cls.__new__(cls)
     if args[2] is not None:

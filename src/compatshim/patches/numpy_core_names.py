@@ -403,7 +403,7 @@ def _plain(bit_generator: Any) -> Any:
     """A numpy-1 bit generator of numpy's own class with the state of ``bit_generator``."""
     for cls, adapter in _adapters.items():
         if type(bit_generator) is adapter:
-            plain = cls()
+            plain: Any = cls()
             plain.state = bit_generator.state
             return plain
     return bit_generator
