@@ -401,12 +401,12 @@ def _adapter(cls: type) -> type:
 
 def _plain(bit_generator: Any) -> Any:
     """A numpy-1 bit generator of numpy's own class with the state of ``bit_generator``."""
-    for cls, adapter in _adapters.items():
-        if type(bit_generator) is adapter:
-            plain: Any = cls()
-            plain.state = bit_generator.state
-            return plain
-    return bit_generator
+    base = {adapter: cls for cls, adapter in _adapters.items()}.get(type(bit_generator))
+    if base is None:
+        return bit_generator
+    plain = base()
+    plain.state = bit_generator.state
+    return plain
 
 
 def _named_like(original: Callable[..., Any], wrapper: Callable[..., Any]) -> Callable[..., Any]:
