@@ -366,9 +366,12 @@ def test_seed_sequence_state_is_checked_and_rebuilt() -> None:
 def test_numpy_random_objects_per_file_are_bounded() -> None:
     from compatshim.checkpoint import CheckpointError, _numpy
 
-    many = range(_numpy.MAX_RANDOM_OBJECTS + 1)
-    with pytest.raises(CheckpointError, match=r"numpy\.random objects"):
-        _load([_Reduce(_ctor("bit_generator"), ("SFC64",)) for _ in many])
+    ctor = _ctor("bit_generator")
+    fits = [_Reduce(ctor, ("MT19937",)) for _ in range(_numpy.MAX_RANDOM_OBJECTS // 8)]
+    assert len(_load(fits)) == len(fits)
+    for name, count in (("SFC64", _numpy.MAX_RANDOM_OBJECTS + 1), ("MT19937", len(fits) + 1)):
+        with pytest.raises(CheckpointError, match=r"numpy\.random objects"):
+            _load([_Reduce(ctor, (name,)) for _ in range(count)])
 
 
 def test_legacy_randomstate_ctor_of_numpy_before_1_17() -> None:

@@ -203,8 +203,10 @@ def scalar(real_scalar: Any, args: tuple[Any, ...]) -> Any:
 
 # --------------------------------------------------------------------------- numpy.random
 BIT_GENERATORS = ("MT19937", "PCG64", "PCG64DXSM", "Philox", "SFC64")
-#: Each bit generator is KBs (MT19937: 2.5 KB of key) made from a few pickle bytes.
+#: Work units per file: a ctor call is ~6 pickle bytes, but a bit generator is KBs and
+#: tens of microseconds (MT19937: 2.5 KB and ~300 us, so it counts 8), seeded before BUILD.
 MAX_RANDOM_OBJECTS = 4096
+_COST = {"MT19937": 8}
 MAX_POOL_SIZE = 256  # SeedSequence mixing costs entropy words x pool size
 
 Schema = Any  # dict of field -> Schema | range of allowed ints | ((kind, itemsize), length)
@@ -249,10 +251,13 @@ def _named(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def _one_more(made: list[int]) -> None:
-    made[0] += 1
+def _one_more(made: list[int], cost: int = 1) -> None:
+    made[0] += cost
     if made[0] > MAX_RANDOM_OBJECTS:
-        raise CheckpointError(f"more than {MAX_RANDOM_OBJECTS} numpy.random objects in one file")
+        raise CheckpointError(
+            f"more numpy.random objects than one file may hold ({MAX_RANDOM_OBJECTS} units, "
+            "an MT19937 counting 8)"
+        )
 
 
 def _matches(value: Any, schema: Schema) -> bool:
@@ -304,7 +309,7 @@ def bit_generator_ctor(args: tuple[Any, ...], register: Register, made: list[int
     if len(args) != 1:
         raise bad("numpy.random __bit_generator_ctor", args)
     cls = _bit_generator_class(args[0])
-    _one_more(made)
+    _one_more(made, _COST.get(cls.__name__, 1))
     bit_generator = cls()  # seeded from OS entropy, as numpy's ctor does; BUILD sets the state
     register(bit_generator, set_bit_generator_state)
     return bit_generator
