@@ -355,6 +355,9 @@ def test_seed_sequence_state_is_checked_and_rebuilt() -> None:
     assert type(loaded) is np.random.SeedSequence
     assert (loaded.entropy, loaded.spawn_key, loaded.n_children_spawned) == (7, (1, 2), 3)
     assert loaded.generate_state(4).tolist() == good.generate_state(4).tolist()
+    for entropy in (np.int64(5), np.array([1, 2, 3]), [1, np.uint32(2)], (4, 5), 2**200):
+        given = np.random.SeedSequence(entropy, spawn_key=(np.int64(1),))  # kept as given
+        assert _load(given).generate_state(4).tolist() == given.generate_state(4).tolist()
     pool = good.pool
     huge = (7, 0, pool, 10**9, ())  # pool_size would allocate 4 GB
     forged = (7, 0, pool + 1, 4, ())  # a pool that does not follow from the entropy

@@ -424,20 +424,28 @@ def set_seed_sequence_state(seq: Any, state: Any) -> None:
         raise CheckpointError(f"numpy SeedSequence state is {short(state)}")
     entropy, children, pool, pool_size, spawn_key = state
     words = entropy if type(entropy) in (list, tuple) else [entropy]
+    if type(entropy) is np.ndarray:  # SeedSequence keeps the entropy it was given
+        words = [] if entropy.ndim == 1 and entropy.dtype.kind in "iu" else [None]
+        words += [0] if entropy.size == 0 or entropy.min() >= 0 else [None]
     if (
-        not all(type(w) is int and w >= 0 for w in words)
+        not all(_whole(w, np) for w in words)
         or type(children) is not int
         or not 0 <= children < 2**63
         or type(pool_size) is not int
         or not 4 <= pool_size <= MAX_POOL_SIZE
         or not _matches(pool, (_U32, pool_size))
         or type(spawn_key) is not tuple
-        or not all(type(k) is int and k >= 0 for k in spawn_key)
+        or not all(_whole(k, np) for k in spawn_key)
     ):
         raise CheckpointError("numpy SeedSequence state fields are not those numpy writes")
     seq.__init__(entropy, spawn_key=spawn_key, pool_size=pool_size, n_children_spawned=children)
     if not np.array_equal(seq.pool, pool):
         raise CheckpointError("numpy SeedSequence state: its pool does not follow from its entropy")
+
+
+def _whole(value: Any, np: Any) -> bool:
+    """A non-negative Python or numpy integer (SeedSequence keeps what it was given)."""
+    return (type(value) is int or isinstance(value, np.integer)) and value >= 0
 
 
 #: Handlers of the numpy.random globals, by allowlist qualname.
