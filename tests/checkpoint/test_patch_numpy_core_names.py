@@ -13,6 +13,7 @@ with what numpy would construct or call, through compatshim's loader.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -385,3 +386,20 @@ def test_legacy_randomstate_ctor_of_numpy_before_1_17() -> None:
     loaded = _load(_Reduce(ctor, (), legacy.get_state()))
     assert type(loaded) is np.random.RandomState
     assert loaded.standard_normal(3).tolist() == legacy.standard_normal(3).tolist()
+
+
+@pytest.mark.parametrize("name", ["numpy-2.4.6.random.p2.pkl", "numpy-1.26.4.random.p5.pkl"])
+def test_mutated_random_fixtures_raise_only_library_errors(name: str) -> None:
+    import io
+    import random
+
+    from compatshim.checkpoint import CheckpointError, load
+
+    base = (FIXTURES / name).read_bytes()
+    rng = random.Random(name)
+    for _ in range(200):
+        mutant = bytearray(base)
+        for _ in range(rng.randint(1, 4)):
+            mutant[rng.randrange(len(mutant))] = rng.randrange(256)
+        with contextlib.suppress(CheckpointError):  # UnsafeCheckpointError is one too
+            load(io.BytesIO(bytes(mutant[: rng.randint(len(mutant) // 2, len(mutant))])))

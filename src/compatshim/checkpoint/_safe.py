@@ -110,7 +110,7 @@ class SafeMachine(Machine):
         self._cache: dict[tuple[str, str], Any] = {}
         self._builders: dict[int, tuple[Any, Builder]] = {}
         self._dicts: dict[int, Any] = {}  # owned dict subclasses and deques
-        self._random_made = [0]  # numpy.random objects made (each KBs from a few bytes)
+        self._random_made = [0]  # numpy.random work units (_numpy.MAX_RANDOM_OBJECTS)
 
     # ------------------------------------------------------------------ globals
     def find_global(self, module: str, name: str) -> Any:
