@@ -5,11 +5,21 @@ the running numpy's objects (``allowlist`` resolves them). Only plain ndarrays
 of simple dtypes are built: no object dtype, no structured dtype, no subclass,
 and the byte count of the data is compared with shape x itemsize before numpy
 sees it, so a few-byte file cannot ask for a huge array.
+
+``numpy.random`` objects (Generator, RandomState, the five bit generators,
+SeedSequence) are rebuilt from either major's pickle as the running numpy's
+own objects: numpy 1 pickles name the bit generator (``"PCG64"``) and BUILD a
+state dict, numpy 2 pickle the class and BUILD ``(state, SeedSequence)``.
+numpy's ctor functions are never called (they call any class they are given,
+and ``__generator_ctor`` any callable); only the five classes, by name or
+identity, are constructed, and every state field is checked before numpy's own
+setter sees it.
 """
 
 from __future__ import annotations
 
 import re
+from importlib import import_module
 from typing import Any, Callable
 
 from ._objects import bad, short
@@ -189,3 +199,260 @@ def scalar(real_scalar: Any, args: tuple[Any, ...]) -> Any:
     if type(raw) is not bytes or len(raw) != dtype.itemsize:
         raise bad("numpy scalar", args)
     return real_scalar(dtype, raw)
+
+
+# --------------------------------------------------------------------------- numpy.random
+BIT_GENERATORS = ("MT19937", "PCG64", "PCG64DXSM", "Philox", "SFC64")
+#: Work units per file: a ctor call is ~6 pickle bytes, but a bit generator is KBs and
+#: tens of microseconds (MT19937: 2.5 KB and ~300 us, so it counts 8), seeded before BUILD.
+MAX_RANDOM_OBJECTS = 4096
+_COST = {"MT19937": 8}
+MAX_POOL_SIZE = 256  # SeedSequence mixing costs entropy words x pool size
+
+Schema = Any  # dict of field -> Schema | range of allowed ints | ((kind, itemsize), length)
+_U32, _U64 = ("u", 4), ("u", 8)
+_BUFFERED = {"has_uint32": range(2), "uinteger": range(2**32)}
+_PCG = {"state": {"state": range(2**128), "inc": range(2**128)}, **_BUFFERED}
+#: ``bit_generator.state`` of each generator, without its ``bit_generator`` name (numpy 1.17-2.5).
+STATE_SCHEMAS: dict[str, dict[str, Schema]] = {
+    "MT19937": {"state": {"key": (_U32, 624), "pos": range(625)}},
+    "PCG64": _PCG,
+    "PCG64DXSM": _PCG,
+    "Philox": {
+        "state": {"counter": (_U64, 4), "key": (_U64, 2)},
+        "buffer": (_U64, 4),
+        "buffer_pos": range(5),
+        **_BUFFERED,
+    },
+    "SFC64": {"state": {"state": (_U64, 4)}, **_BUFFERED},
+}
+_GAUSS = {"has_gauss": range(2), "gauss": float}
+Register = Callable[[Any, Any], None]
+
+
+def _random() -> Any:
+    import numpy.random
+
+    return numpy.random
+
+
+def _refuse_random(what: str, value: Any, only: str = "") -> UnsafeCheckpointError:
+    shown = short(value) if isinstance(value, (str, bytes, int, float)) else _named(value)
+    only = only or f"numpy's bit generators {', '.join(BIT_GENERATORS)}"
+    return UnsafeCheckpointError(f"{what} of {shown} refused: only {only}", (f"{what} argument",))
+
+
+def _named(value: Any) -> str:
+    if isinstance(value, type) or callable(value):
+        module = getattr(value, "__module__", None)
+        name = getattr(value, "__qualname__", None)
+        if type(module) is str and type(name) is str:
+            return f"{module[:60]}.{name[:60]}"
+    return f"a {type(value).__name__}"
+
+
+def _one_more(made: list[int], cost: int = 1) -> None:
+    made[0] += cost
+    if made[0] > MAX_RANDOM_OBJECTS:
+        raise CheckpointError(
+            f"more numpy.random objects than one file may hold ({MAX_RANDOM_OBJECTS} units, "
+            "an MT19937 counting 8)"
+        )
+
+
+def _matches(value: Any, schema: Schema) -> bool:
+    if isinstance(schema, dict):
+        return (
+            type(value) is dict
+            and value.keys() == schema.keys()
+            and all(_matches(value[k], s) for k, s in schema.items())
+        )
+    if isinstance(schema, range):
+        return type(value) is int and value in schema
+    if schema is float:
+        return type(value) is float
+    (kind, itemsize), length = schema
+    return (
+        type(value) is _np().ndarray
+        and value.dtype.kind == kind
+        and value.dtype.itemsize == itemsize
+        and value.shape == (length,)
+    )
+
+
+def _checked_state(name: str, state: Any, extra: dict[str, Schema] | None = None) -> Any:
+    """``state`` if it is exactly what ``name``'s state property returns (plus ``extra``)."""
+    schema = {**STATE_SCHEMAS[name], **(extra or {})}
+    if (
+        type(state) is not dict
+        or type(state.get("bit_generator")) is not str
+        or state["bit_generator"] != name
+        or not _matches({k: v for k, v in state.items() if k != "bit_generator"}, schema)
+    ):
+        raise CheckpointError(f"numpy.random state is {short(state)}, not a {name} state")
+    return state
+
+
+def _bit_generator_class(value: Any) -> Any:
+    random = _random()
+    classes = {name: getattr(random, name) for name in BIT_GENERATORS}
+    found = classes.get(value) if type(value) is str else None
+    if found is None and isinstance(value, type):
+        found = next((c for c in classes.values() if c is value), None)
+    if found is None:
+        raise _refuse_random("numpy.random bit generator", value)
+    return found
+
+
+def bit_generator_ctor(args: tuple[Any, ...], register: Register, made: list[int]) -> Any:
+    """``__bit_generator_ctor(name)`` (numpy 1) or ``(class)`` (numpy 2): a fresh bit generator."""
+    if len(args) != 1:
+        raise bad("numpy.random __bit_generator_ctor", args)
+    cls = _bit_generator_class(args[0])
+    _one_more(made, _COST.get(cls.__name__, 1))
+    bit_generator = cls()  # seeded from OS entropy, as numpy's ctor does; BUILD sets the state
+    register(bit_generator, set_bit_generator_state)
+    return bit_generator
+
+
+def set_bit_generator_state(bit_generator: Any, state: Any) -> None:
+    """BUILD: a state dict (numpy 1) or ``(state dict, SeedSequence or None)`` (numpy 2)."""
+    name = type(bit_generator).__name__
+    if type(state) is not tuple:
+        bit_generator.state = _checked_state(name, state)
+        return
+    if len(state) != 2:
+        raise CheckpointError(f"numpy.random {name} state is a {len(state)}-tuple")
+    seed_seq = state[1]
+    if seed_seq is not None and (
+        type(seed_seq) is not _random().SeedSequence or seed_seq.pool is None
+    ):
+        raise CheckpointError(f"numpy.random {name} state holds {short(seed_seq)}")
+    checked = _checked_state(name, state[0])
+    if int(_np().__version__.split(".")[0]) >= 2:
+        bit_generator.__setstate__((checked, seed_seq))
+    else:  # numpy 1 keeps no SeedSequence across pickling (its _seed_seq is read-only)
+        bit_generator.state = checked
+
+
+def _bit_generator_argument(
+    what: str, args: tuple[Any, ...], register: Register, made: list[int]
+) -> Any:
+    """numpy 2 passes the bit generator itself; numpy 1 its name and ``__bit_generator_ctor``."""
+    random = _random()
+    if len(args) == 1 and isinstance(args[0], random.BitGenerator):
+        bit_generator = args[0]
+        _bit_generator_class(type(bit_generator))
+        return bit_generator
+    if len(args) in (1, 2) and type(args[0]) is str:
+        if len(args) == 2:
+            ctor = vars(import_module("numpy.random._pickle"))["__bit_generator_ctor"]
+            if args[1] is not ctor:
+                raise _refuse_random(what, args[1])
+        return bit_generator_ctor(args[:1], register, made)
+    raise _refuse_random(what, args[0] if args else None)
+
+
+def generator_ctor(args: tuple[Any, ...], register: Register, made: list[int]) -> Any:
+    """``__generator_ctor``: a Generator over a checked bit generator."""
+    bit_generator = _bit_generator_argument("numpy.random Generator", args, register, made)
+    _one_more(made)
+    generator = _random().Generator(bit_generator)
+    register(generator, set_generator_state)
+    return generator
+
+
+def set_generator_state(generator: Any, state: Any) -> None:
+    """BUILD of a numpy-1 Generator: its bit generator's state dict (numpy 2 writes none)."""
+    bit_generator = generator.bit_generator
+    bit_generator.state = _checked_state(type(bit_generator).__name__, state)
+
+
+def randomstate_ctor(args: tuple[Any, ...], register: Register, made: list[int]) -> Any:
+    """``__randomstate_ctor``: a RandomState over a checked bit generator."""
+    bit_generator = _bit_generator_argument("numpy.random RandomState", args, register, made)
+    _one_more(made)
+    legacy = _random().RandomState(bit_generator)
+    register(legacy, set_random_state_state)
+    return legacy
+
+
+def legacy_randomstate_ctor(args: tuple[Any, ...], register: Register, made: list[int]) -> Any:
+    """numpy < 1.17's ``numpy.random.__RandomState_ctor()``: RandomState(0), state from BUILD."""
+    if args:
+        raise bad("numpy.random.__RandomState_ctor", args)
+    _one_more(made)
+    legacy = _random().RandomState(0)
+    register(legacy, set_random_state_state)
+    return legacy
+
+
+def set_random_state_state(legacy: Any, state: Any) -> None:
+    """BUILD: ``get_state(legacy=False)`` (a dict) or the legacy MT19937 5-tuple."""
+    name = type(legacy._bit_generator).__name__
+    if type(state) is tuple:
+        if len(state) != 5 or name != "MT19937":
+            raise CheckpointError(f"numpy RandomState state is {short(state)}")
+        bit_generator, key, pos, has_gauss, gauss = state
+        as_dict = {"bit_generator": bit_generator, "state": {"key": key, "pos": pos}}
+        _checked_state(name, {**as_dict, "has_gauss": has_gauss, "gauss": gauss}, _GAUSS)
+    else:
+        _checked_state(name, state, _GAUSS)
+    legacy.set_state(state)
+
+
+def seed_sequence(args: tuple[Any, ...], register: Register, made: list[int]) -> Any:
+    """Cython's ``__pyx_unpickle_SeedSequence(cls, checksum, state)``: an empty SeedSequence."""
+    cls = _random().SeedSequence
+    if len(args) != 3 or args[0] is not cls or type(args[1]) is not int:
+        what = "numpy.random SeedSequence"
+        raise _refuse_random(what, args[0] if args else None, "SeedSequence itself")
+    _one_more(made)
+    made_seq = cls.__new__(cls)
+    if args[2] is not None:
+        set_seed_sequence_state(made_seq, args[2])
+    else:
+        register(made_seq, set_seed_sequence_state)
+    return made_seq
+
+
+def set_seed_sequence_state(seq: Any, state: Any) -> None:
+    """BUILD ``(entropy, n_children_spawned, pool, pool_size, spawn_key)``: rebuilt by
+    SeedSequence's own constructor from checked fields, then its pool compared."""
+    np = _np()
+    if type(state) is not tuple or len(state) != 5 or seq.pool is not None:
+        raise CheckpointError(f"numpy SeedSequence state is {short(state)}")
+    entropy, children, pool, pool_size, spawn_key = state
+    words = entropy if type(entropy) in (list, tuple) else [entropy]
+    if type(entropy) is np.ndarray:  # SeedSequence keeps the entropy it was given
+        words = [] if entropy.ndim == 1 and entropy.dtype.kind in "iu" else [None]
+        words += [0] if entropy.size == 0 or entropy.min() >= 0 else [None]
+    if (
+        not all(_whole(w, np) for w in words)
+        or type(children) is not int
+        or not 0 <= children < 2**63
+        or type(pool_size) is not int
+        or not 4 <= pool_size <= MAX_POOL_SIZE
+        or not _matches(pool, (_U32, pool_size))
+        or type(spawn_key) is not tuple
+        or not all(_whole(k, np) for k in spawn_key)
+    ):
+        raise CheckpointError("numpy SeedSequence state fields are not those numpy writes")
+    seq.__init__(entropy, spawn_key=spawn_key, pool_size=pool_size, n_children_spawned=children)
+    if not np.array_equal(seq.pool, pool):
+        raise CheckpointError("numpy SeedSequence state: its pool does not follow from its entropy")
+
+
+def _whole(value: Any, np: Any) -> bool:
+    """A non-negative Python or numpy integer (SeedSequence keeps what it was given)."""
+    return (type(value) is int or isinstance(value, np.integer)) and value >= 0
+
+
+#: Handlers of the numpy.random globals, by allowlist qualname.
+RANDOM: dict[str, Callable[[tuple[Any, ...], Register, list[int]], Any]] = {
+    "numpy.random._pickle.__bit_generator_ctor": bit_generator_ctor,
+    "numpy.random._pickle.__generator_ctor": generator_ctor,
+    "numpy.random._pickle.__randomstate_ctor": randomstate_ctor,
+    "numpy.random.__RandomState_ctor": legacy_randomstate_ctor,
+    "numpy.random.bit_generator.__pyx_unpickle_SeedSequence": seed_sequence,
+}

@@ -85,6 +85,17 @@ def make_bytearray(_: Any, args: tuple[Any, ...]) -> Any:
     )
 
 
+def make_bytes(_: Any, args: tuple[Any, ...]) -> Any:
+    """``bytes()``: how pickle protocols 0-2 write ``b''`` (any other bytes go through
+    ``_codecs.encode``); ``bytes(n)`` would allocate n bytes, ``bytes(iterable)`` iterate."""
+    if args:
+        raise UnsafeCheckpointError(
+            "bytes called with arguments refused: pickle writes only bytes() (for b'')",
+            ("builtins.bytes",),
+        )
+    return b""
+
+
 def codecs_encode(_: Any, args: tuple[Any, ...]) -> Any:
     if len(args) == 2 and type(args[0]) is str and args[1] in ("latin1", "latin-1"):
         try:
@@ -227,6 +238,7 @@ CONSTRUCTORS: dict[str, Constructor] = {
     "builtins.slice": make_slice,
     "builtins.complex": make_complex,
     "builtins.bytearray": make_bytearray,
+    "builtins.bytes": make_bytes,
     "_codecs.encode": codecs_encode,
     "collections.OrderedDict": make_ordered_dict,
     "collections.Counter": make_counter,

@@ -180,6 +180,7 @@ class SafeMachine(Machine):
         self._cache: dict[tuple[str, str], Any] = {}
         self._builders: dict[int, tuple[Any, Builder]] = {}
         self._dicts: dict[int, Any] = {}  # owned dict subclasses and deques
+        self._random_made = [0]  # numpy.random work units (_numpy.MAX_RANDOM_OBJECTS)
 
     # ------------------------------------------------------------------ globals
     def find_global(self, module: str, name: str) -> Any:
@@ -277,6 +278,9 @@ class SafeMachine(Machine):
             return rebuild(self.tensors, args)
         if key == "torch._tensor._rebuild_from_type_v2":
             return _tensors.rebuild_from_type_v2(self.tensors, args, self._tensor_rebuild)
+        random = _numpy.RANDOM.get(key)
+        if random is not None:
+            return random(args, self.register_builder, self._random_made)
         if key == "numpy._reconstruct":
             return _numpy.reconstruct(func, args, self.register_builder)
         if key == "numpy._frombuffer":
@@ -454,6 +458,7 @@ HANDLED = frozenset(
     {
         *_tensors.REBUILDS,
         *_objects.CONSTRUCTORS,
+        *_numpy.RANDOM,
         "torch._tensor._rebuild_from_type_v2",
         "numpy._reconstruct",
         "numpy._frombuffer",

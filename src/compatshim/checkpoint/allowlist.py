@@ -33,7 +33,9 @@ Left out on purpose: omegaconf containers. A ``DictConfig`` value such as
 process registered when the training script reads it (many projects register
 ``eval``), its metadata carries classes that ``OmegaConf.to_object``
 instantiates, and its ``__setstate__`` trusts its dict; none of that can be
-checked at load time. Also left out: numpy object arrays, ``bytearray(n)``,
+checked at load time. numpy.random objects are in (``_numpy.RANDOM``): their
+ctor functions are re-implemented for the five bit generators only. Also left
+out: numpy object arrays, ``bytearray(n)``,
 tensor subclasses, sparse / quantized / nested tensors, TorchScript.
 
 Keep :class:`Entry` and the names here stable: patches import them.
@@ -257,6 +259,21 @@ _NUMPY_DTYPE_CLASSES = [
     "DateTime64DType",
     "TimeDelta64DType",
 ]
+_NUMPY_RANDOM_CLASSES = (
+    ("numpy.random._mt19937", "MT19937"),
+    ("numpy.random._pcg64", "PCG64"),
+    ("numpy.random._pcg64", "PCG64DXSM"),
+    ("numpy.random._philox", "Philox"),
+    ("numpy.random._sfc64", "SFC64"),
+    ("numpy.random.bit_generator", "SeedSequence"),
+)
+_NUMPY_RANDOM_CTORS = (
+    ("numpy.random._pickle", "__bit_generator_ctor"),
+    ("numpy.random._pickle", "__generator_ctor"),
+    ("numpy.random._pickle", "__randomstate_ctor"),
+    ("numpy.random", "__RandomState_ctor"),  # numpy < 1.17 pickles
+    ("numpy.random.bit_generator", "__pyx_unpickle_SeedSequence"),
+)
 _PATH_CLASSES = ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath")
 _AT = "lightning"
 
@@ -276,8 +293,15 @@ def _build_table() -> tuple[Entry, ...]:
             "bytearray(bytes) or (str, 'latin-1') only; never bytearray(n)",
             False,
         ),
+        _std(
+            "builtins",
+            "bytes",
+            "constructor",
+            "bytes() only, as protocols 0-2 write b'' (empty numpy arrays); never bytes(n)",
+            False,
+        ),
     ]
-    for name in ("object", "list", "dict", "int", "float", "str", "tuple", "bool", "bytes"):
+    for name in ("object", "list", "dict", "int", "float", "str", "tuple", "bool"):
         e.append(
             _std(
                 "builtins",
@@ -373,6 +397,31 @@ def _build_table() -> tuple[Entry, ...]:
             False,
         ),
     ]
+    for module, name in _NUMPY_RANDOM_CLASSES:
+        e.append(
+            Entry(
+                module,
+                name,
+                "numpy",
+                _NUMPY,
+                "constant",
+                "a numpy.random class as a ctor's argument, checked by identity; never called",
+                False,
+            )
+        )
+    for module, name in _NUMPY_RANDOM_CTORS:
+        e.append(
+            Entry(
+                module,
+                name,
+                "numpy",
+                _NUMPY,
+                "rebuild",
+                "re-implemented: only numpy's five bit generators (by name or class), "
+                "every state field checked (numpy's own calls any class or callable given)",
+                False,
+            )
+        )
     for name in _NUMPY_DTYPE_CLASSES:
         e.append(
             Entry(

@@ -28,7 +28,10 @@ How it is detected
     numpy 2.x: a name that numpy-1 pickles use and that is not a plain
     attribute of its ``numpy.core`` shim (so the shim's ``__getattr__``
     would warn), for shims already imported; a shim not yet imported counts
-    until this patch watches it.
+    until this patch watches it. numpy.random (numpy 1.x): its
+    ``numpy.random._pickle.__bit_generator_ctor`` raises ValueError when given
+    the MT19937 class (numpy 2's ctor builds one); not yet imported counts
+    until watched.
 
 The fix
     numpy 1.x: :class:`AliasFinder` on ``sys.meta_path`` answers only for
@@ -57,11 +60,25 @@ The fix
     numpy spelling of each allow-listed numpy object. Nothing is trusted that
     the user did not allow: the same object under the name the file uses.
 
+    numpy.random (numpy 1.x): when ``numpy.random._pickle`` is imported
+    (post-import hook), its three ctors are wrapped, keeping their names (so
+    pickles written meanwhile still name numpy's functions). A bit-generator
+    *class* (any ``BitGenerator`` subclass, as numpy 2 accepts) makes an
+    instance of a subclass whose ``__setstate__`` also takes numpy 2's
+    ``(state, SeedSequence)`` (the SeedSequence is dropped: numpy 1's
+    ``_seed_seq`` is read-only and its own pickles keep none); a Generator or
+    RandomState given a bit generator (numpy 2) gets a plain numpy-1 one with
+    the same state, so it is numpy's own class throughout. A bit generator
+    pickled on its own stays of that subclass: ``isinstance`` holds, state
+    and draws are equal, and it pickles back under numpy's own names. Names
+    (numpy 1's form) go to numpy's ctors unchanged.
+
 The revert
     The finder leaves ``sys.meta_path``; alias entries it created leave
     ``sys.modules`` and the parent attributes importlib set for them; the
-    shim attributes and torch's function are put back, and the post-import
-    hooks are discarded, all through the :class:`Patcher`.
+    shim attributes, numpy.random's ctors and torch's function are put back,
+    and the post-import hooks are discarded, all through the :class:`Patcher`.
+    Objects already loaded keep their types.
 """
 
 from __future__ import annotations
@@ -335,11 +352,118 @@ def _watch(name: str, callback: Callable[[ModuleType], None], patcher: Patcher) 
     patcher.on_revert(lambda: _import_hooks.discard(name, callback))
 
 
+# -- numpy 1.x: numpy 2's numpy.random pickles -------------------------------------------------
+_RANDOM_PICKLE = "numpy.random._pickle"
+_adapters: dict[type, type] = {}  # numpy-1 bit generator class -> its numpy-2-state subclass
+
+
+def _rejects_classes(module: ModuleType) -> bool:
+    """Whether numpy 1's ``__bit_generator_ctor`` refuses a class, as numpy 2 pickles pass."""
+    ctor = vars(module).get("__bit_generator_ctor")
+    classes = vars(module).get("BitGenerators")
+    if ctor is None or not isinstance(classes, dict) or "MT19937" not in classes:
+        return False  # a layout this patch does not know: leave it alone
+    if getattr(ctor, "__wrapped__", None) is not None:
+        return False
+    try:
+        ctor(classes["MT19937"])
+    except ValueError:
+        return True
+    return False
+
+
+def _numpy1_random_defect() -> bool:
+    import sys
+
+    module = sys.modules.get(_RANDOM_PICKLE)
+    if module is None:
+        return _RANDOM_PICKLE not in _watching
+    return _rejects_classes(module)
+
+
+def _adapter(cls: type) -> type:
+    """``cls`` whose ``__setstate__`` also takes numpy 2's ``(state dict, SeedSequence)``."""
+    found = _adapters.get(cls)
+    if found is not None:
+        return found
+    setstate = cls.__setstate__  # type: ignore[attr-defined]
+
+    def __setstate__(self: Any, state: Any) -> None:
+        if type(state) is tuple and len(state) == 2 and isinstance(state[0], dict):
+            state = state[0]  # numpy 1 keeps no SeedSequence across pickling
+        setstate(self, state)
+
+    made = type(cls.__name__, (cls,), {"__slots__": (), "__setstate__": __setstate__})
+    made.__qualname__ = cls.__qualname__
+    _adapters[cls] = made
+    return made
+
+
+def _plain(bit_generator: Any) -> Any:
+    """A numpy-1 bit generator of numpy's own class with the state of ``bit_generator``."""
+    base = {adapter: cls for cls, adapter in _adapters.items()}.get(type(bit_generator))
+    if base is None:
+        return bit_generator
+    plain = base()
+    plain.state = bit_generator.state
+    return plain
+
+
+def _named_like(original: Callable[..., Any], wrapper: Callable[..., Any]) -> Callable[..., Any]:
+    for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+        setattr(wrapper, attribute, getattr(original, attribute))
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _adapt_random(patcher: Patcher) -> Callable[[ModuleType], None]:
+    def adapt(module: ModuleType) -> None:
+        from importlib import import_module
+
+        if not _rejects_classes(module):
+            return
+        names = vars(module)
+        bit_generator_ctor = names["__bit_generator_ctor"]
+        generator_ctor = names.get("__generator_ctor")
+        randomstate_ctor = names.get("__randomstate_ctor")
+        base = vars(import_module("numpy.random.bit_generator"))["BitGenerator"]
+
+        def new_bit_generator_ctor(bit_generator_name: Any = "MT19937") -> Any:
+            if isinstance(bit_generator_name, type) and issubclass(bit_generator_name, base):
+                return _adapter(bit_generator_name)()
+            return bit_generator_ctor(bit_generator_name)
+
+        patcher.setattr(
+            module, "__bit_generator_ctor", _named_like(bit_generator_ctor, new_bit_generator_ctor)
+        )
+        for name, original, kind in (
+            ("__generator_ctor", generator_ctor, "Generator"),
+            ("__randomstate_ctor", randomstate_ctor, "RandomState"),
+        ):
+            if original is not None:
+                patcher.setattr(module, name, _over_bit_generator(original, names[kind], base))
+
+    return adapt
+
+
+def _over_bit_generator(original: Callable[..., Any], kind: type, base: type) -> Callable[..., Any]:
+    """numpy 1's Generator/RandomState ctor that also takes a bit generator (numpy 2)."""
+
+    def ctor(bit_generator_name: Any = "MT19937", bit_generator_ctor: Any = None) -> Any:
+        if isinstance(bit_generator_name, base):
+            return kind(_plain(bit_generator_name))
+        if bit_generator_ctor is None:
+            return original(bit_generator_name)
+        return original(bit_generator_name, bit_generator_ctor)
+
+    return _named_like(original, ctor)
+
+
 # -- the patch ---------------------------------------------------------------------------------
 def probe(numpy: ModuleType) -> bool:
-    """True while a pickle naming the other numpy's modules would fail or warn."""
+    """True while a pickle naming the other numpy's modules (or numpy.random forms) would fail."""
     if _numpy_major(numpy) < 2:
-        return _numpy1_defect(numpy)
+        return _numpy1_defect(numpy) or _numpy1_random_defect()
     return _numpy2_defect()
 
 
@@ -350,6 +474,9 @@ def apply(numpy: ModuleType, patcher: Patcher) -> None:
         finder = AliasFinder(patcher)
         sys.meta_path.insert(0, finder)
         patcher.on_revert(lambda: sys.meta_path.remove(finder))
+        _watching.add(_RANDOM_PICKLE)
+        patcher.on_revert(_unwatch(_RANDOM_PICKLE))
+        _watch(_RANDOM_PICKLE, _adapt_random(patcher), patcher)
     else:
         for shim_name in _NUMPY1_PICKLE_NAMES:
             _watching.add(shim_name)
@@ -368,6 +495,7 @@ PATCH = Patch(
     apply=apply,
     description=(
         "pickles naming numpy._core.* load under numpy 1.x, and numpy.core.* ones load without "
-        "warnings under numpy 2 (same objects; torch's weights-only allowlist takes both names)"
+        "warnings under numpy 2 (same objects; torch's weights-only allowlist takes both names); "
+        "numpy 2's Generator/RandomState/bit generator pickles load under numpy 1.x"
     ),
 )
