@@ -1,0 +1,350 @@
+"""omegaconf containers: real files written by omegaconf load as the real types; attacks refused.
+
+Every file here is written by omegaconf's own pickling (``torch.save`` or
+``pickle.dumps``); hostile ones are made by editing a real container's
+``__dict__`` before saving, so the bytes are what omegaconf writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import io
+import pathlib
+import pickle
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any, Dict, List, Optional
+
+import pytest
+import torch
+
+omegaconf = pytest.importorskip("omegaconf")
+from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
+
+from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, load  # noqa: E402
+from compatshim.checkpoint._omegaconf import SAFE_RESOLVERS, check_text  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+HAS_BYTES = hasattr(omegaconf.nodes, "BytesNode")
+
+
+class Colour(enum.Enum):
+    RED = 1
+    GREEN = 2
+
+
+@dataclasses.dataclass
+class Optim:
+    name: str = "sgd"
+    lr: float = 0.1
+    momentum: Optional[float] = None  # noqa: UP045
+    colour: Colour = Colour.RED
+    betas: List[float] = dataclasses.field(default_factory=lambda: [0.9, 0.99])
+    extra: Dict[str, int] = dataclasses.field(default_factory=lambda: {"k": 1})
+
+
+def plain_hparams() -> DictConfig:
+    content: dict[str, Any] = {
+        "lr": 0.1,
+        "layers": [4, 8, {"width": 2, "act": "relu"}],
+        "model": {"name": "tiny", "dropout": None, "flag": True, "big": 10**20},
+        "missing": "???",
+        "ref": "${lr}",
+        "nested_ref": "${model.name}",
+        "relative": {"x": 3, "y": "${.x}", "up": "${..lr}"},
+        "item": "${layers[1]}",
+        "select": "${oc.select:model.name,default}",
+        "select_missing": "${oc.select:nope,7}",
+        "keys": "${oc.dict.keys:model}",
+        "which": "name",
+        "computed_key": "${model.${which}}",
+        "text": "lr is ${lr} and name ${model.name}",
+        "escaped": "\\${oc.env:HOME}",
+        "path": "/data/${model.name}",
+    }
+    if HAS_BYTES:
+        content["raw"] = b"\x00\x01"
+        content["where"] = pathlib.Path("/tmp/x")
+    return OmegaConf.create(content)
+
+
+def save(obj: Any, tmp_path: pathlib.Path, name: str = "f.pt") -> pathlib.Path:
+    path = tmp_path / name
+    torch.save({"hparams": obj, "state_dict": {"w": torch.arange(3.0)}}, path)
+    return path
+
+
+def same(loaded: Any, original: Any) -> None:
+    assert type(loaded) is type(original)
+    assert OmegaConf.to_container(loaded) == OmegaConf.to_container(original)
+    assert OmegaConf.to_container(loaded, resolve=True) == OmegaConf.to_container(
+        original, resolve=True
+    )
+    assert OmegaConf.to_yaml(loaded) == OmegaConf.to_yaml(original)
+
+
+@pytest.fixture
+def marker(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A registered ``eval`` resolver (as many projects have) that leaves a file when it runs."""
+    path = tmp_path / "resolver-ran"
+
+    def run(expression: Any = "") -> Any:
+        path.write_text("ran")
+        return eval(str(expression))  # the gadget a hostile config would aim at
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 2.4 renamed it register_resolver
+        OmegaConf.register_new_resolver("eval", run, replace=True)
+    yield path
+    if hasattr(OmegaConf, "clear_resolver"):
+        OmegaConf.clear_resolver("eval")
+    else:  # 2.1 has no clear_resolver
+        omegaconf.basecontainer.BaseContainer._resolvers.pop("eval", None)
+
+
+# --------------------------------------------------------------------------- real files
+
+
+@pytest.mark.parametrize("protocol", [0, 1, 2, 4, 5])
+def test_plain_pickles_of_every_protocol(protocol: int) -> None:
+    cfg = plain_hparams()
+    loaded = load(io.BytesIO(pickle.dumps({"hparams": cfg}, protocol=protocol)))
+    same(loaded["hparams"], cfg)
+
+
+def test_torch_save_dict_and_list_configs(tmp_path: pathlib.Path) -> None:
+    cfg = plain_hparams()
+    listed = OmegaConf.create([1, {"a": "${0}"}, [True, None]])
+    loaded = load(save({"cfg": cfg, "list": listed, "sub": cfg.model}, tmp_path))["hparams"]
+    same(loaded["cfg"], cfg)
+    same(loaded["list"], listed)
+    assert type(loaded["list"]) is ListConfig
+    # a sub-config keeps its parent (saved with it), as omegaconf itself does
+    assert loaded["sub"]._get_parent() is not None
+    assert OmegaConf.to_container(loaded["sub"]) == OmegaConf.to_container(cfg.model)
+
+
+def test_flags_and_modes_survive(tmp_path: pathlib.Path) -> None:
+    cfg = plain_hparams()
+    OmegaConf.set_struct(cfg, True)
+    OmegaConf.set_readonly(cfg.model, True)
+    loaded = load(save(cfg, tmp_path))["hparams"]
+    assert OmegaConf.is_struct(loaded) and OmegaConf.is_readonly(loaded.model)
+    with pytest.raises(Exception, match=r"not in struct|Key 'nope'"):
+        loaded.nope = 1
+
+
+def test_loaded_config_is_usable(tmp_path: pathlib.Path) -> None:
+    cfg = plain_hparams()
+    loaded = load(save(cfg, tmp_path))["hparams"]
+    assert loaded.ref == 0.1 and loaded.relative.up == 0.1 and loaded.computed_key == "tiny"
+    assert loaded.select == "tiny" and loaded.select_missing == 7 and loaded.item == 8
+    assert list(loaded["keys"]) == ["name", "dropout", "flag", "big"]
+    assert loaded.escaped == "${oc.env:HOME}"
+    loaded.model.name = "other"
+    assert loaded.nested_ref == "other"
+    merged = OmegaConf.merge(loaded, {"lr": 0.5})
+    assert merged.ref == 0.5
+    assert OmegaConf.is_missing(loaded, "missing")
+
+
+def test_structured_config_needs_its_classes_allowed(tmp_path: pathlib.Path) -> None:
+    cfg = OmegaConf.create({"optim": OmegaConf.structured(Optim), "seed": 1})
+    path = save(cfg, tmp_path)
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        load(path)
+    assert f"{Optim.__module__}.Optim" in str(refused.value)
+    loaded = load(path, allow=[Optim, Colour])["hparams"]
+    same(loaded, cfg)
+    assert OmegaConf.get_type(loaded.optim) is Optim
+    assert OmegaConf.to_object(loaded.optim) == Optim()
+    assert loaded.optim.colour is Colour.RED
+    with pytest.raises(Exception, match="could not be converted"):
+        loaded.optim.lr = "x"  # the typed node still validates
+
+
+def test_enum_values_need_the_enum_allowed(tmp_path: pathlib.Path) -> None:
+    cfg = OmegaConf.create({"colour": Colour.GREEN})
+    path = save(cfg, tmp_path)
+    with pytest.raises(UnsafeCheckpointError, match="Colour"):
+        load(path)
+    assert load(path, allow=[Colour])["hparams"].colour is Colour.GREEN
+
+
+def test_inspect_names_only_allow_listed_globals(tmp_path: pathlib.Path) -> None:
+    from compatshim.checkpoint import inspect
+
+    info = inspect(save(plain_hparams(), tmp_path))
+    assert not [g.name for g in info.globals if g.entry is None]
+    assert any(g.name == "omegaconf.dictconfig.DictConfig" for g in info.globals)
+
+
+# --------------------------------------------------------------------------- interpolation policy
+
+HOSTILE = {
+    "env": "${oc.env:HOME}",
+    "legacy_env": "${env:HOME}",
+    "eval": "${eval:'1+1'}",
+    "spaced": "${ eval :1}",
+    "in_text": "x ${lr} y ${eval:1}",
+    "nested_arg": "${oc.select:${eval:1},2}",
+    "quoted_arg": "${oc.select:a,'}${eval:1}'}",
+    "computed_name": "${${which}:1}",
+    "computed_dotted": "${oc.${which}:HOME}",
+    "escaped_after_live": "${lr}\\${eval:1}",
+    "decode": "${oc.decode:'1'}",
+    "create": "${oc.create:{}}",
+    "values": "${oc.dict.values:model}",
+    "deprecated": "${oc.deprecated:lr}",
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_resolvers_are_refused_naming_key_and_resolver(
+    case: str, tmp_path: pathlib.Path, marker: pathlib.Path
+) -> None:
+    cfg = OmegaConf.create({"lr": 0.1, "which": "env", "model": {"a": 1}, "deep": [{}]})
+    cfg.deep[0][case] = HOSTILE[case]
+    path = save(cfg, tmp_path)
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        load(path)
+    message = str(refused.value)
+    assert f"deep[0].{case}" in message
+    assert "omegaconf-resolver:" in message
+    assert not marker.exists()
+
+
+def test_a_hostile_key_is_refused(tmp_path: pathlib.Path, marker: pathlib.Path) -> None:
+    """``oc.dict.keys`` turns keys into values: keys pass the same policy."""
+    cfg = OmegaConf.create({"d": {"${eval:1}": 1}, "k": "${oc.dict.keys:d}"})
+    with pytest.raises(UnsafeCheckpointError, match="'eval'"):
+        load(save(cfg, tmp_path))
+    assert not marker.exists()
+
+
+def test_a_hostile_container_interpolation_is_refused(tmp_path: pathlib.Path) -> None:
+    cfg = OmegaConf.create({"a": {"b": 1}})
+    cfg.a = "${oc.env:HOME}"  # the whole container is an interpolation
+    with pytest.raises(UnsafeCheckpointError, match=r"resolver 'oc\.env'"):
+        load(save(cfg, tmp_path))
+
+
+def test_allowed_resolver_loads_and_runs_only_when_read(
+    tmp_path: pathlib.Path, marker: pathlib.Path
+) -> None:
+    cfg = OmegaConf.create({"two": "${eval:'1+1'}"})
+    loaded = load(save(cfg, tmp_path), allow=["omegaconf-resolver:eval"])["hparams"]
+    assert not marker.exists()  # loading never resolves anything
+    assert loaded.two == 2
+    assert marker.exists()
+
+
+def test_reading_an_accepted_file_runs_nothing(
+    tmp_path: pathlib.Path, marker: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COMPATSHIM_SECRET", "s3cret")
+    loaded = load(save(plain_hparams(), tmp_path))["hparams"]
+    resolved = OmegaConf.to_container(loaded, resolve=True)
+    for key in loaded:
+        if not OmegaConf.is_missing(loaded, key):
+            loaded[key]
+    assert "s3cret" not in repr(resolved) and not marker.exists()
+
+
+def test_check_text_rules() -> None:
+    safe = SAFE_RESOLVERS
+    assert check_text("plain", safe) is None
+    assert check_text("${a.b} ${..c} ${d[0]} ${e.${f}.g}", safe) is None
+    assert check_text("\\${oc.env:HOME}", safe) is None
+    assert check_text("\\\\${oc.env:HOME}", safe) == "oc.env"  # an escaped backslash
+    assert check_text("\\\\\\${oc.env:HOME}", safe) is None
+    assert check_text("${oc.select:a,${oc.env:X}}", safe) == "oc.env"
+    assert check_text("${oc.env:X}", safe | {"oc.env"}) is None
+    assert check_text("${${a}:x}", safe) == ""
+    assert check_text("${${oc.select:a,'}'}:x}", safe) == ""
+    assert check_text("${a.${b}}", safe) is None
+
+
+def test_check_text_is_linear() -> None:
+    for text in ("${" * 200_000, "${a" * 100_000 + "}" * 100_000, "\\" * 200_000 + "${x:1}"):
+        started = time.perf_counter()
+        check_text(text, SAFE_RESOLVERS)
+        assert time.perf_counter() - started < 2.0
+
+
+# --------------------------------------------------------------------------- forged state
+
+
+def forged(tmp_path: pathlib.Path, edit: Any) -> pathlib.Path:
+    cfg = OmegaConf.create({"a": 1, "b": {"c": [1, 2]}})
+    edit(cfg)
+    return save(cfg, tmp_path)
+
+
+def _set(obj: Any, **fields: Any) -> None:
+    obj.__dict__.update(fields)
+
+
+FORGERIES = {
+    "object_type_gadget": lambda c: setattr(c._metadata, "object_type", pathlib.Path.write_text),
+    "object_type_allow_listed_constructor": lambda c: setattr(
+        c._metadata, "object_type", __import__("collections").OrderedDict
+    ),
+    "ref_type_set": lambda c: setattr(c._get_node("a")._metadata, "ref_type", set),
+    "value_set": lambda c: _set(c._get_node("a"), _val={1, 2}),
+    "value_tensor": lambda c: _set(c._get_node("a"), _val=torch.zeros(1)),
+    "flags_not_bool": lambda c: setattr(c._metadata, "flags", {"readonly": "yes"}),
+    "optional_not_bool": lambda c: setattr(c._metadata, "optional", 1),
+    "unknown_field": lambda c: _set(c._get_node("a"), __class__=dict),
+    "content_not_nodes": lambda c: _set(c, _content={"a": 1}),
+    "list_content_in_dict": lambda c: _set(c, _content=[c._get_node("a")]),
+    "parent_foreign": lambda c: _set(c._get_node("a"), _parent={"not": "a container"}),
+    "parent_not_holding": lambda c: _set(c._get_node("a"), _parent=c.b),
+    "node_shared": lambda c: c.b._content.__setitem__("x", c._get_node("a")),
+    "metadata_shared": lambda c: _set(c._get_node("a"), _metadata=c.b._get_node("c")._metadata),
+    "metadata_wrong_kind": lambda c: _set(c, _metadata=c._get_node("a")._metadata),
+    "key_object": lambda c: setattr(c._metadata, "key", torch.zeros(1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FORGERIES))
+def test_forged_state_is_refused(case: str, tmp_path: pathlib.Path) -> None:
+    path = forged(tmp_path, FORGERIES[case])
+    with pytest.raises(CheckpointError):
+        load(path)
+
+
+def test_parent_cycle_is_refused(tmp_path: pathlib.Path) -> None:
+    def cycle(cfg: Any) -> None:
+        _set(cfg, _parent=cfg.b)
+        cfg.b._content["loop"] = cfg
+
+    with pytest.raises(CheckpointError):
+        load(forged(tmp_path, cycle))
+
+
+def test_resolver_cache_from_the_file_is_dropped(tmp_path: pathlib.Path) -> None:
+    cfg = OmegaConf.create({"a": 1})
+    cfg._metadata.resolver_cache["now"] = {("x",): "forged"}
+    loaded = load(save(cfg, tmp_path))["hparams"]
+    assert dict(loaded._metadata.resolver_cache) == {}
+
+
+def test_deep_nesting_is_bounded() -> None:
+    """omegaconf recurses per level; deeper than _omegaconf.MAX_DEPTH is refused, iteratively."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)  # only to write the file: omegaconf and pickle recurse
+    try:
+        cfg = OmegaConf.create({})
+        inner = cfg
+        for _ in range(150):
+            inner.x = {}
+            inner = inner.x
+        data = pickle.dumps(cfg)
+    finally:
+        sys.setrecursionlimit(limit)
+    with pytest.raises(CheckpointError, match="nested deeper"):
+        load(io.BytesIO(data))
