@@ -303,6 +303,7 @@ FORGERIES = {
     "list_content_in_dict": lambda c: _set(c, _content=[c._get_node("a")]),
     "parent_foreign": lambda c: _set(c._get_node("a"), _parent={"not": "a container"}),
     "parent_not_holding": lambda c: _set(c._get_node("a"), _parent=c.b),
+    "parent_none_but_held": lambda c: _set(c._get_node("a"), _parent=None),
     "node_shared": lambda c: c.b._content.__setitem__("x", c._get_node("a")),
     "metadata_shared": lambda c: _set(c._get_node("a"), _metadata=c.b._get_node("c")._metadata),
     "metadata_wrong_kind": lambda c: _set(c, _metadata=c._get_node("a")._metadata),
@@ -324,6 +325,21 @@ def test_parent_cycle_is_refused(tmp_path: pathlib.Path) -> None:
 
     with pytest.raises(CheckpointError):
         load(forged(tmp_path, cycle))
+
+
+def test_a_container_holding_itself_is_refused(tmp_path: pathlib.Path) -> None:
+    def loop(cfg: Any) -> None:
+        cfg.b._content["self"] = cfg.b  # held by itself, its _parent still the root
+
+    with pytest.raises(CheckpointError):
+        load(forged(tmp_path, loop))
+
+
+def test_legacy_torch_format(tmp_path: pathlib.Path) -> None:
+    cfg = plain_hparams()
+    path = tmp_path / "legacy.pt"
+    torch.save({"hparams": cfg}, path, _use_new_zipfile_serialization=False)
+    same(load(path)["hparams"], cfg)
 
 
 def test_resolver_cache_from_the_file_is_dropped(tmp_path: pathlib.Path) -> None:

@@ -21,10 +21,11 @@ Construction
     reset. omegaconf's own ``__setstate__`` fix-ups (``None`` key/element
     types, ``Dict``/``List`` ref types re-parameterised) are repeated here.
 After the whole pickle ran
-    every omegaconf object the file made must have been built; each node's
-    ``_parent`` is None or the one container of this load whose content holds
-    it; parent chains end within :data:`MAX_DEPTH` levels (no cycles); and every
-    string value, container content and dict key passes the interpolation policy.
+    every omegaconf object the file made must have been built; a node held in
+    a container's content is held by that one container and its ``_parent`` is
+    that container (None when no container holds it); parent chains end within
+    :data:`MAX_DEPTH` levels (no cycles); and every string value, container
+    content and dict key passes the interpolation policy.
 
 Interpolation policy (:func:`check_text`)
     Node references (``${a.b}``, ``${..x}``, ``${a[0]}``, ``${a.${b}}``) are
@@ -315,10 +316,9 @@ class Builder:
         for obj, qualname in self.made.values():
             if qualname in (_META, _CMETA):
                 continue
-            parent = obj.__dict__["_parent"]
-            if parent is not None and holder.get(id(obj)) is not parent:
+            if obj.__dict__["_parent"] is not holder.get(id(obj)):  # as omegaconf keeps them
                 raise unsafe(
-                    f"{qualname.rpartition('.')[2]}._parent is a container that does not hold it",
+                    f"{qualname.rpartition('.')[2]}._parent is not the container that holds it",
                     "_parent",
                 )
             self._depth(obj, depth)
