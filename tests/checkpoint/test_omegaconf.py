@@ -364,3 +364,93 @@ def test_deep_nesting_is_bounded() -> None:
         sys.setrecursionlimit(limit)
     with pytest.raises(CheckpointError, match="nested deeper"):
         load(io.BytesIO(data))
+
+
+# --------------------------------------------------------------------------- differential
+
+
+def _resolvers_omegaconf_calls(text: str) -> list[str] | None:
+    """The resolver names omegaconf's own parser finds ("" when computed); None: no parse."""
+    from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser as P
+    from omegaconf.grammar_parser import parse
+
+    try:
+        tree = parse(text)
+    except Exception:
+        return None
+    found: list[str] = []
+    todo: list[Any] = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, P.InterpolationResolverContext):
+            name = node.resolverName()
+            computed = any(isinstance(c, P.InterpolationContext) for c in name.children or [])
+            found.append("" if computed else name.getText())
+        todo.extend(getattr(node, "children", None) or [])
+    return found
+
+
+class _Strings:
+    """Random interpolation strings: nested resolvers, computed names, quotes, escapes."""
+
+    def __init__(self, seed: int) -> None:
+        import random
+
+        self.r = random.Random(seed)
+
+    def ws(self) -> str:
+        return self.r.choice(["", "", " ", "\t"])
+
+    def interpolation(self, depth: int) -> str:
+        r = self.r
+        if r.random() < 0.35 or depth > 3:
+            key = r.choice(["a", "b.c", "..x", "a[0]", "x-y", "$a"])
+            if r.random() < 0.3 and depth <= 3:
+                key = r.choice(["a.", ""]) + self.interpolation(depth + 1) + r.choice(["", ".b"])
+            return "${" + self.ws() + key + self.ws() + "}"
+        name = r.choice(["oc.env", "oc.select", "eval", "a", "b.c", "oc.dict.keys"])
+        if r.random() < 0.2 and depth <= 3:
+            name = r.choice(["", "oc."]) + self.interpolation(depth + 1)
+        args = ",".join(self.argument(depth + 1) for _ in range(r.randint(0, 3)))
+        return "${" + self.ws() + name + self.ws() + ":" + self.ws() + args + self.ws() + "}"
+
+    def argument(self, depth: int) -> str:
+        r = self.r
+        roll = r.random()
+        if roll < 0.3:
+            return self.interpolation(depth)
+        if roll < 0.5:
+            inner = r.choice(["x", "}", "{", "\\'", "${a}", "\\${eval:1}", "${eval:2}"])
+            quote = r.choice(["'", '"'])
+            return quote + inner + quote
+        if roll < 0.7 and depth < 4:
+            return (
+                "[" + self.argument(depth + 1) + "]"
+                if roll < 0.6
+                else "{k:" + self.argument(depth + 1) + "}"
+            )
+        return r.choice(["1", "x", "\\,", "\\}", "a b", "-", "$", "\\\\", "null"])
+
+    def text(self) -> str:
+        parts = []
+        for _ in range(self.r.randint(1, 3)):
+            parts.append(self.r.choice(["", "t ", "\\", "\\\\", "\\${eval:1}", "$"]))
+            parts.append(self.interpolation(0))
+        return "".join(parts)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_check_text_never_misses_a_call_omegaconf_would_make(seed: int) -> None:
+    """Against omegaconf's own grammar: every resolver it would call is kept or refused."""
+    strings = _Strings(seed)
+    parsed = 0
+    for _ in range(2500):
+        text = strings.text()
+        calls = _resolvers_omegaconf_calls(text)
+        if calls is None:
+            continue
+        parsed += 1
+        refused = [name for name in calls if name not in SAFE_RESOLVERS]
+        if refused:
+            assert check_text(text, SAFE_RESOLVERS) is not None, (text, calls)
+    assert parsed > 1000
