@@ -77,7 +77,7 @@ def trainer(root: pathlib.Path, steps: int, **kwargs: Any) -> Any:
 
 
 def hydra_cfg(**extra: Any) -> DictConfig:
-    return OmegaConf.create(
+    cfg = OmegaConf.create(
         {
             "optim": {"lr": 0.05, "betas": [0.9, 0.99], "name": "sgd"},
             "model": {"width": 4, "depth": "${optim.lr}"},
@@ -85,6 +85,8 @@ def hydra_cfg(**extra: Any) -> DictConfig:
             **extra,
         }
     )
+    OmegaConf.set_struct(cfg, True)  # as Hydra hands it to the task function
+    return cfg
 
 
 def fit_and_save(root: pathlib.Path, cfg: DictConfig) -> tuple[pathlib.Path, Model]:
@@ -183,3 +185,24 @@ def test_hostile_interpolations_stay_refused(
     if release("torch") >= (2, 6):
         assert "optim.name" in notes and "omegaconf-resolver:" in notes
     assert not marker.exists()
+
+
+def test_a_config_composed_by_hydra_resumes_armed(tmp_path: pathlib.Path, armed: None) -> None:
+    """Where hydra-core is installed (it pins omegaconf < 2.4): its own ``compose`` output."""
+    hydra = pytest.importorskip("hydra")
+    conf = tmp_path / "conf"
+    (conf / "optim").mkdir(parents=True)
+    (conf / "config.yaml").write_text(
+        "defaults:\n  - optim: sgd\n  - _self_\n"
+        "model:\n  width: 4\n  depth: ${optim.lr}\ndata:\n  root: /data/${model.width}\n"
+    )
+    (conf / "optim" / "sgd.yaml").write_text("lr: 0.05\nbetas: [0.9, 0.99]\nname: sgd\n")
+    with hydra.initialize_config_dir(config_dir=str(conf), version_base=None):
+        cfg = hydra.compose(config_name="config", overrides=["optim.lr=0.02"])
+    path, saved = fit_and_save(tmp_path, cfg)
+    loaded = Model.load_from_checkpoint(path)
+    assert type(loaded.hparams.cfg) is DictConfig and OmegaConf.is_struct(loaded.hparams.cfg)
+    assert OmegaConf.to_container(loaded.hparams.cfg) == OmegaConf.to_container(cfg)
+    assert loaded.hparams.cfg.model.depth == 0.02
+    for mine, theirs in zip(loaded.parameters(), saved.parameters()):
+        assert torch.equal(mine, theirs)
