@@ -53,6 +53,7 @@ import typing
 from collections import defaultdict
 from typing import Any, Callable
 
+from ._objects import short
 from .errors import CheckpointError, UnsafeCheckpointError
 
 MAX_DEPTH = 100  # omegaconf recurses per level (to_container, merge): keep well below 1000
@@ -103,12 +104,6 @@ def unsafe(message: str, what: str) -> UnsafeCheckpointError:
     return UnsafeCheckpointError(message, (what,))
 
 
-def _short(value: Any) -> str:
-    from ._objects import short
-
-    return short(value)
-
-
 class Builder:
     """The omegaconf objects of one load: made empty, built once from checked state."""
 
@@ -125,10 +120,6 @@ class Builder:
         self.made[id(made)] = (made, qualname)
         return made
 
-    def owns(self, obj: Any) -> bool:
-        found = self.made.get(id(obj))
-        return found is not None and found[0] is obj
-
     def kind(self, obj: Any) -> str | None:
         found = self.made.get(id(obj))
         return found[1] if found is not None and found[0] is obj else None
@@ -138,7 +129,7 @@ class Builder:
         if id(inst) in self.built:
             raise unsafe(f"a second BUILD on an {qualname} refused", f"BUILD {qualname}")
         if type(state) is not dict or not all(type(k) is str for k in state):
-            raise CheckpointError(f"BUILD state for {qualname} is {_short(state)}, expected a dict")
+            raise CheckpointError(f"BUILD state for {qualname} is {short(state)}, expected a dict")
         if qualname in (_META, _CMETA):
             fresh = self._metadata(state, qualname)
         elif qualname in (_DICT, _LIST):
@@ -151,7 +142,7 @@ class Builder:
     def _fields(self, state: dict[str, Any], allowed: frozenset[str], what: str) -> None:
         extra = [k for k in state if k not in allowed]
         if extra:
-            raise unsafe(f"{what} state with unknown field {_short(extra[0])} refused", what)
+            raise unsafe(f"{what} state with unknown field {short(extra[0])} refused", what)
 
     def _type(self, value: Any, field: str, what: str) -> Any:
         """A type named in metadata: Any, builtin value types, bare Dict/List, Enums, allow=."""
@@ -184,7 +175,7 @@ class Builder:
         for field in ("optional", "flags_root"):
             value = state.get(field, False)
             if type(value) is not bool:
-                raise CheckpointError(f"{what}.{field} is {_short(value)}, expected a bool")
+                raise CheckpointError(f"{what}.{field} is {short(value)}, expected a bool")
             fresh[field] = value
         flags = state.get("flags")
         if flags is None:
@@ -197,7 +188,7 @@ class Builder:
         fresh["key"] = _key(state["key"], f"{what}.key")
         cache = state.get("resolver_cache")
         if cache is not None and not isinstance(cache, dict):
-            raise CheckpointError(f"{what}.resolver_cache is {_short(cache)}, expected a dict")
+            raise CheckpointError(f"{what}.resolver_cache is {short(cache)}, expected a dict")
         fresh["resolver_cache"] = defaultdict(dict)  # never a file's pre-computed results
         if qualname == _CMETA:
             fresh.setdefault("key_type", None)
@@ -217,7 +208,7 @@ class Builder:
         parent = state.get("_parent")
         if parent is not None and self.kind(parent) not in (_DICT, _LIST):
             raise unsafe(
-                f"{what}._parent is {_short(parent)}, not a container made by this load",
+                f"{what}._parent is {short(parent)}, not a container made by this load",
                 f"{what}._parent",
             )
         return parent
@@ -282,7 +273,7 @@ class Builder:
         elif qualname == _LIST and type(content) is list:
             fresh_content = [self._child(node, what) for node in content]
         else:
-            raise CheckpointError(f"{what}._content is {_short(content)}")
+            raise CheckpointError(f"{what}._content is {short(content)}")
         return {
             "_metadata": meta,
             "_parent": self._parent(state, what),
@@ -293,7 +284,7 @@ class Builder:
     def _child(self, node: Any, what: str) -> Any:
         if self.kind(node) in (None, _META, _CMETA):
             raise unsafe(
-                f"{what} content holds {_short(node)}, not an omegaconf node made by this load",
+                f"{what} content holds {short(node)}, not an omegaconf node made by this load",
                 f"{what}._content",
             )
         return node
@@ -357,7 +348,7 @@ class Builder:
         name = check_text(text, self.resolvers)
         if name is None:
             return
-        where = path_of(node) + (f" (a key {_short(text)})" if key else "")
+        where = path_of(node) + (f" (a key {short(text)})" if key else "")
         resolver = "a resolver whose name is computed" if name == "" else f"resolver {name!r}"
         raise unsafe(
             f"omegaconf value at {where} calls {resolver}: refused, it could run code or read "
@@ -372,7 +363,7 @@ def _key(value: Any, what: str) -> Any:
         return value
     if isinstance(value, enum.Enum):
         return value
-    raise CheckpointError(f"{what} is {_short(value)}, not a plain key")
+    raise CheckpointError(f"{what} is {short(value)}, not a plain key")
 
 
 def path_of(node: Any) -> str:
@@ -382,7 +373,7 @@ def path_of(node: Any) -> str:
     while current is not None and len(parts) <= MAX_DEPTH:
         key = current.__dict__["_metadata"].__dict__["key"]
         if key is not None:
-            parts.append(f"[{key}]" if type(key) is int else f".{_short(key).strip(chr(39))}")
+            parts.append(f"[{key}]" if type(key) is int else f".{short(key).strip(chr(39))}")
         current = current.__dict__["_parent"]
     text = "".join(reversed(parts)).lstrip(".")
     return text or "<root>"
