@@ -342,6 +342,18 @@ def test_legacy_torch_format(tmp_path: pathlib.Path) -> None:
     same(load(path)["hparams"], cfg)
 
 
+def test_a_file_written_by_omegaconf_2_0_loads_as_omegaconf_itself_loads_it() -> None:
+    """Lightning 1.x-era hparams: omegaconf 2.0 wrote no key/element types nor flags_root."""
+    path = pathlib.Path(__file__).parent / "omegaconf_fixtures" / "omegaconf-2.0.6.pkl"
+    ours = load(path)["hparams"]
+    theirs = pickle.loads(path.read_bytes())["hparams"]  # our own fixture: trusted
+    same(ours, theirs)
+    for key in ("", "model", "model.layers", "model.layers.2"):
+        mine = OmegaConf.select(ours, key) if key else ours
+        expected = OmegaConf.select(theirs, key) if key else theirs
+        assert mine._metadata == expected._metadata, key
+
+
 def test_resolver_cache_from_the_file_is_dropped(tmp_path: pathlib.Path) -> None:
     cfg = OmegaConf.create({"a": 1})
     cfg._metadata.resolver_cache["now"] = {("x",): "forged"}

@@ -19,7 +19,8 @@ Construction
     container content holds only nodes this load made. ``resolver_cache`` is
     dropped (a file must not pre-fill resolver results) and ``_flags_cache``
     reset. omegaconf's own ``__setstate__`` fix-ups (``None`` key/element
-    types, ``Dict``/``List`` ref types re-parameterised) are repeated here.
+    types, ``Dict``/``List`` ref types re-parameterised) are repeated here,
+    so files written by omegaconf 2.0 load too.
 After the whole pickle ran
     every omegaconf object the file made must have been built; a node held in
     a container's content is held by that one container and its ``_parent`` is
@@ -48,6 +49,7 @@ Interpolation policy (:func:`check_text`)
 from __future__ import annotations
 
 import enum
+import importlib
 import pathlib
 import typing
 from collections import defaultdict
@@ -258,10 +260,7 @@ class Builder:
             meta.element_type = typing.Any
         if meta.ref_type is None:
             meta.ref_type = typing.Any
-        if meta.ref_type is typing.Dict:
-            meta.ref_type = typing.Dict[meta.key_type, meta.element_type]  # type: ignore[name-defined]
-        elif meta.ref_type is typing.List:
-            meta.ref_type = typing.List[meta.element_type]  # type: ignore[name-defined]
+        _parameterise(meta)
         content = state.get("_content")
         fresh_content: Any
         if content is None or type(content) is str:
@@ -356,6 +355,22 @@ class Builder:
             f"allow=['{RESOLVER_PREFIX}{name or 'NAME'}'] if you trust it",
             f"{RESOLVER_PREFIX}{name}",
         )
+
+
+def _parameterise(meta: Any) -> None:
+    """omegaconf's own ``__setstate__`` step, with its own helpers on the checked types.
+
+    Each release decides differently which container annotations it re-parameterises
+    (2.3+ turn an omegaconf 2.0 ``dict`` into ``Dict[Any, Any]``, 2.1 keeps it).
+    """
+    _utils: Any = importlib.import_module("omegaconf._utils")  # imported: the file named it
+    ref_type = meta.ref_type
+    if not _utils.is_container_annotation(ref_type):
+        return
+    if _utils.is_generic_dict(ref_type):
+        meta.ref_type = typing.Dict[meta.key_type, meta.element_type]  # type: ignore[name-defined]
+    elif _utils.is_generic_list(ref_type):
+        meta.ref_type = typing.List[meta.element_type]  # type: ignore[name-defined]
 
 
 def _key(value: Any, what: str) -> Any:
