@@ -86,6 +86,18 @@ def same(loaded: Any, original: Any) -> None:
     assert OmegaConf.to_yaml(loaded) == OmegaConf.to_yaml(original)
 
 
+def same_metadata(ours: Any, theirs: Any) -> None:
+    """Every node's metadata equals what omegaconf's own unpickling gives (iterative walk)."""
+    todo = [(ours, theirs)]
+    while todo:
+        mine, expected = todo.pop()
+        assert type(mine) is type(expected)
+        assert mine._metadata == expected._metadata, mine._get_full_key(None)
+        if isinstance(mine, (DictConfig, ListConfig)) and not mine._is_none():
+            keys = mine.keys() if isinstance(mine, DictConfig) else range(len(mine))
+            todo.extend((mine._get_node(k), expected._get_node(k)) for k in keys)
+
+
 @pytest.fixture
 def marker(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
     """A registered ``eval`` resolver (as many projects have) that leaves a file when it runs."""
@@ -111,8 +123,10 @@ def marker(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
 @pytest.mark.parametrize("protocol", [0, 1, 2, 4, 5])
 def test_plain_pickles_of_every_protocol(protocol: int) -> None:
     cfg = plain_hparams()
-    loaded = load(io.BytesIO(pickle.dumps({"hparams": cfg}, protocol=protocol)))
+    data = pickle.dumps({"hparams": cfg}, protocol=protocol)
+    loaded = load(io.BytesIO(data))
     same(loaded["hparams"], cfg)
+    same_metadata(loaded["hparams"], pickle.loads(data)["hparams"])
 
 
 def test_torch_save_dict_and_list_configs(tmp_path: pathlib.Path) -> None:
@@ -159,6 +173,7 @@ def test_structured_config_needs_its_classes_allowed(tmp_path: pathlib.Path) -> 
     assert f"{Optim.__module__}.Optim" in str(refused.value)
     loaded = load(path, allow=[Optim, Colour])["hparams"]
     same(loaded, cfg)
+    same_metadata(loaded, pickle.loads(pickle.dumps(cfg)))
     assert OmegaConf.get_type(loaded.optim) is Optim
     assert OmegaConf.to_object(loaded.optim) == Optim()
     assert loaded.optim.colour is Colour.RED
