@@ -102,8 +102,12 @@ def test_importing_the_package_imports_neither_torch_nor_numpy() -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_omegaconf_is_left_out_with_a_reason() -> None:
-    assert not [e for e in entries() if e.module.startswith("omegaconf")]
+def test_omegaconf_entries_are_built_by_the_checked_builder_only() -> None:
+    """omegaconf classes are ``instance`` entries built by ``_omegaconf.py`` (never their
+    ``__setstate__``), and never registered with torch's own unpickler."""
+    found = [e for e in entries() if e.module.startswith("omegaconf")]
+    assert found
+    assert all(e.kind == "instance" and not e.torch_safe for e in found), found
     assert "omegaconf" in (allowlist.__doc__ or "")
 
 

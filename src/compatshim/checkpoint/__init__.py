@@ -66,9 +66,11 @@ def load(
     this call, as objects, ``"module.name"`` strings or ``(object,
     "module.name")`` pairs; allowed classes are constructed and callables
     called with the file's arguments, and instances they make may receive
-    state, but the classes and callables themselves never do. ``mmap``: map
-    tensor data from the file instead of reading it (zip format and
-    safetensors; the legacy format raises CheckpointError). ``trusted=True`` is plain
+    state, but the classes and callables themselves never do;
+    ``"omegaconf-resolver:NAME"`` lets loaded omegaconf configs keep
+    ``${NAME:...}`` interpolations (refused by default, see ``_omegaconf.py``). ``mmap``: map
+    tensor data from the file instead of reading it (zip format and safetensors; the
+    legacy format raises CheckpointError). ``trusted=True`` is plain
     ``torch.load(weights_only=False)``: it RUNS ANY CODE IN THE FILE; use it
     only for files you made yourself.
     """

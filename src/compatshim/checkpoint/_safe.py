@@ -27,7 +27,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from . import _numpy, _objects, _tensors
+from . import _numpy, _objects, _omegaconf, _tensors
 from ._machine import MAX_NESTING, Machine, Source
 from .allowlist import Entry, lookup
 from .errors import CheckpointError, UnsafeCheckpointError
@@ -122,12 +122,16 @@ def describe(value: Any) -> str:
 
 
 class UserAllow:
-    """``allow=``: objects, "module.name" strings or (object, "module.name") pairs."""
+    """``allow=``: objects, "module.name" strings, (object, "module.name") pairs, or
+    "omegaconf-resolver:NAME" (an omegaconf resolver the loaded configs may call)."""
 
     def __init__(self, items: Iterable[Any]) -> None:
         self.named: dict[tuple[str, str], Any] = {}
+        resolvers: set[str] = set()
         for item in items:
-            if isinstance(item, str):
+            if isinstance(item, str) and item.startswith(_omegaconf.RESOLVER_PREFIX):
+                resolvers.add(item[len(_omegaconf.RESOLVER_PREFIX) :])
+            elif isinstance(item, str):
                 module, _, name = item.rpartition(".")
                 if not module:
                     raise TypeError(f"allow= string {item!r} is not 'module.name'")
@@ -142,6 +146,7 @@ class UserAllow:
                     f"allow= takes classes, functions, 'module.name' strings or "
                     f"(object, 'module.name') pairs, got {type(item).__name__}"
                 )
+        self.resolvers = frozenset(resolvers)
 
     def resolve(self, module: str, name: str) -> Any:
         found = self.named.get((module, name), _MISSING)
@@ -181,6 +186,13 @@ class SafeMachine(Machine):
         self._builders: dict[int, tuple[Any, Builder]] = {}
         self._dicts: dict[int, Any] = {}  # owned dict subclasses and deques
         self._random_made = [0]  # numpy.random work units (_numpy.MAX_RANDOM_OBJECTS)
+        self._omegaconf: _omegaconf.Builder | None = None
+
+    def run(self) -> Any:
+        value = super().run()
+        if self._omegaconf is not None:
+            self._omegaconf.finish()  # parents, depth, interpolations: once everything is built
+        return value
 
     # ------------------------------------------------------------------ globals
     def find_global(self, module: str, name: str) -> Any:
@@ -361,6 +373,8 @@ class SafeMachine(Machine):
             if type(made) is cls:
                 self._register_user_instance(made)
             return made
+        if role is not None and role.key in _omegaconf.CLASSES and not args and not kwargs:
+            return self._new_omegaconf(cls, role.key)
         if role is None or kind not in ("instance", "dict-subclass") or args or kwargs:
             raise UnsafeCheckpointError(
                 f"NEWOBJ of {describe(cls)} refused: only allow-listed plain classes, "
@@ -377,6 +391,13 @@ class SafeMachine(Machine):
                 )
             made = object.__new__(cls)
         self.register_builder(made, lambda o, s: _objects.set_instance_dict(o, s, role.qualname))
+        return made
+
+    def _new_omegaconf(self, cls: Any, key: str) -> Any:
+        if self._omegaconf is None:
+            self._omegaconf = _omegaconf.Builder(self.role_of, self.allow.resolvers)
+        made = self._omegaconf.new(cls, key)
+        self.register_builder(made, self._omegaconf.build)
         return made
 
     # ------------------------------------------------------------------ state

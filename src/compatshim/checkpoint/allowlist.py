@@ -28,15 +28,18 @@ Kinds (what compatshim's loader does with each; see ``_objects.py``):
     a function compatshim re-implements with checked arguments (tensors,
     numpy arrays); the original is never called with the file's arguments.
 
-Left out on purpose: omegaconf containers. A ``DictConfig`` value such as
-``"${eval:...}"`` is an interpolation that resolves through the resolvers the
-process registered when the training script reads it (many projects register
-``eval``), its metadata carries classes that ``OmegaConf.to_object``
-instantiates, and its ``__setstate__`` trusts its dict; none of that can be
-checked at load time. numpy.random objects are in (``_numpy.RANDOM``): their
-ctor functions are re-implemented for the five bit generators only. Also left
-out: numpy object arrays, ``bytearray(n)``,
-tensor subclasses, sparse / quantized / nested tensors, TorchScript.
+omegaconf containers (2.1-2.4) are ``instance`` entries that the loader
+builds through ``_omegaconf.py`` instead (never omegaconf's ``__setstate__``):
+their state is checked field by field, classes in their metadata must come
+through this allowlist or ``allow=``, and every string is checked against an
+explicit interpolation policy (``${oc.env:...}``, ``${eval:...}`` and other
+resolvers are refused unless ``allow=["omegaconf-resolver:NAME"]``).
+numpy.random objects are in (``_numpy.RANDOM``): their ctor functions are
+re-implemented for the five bit generators only.
+
+Left out on purpose: numpy object arrays, ``bytearray(n)``, tensor subclasses,
+sparse / quantized / nested tensors, TorchScript, omegaconf's ``TupleConfig``,
+``NoneNode`` and ``LiteralNode`` (2.4 only) and ``Union``/``Tuple[...]`` annotations.
 
 Keep :class:`Entry` and the names here stable: patches import them.
 """
@@ -276,6 +279,7 @@ _NUMPY_RANDOM_CTORS = (
 )
 _PATH_CLASSES = ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath")
 _AT = "lightning"
+_OC = ">=2.1,<2.5"
 
 
 def _build_table() -> tuple[Entry, ...]:
@@ -528,6 +532,29 @@ def _build_table() -> tuple[Entry, ...]:
         e.append(
             Entry(module, name, "deepspeed", versions, kind, reason, torch_safe=kind != "enum")  # type: ignore[arg-type]
         )
+    # ---- omegaconf (Hydra / Lightning hyper-parameters); built by _omegaconf.py, never by
+    # omegaconf's __setstate__; checked against the source of 2.1.2, 2.2.3, 2.3.0 and 2.4.0
+    for module, name, versions in (
+        ("omegaconf.dictconfig", "DictConfig", _OC),
+        ("omegaconf.listconfig", "ListConfig", _OC),
+        ("omegaconf.base", "Metadata", _OC),
+        ("omegaconf.base", "ContainerMetadata", _OC),
+        ("omegaconf.nodes", "AnyNode", _OC),
+        ("omegaconf.nodes", "StringNode", _OC),
+        ("omegaconf.nodes", "IntegerNode", _OC),
+        ("omegaconf.nodes", "FloatNode", _OC),
+        ("omegaconf.nodes", "BooleanNode", _OC),
+        ("omegaconf.nodes", "EnumNode", _OC),
+        ("omegaconf.nodes", "BytesNode", ">=2.2,<2.5"),
+        ("omegaconf.nodes", "PathNode", ">=2.2,<2.5"),
+    ):
+        reason = (
+            "state checked field by field into a fresh __dict__; strings pass the "
+            "interpolation policy (_omegaconf.py)"
+        )
+        e.append(Entry(module, name, "omegaconf", versions, "instance", reason, torch_safe=False))
+    for name in ("Any", "Dict", "List"):
+        e.append(_std("typing", name, "constant", "a type annotation in omegaconf metadata", False))
     return tuple(e)
 
 

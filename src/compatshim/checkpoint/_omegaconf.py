@@ -1,0 +1,463 @@
+"""omegaconf containers (2.1-2.4) built from checked state, with an explicit interpolation policy.
+
+Lightning projects configured with Hydra save ``DictConfig`` hyper-parameters.
+omegaconf's own ``__setstate__`` trusts its dict, and a loaded string such as
+``"${oc.env:AWS_SECRET}"`` or ``"${eval:...}"`` runs when the application reads
+it (Lightning's ``load_from_checkpoint`` reads every top-level value during the
+load). So the loader never calls omegaconf's ``__setstate__``:
+
+Construction
+    ``NEWOBJ`` of an allow-listed omegaconf class makes an empty instance
+    (``object.__new__``). Its ``BUILD`` state is checked and copied into a
+    fresh ``__dict__``, once: metadata fields have their exact types
+    (``optional`` and ``flags_root`` bool, ``flags`` str -> bool, ``key`` a
+    plain key), every type in metadata (``ref_type``, ``object_type``,
+    ``key_type``, ``element_type``, an ``EnumNode``'s ``enum_type``) is
+    ``typing.Any``, a builtin value type, a bare ``typing.Dict/List``, an Enum,
+    or a class the call's ``allow=`` admitted (the file can only name it
+    through the allowlist); node values have the types their node class holds;
+    container content holds only nodes this load made. ``resolver_cache`` is
+    dropped (a file must not pre-fill resolver results) and ``_flags_cache``
+    reset. omegaconf's own ``__setstate__`` fix-ups (``None`` key/element
+    types, ``Dict``/``List`` ref types re-parameterised) are repeated here,
+    so files written by omegaconf 2.0 load too.
+After the whole pickle ran
+    every omegaconf object the file made must have been built; a node held in
+    a container's content is held by that one container and its ``_parent`` is
+    that container (None when no container holds it); parent chains end within
+    :data:`MAX_DEPTH` levels (no cycles); and every string value, container
+    content and dict key passes the interpolation policy.
+
+Interpolation policy (:func:`check_text`)
+    Node references (``${a.b}``, ``${..x}``, ``${a[0]}``, ``${a.${b}}``) are
+    kept: they only read other checked values of the same config. Resolvers in
+    :data:`SAFE_RESOLVERS` are kept: ``oc.select`` (selects a node by key,
+    with a default) and ``oc.dict.keys`` (a list of a dict's keys, which are
+    checked like values). Every other ``${name:...}`` is refused by default,
+    naming the key and the resolver: ``oc.env``/``env`` read the environment,
+    ``oc.create``/``oc.decode``/``oc.dict.values``/``oc.deprecated`` re-parse
+    text or build interpolations from runtime strings (``"$" + "{oc.env:X}"``
+    becomes an ``oc.env`` call), ``oc.coerce`` (2.4) imports a module by name,
+    and user resolvers (``eval``) run anything. ``allow=["omegaconf-resolver:NAME"]``
+    keeps a named resolver. A resolver name computed by an interpolation
+    (``${${x}:...}``) is refused; ``\\${`` before the first interpolation is
+    plain text (omegaconf's escape); after one, every ``${`` is treated as live.
+    The scan reads each ``${`` once, without regular expressions or recursion:
+    work is linear in the string's length.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import pathlib
+import typing
+from collections import defaultdict
+from typing import Any, Callable
+
+from ._objects import short
+from .errors import CheckpointError, UnsafeCheckpointError
+
+MAX_DEPTH = 100  # omegaconf recurses per level (to_container, merge): keep well below 1000
+SAFE_RESOLVERS = frozenset({"oc.select", "oc.dict.keys"})
+RESOLVER_PREFIX = "omegaconf-resolver:"
+
+_DICT = "omegaconf.dictconfig.DictConfig"
+_LIST = "omegaconf.listconfig.ListConfig"
+_META = "omegaconf.base.Metadata"
+_CMETA = "omegaconf.base.ContainerMetadata"
+_PATHS = (pathlib.PurePath,)
+_KEYS = (str, int, float, bool, bytes)
+# node class -> the value types it holds besides None and str (missing "???", interpolations)
+NODES: dict[str, tuple[type, ...]] = {
+    "omegaconf.nodes.AnyNode": (int, float, bool, bytes, enum.Enum, *_PATHS),
+    "omegaconf.nodes.StringNode": (),
+    "omegaconf.nodes.IntegerNode": (int,),
+    "omegaconf.nodes.FloatNode": (float, int),
+    "omegaconf.nodes.BooleanNode": (bool,),
+    "omegaconf.nodes.EnumNode": (enum.Enum,),
+    "omegaconf.nodes.BytesNode": (bytes,),
+    "omegaconf.nodes.PathNode": _PATHS,
+}
+CLASSES = frozenset({_DICT, _LIST, _META, _CMETA, *NODES})
+_META_FIELDS = frozenset(
+    {"ref_type", "object_type", "optional", "key", "flags", "flags_root", "resolver_cache"}
+)
+_CMETA_FIELDS = _META_FIELDS | {"key_type", "element_type"}
+_PLAIN_TYPES: tuple[Any, ...] = (
+    typing.Any,
+    int,
+    float,
+    bool,
+    str,
+    bytes,
+    dict,
+    list,
+    tuple,
+    pathlib.Path,
+    typing.Dict,  # what omegaconf's __getstate__ writes
+    typing.List,
+)
+
+RoleOf = Callable[[Any], Any]  # SafeMachine.role_of: a Role (kind, qualname) or None
+
+
+def unsafe(message: str, what: str) -> UnsafeCheckpointError:
+    return UnsafeCheckpointError(message, (what,))
+
+
+class Builder:
+    """The omegaconf objects of one load: made empty, built once from checked state."""
+
+    def __init__(self, role_of: RoleOf, resolvers: frozenset[str]) -> None:
+        self.role_of = role_of
+        self.resolvers = SAFE_RESOLVERS | resolvers
+        self.made: dict[int, tuple[Any, str]] = {}  # id -> (object, qualname)
+        self.built: set[int] = set()
+        self.meta_owner: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ construction
+    def new(self, cls: Any, qualname: str) -> Any:
+        made = object.__new__(cls)
+        self.made[id(made)] = (made, qualname)
+        return made
+
+    def kind(self, obj: Any) -> str | None:
+        found = self.made.get(id(obj))
+        return found[1] if found is not None and found[0] is obj else None
+
+    def build(self, inst: Any, state: Any) -> None:
+        qualname = self.made[id(inst)][1]
+        if id(inst) in self.built:
+            raise unsafe(f"a second BUILD on an {qualname} refused", f"BUILD {qualname}")
+        if type(state) is not dict or not all(type(k) is str for k in state):
+            raise CheckpointError(f"BUILD state for {qualname} is {short(state)}, expected a dict")
+        if qualname in (_META, _CMETA):
+            fresh = self._metadata(state, qualname)
+        elif qualname in (_DICT, _LIST):
+            fresh = self._container(inst, state, qualname)
+        else:
+            fresh = self._node(inst, state, qualname)
+        object.__getattribute__(inst, "__dict__").update(fresh)
+        self.built.add(id(inst))
+
+    def _fields(self, state: dict[str, Any], allowed: frozenset[str], what: str) -> None:
+        extra = [k for k in state if k not in allowed]
+        if extra:
+            raise unsafe(f"{what} state with unknown field {short(extra[0])} refused", what)
+
+    def _type(self, value: Any, field: str, what: str) -> Any:
+        """A type named in metadata: Any, builtin value types, bare Dict/List, Enums, allow=."""
+        if value is None or any(value is t for t in _PLAIN_TYPES):
+            return value
+        role = self.role_of(value)
+        if (
+            isinstance(value, type)
+            and role is not None
+            and (issubclass(value, enum.Enum) or role.kind == "user")
+        ):
+            return value
+        from ._safe import describe
+
+        raise unsafe(
+            f"{what}.{field} = {describe(value)} refused: omegaconf metadata may name typing.Any, "
+            "builtin value types, Enums and classes given in allow=",
+            f"{what}.{field}",
+        )
+
+    def _metadata(self, state: dict[str, Any], qualname: str) -> dict[str, Any]:
+        what = qualname.rpartition(".")[2]
+        self._fields(state, _CMETA_FIELDS if qualname == _CMETA else _META_FIELDS, what)
+        if not {"ref_type", "object_type", "optional", "key"} <= state.keys():
+            raise CheckpointError(f"{what} state lacks a required field")
+        fresh: dict[str, Any] = {}
+        for field in ("ref_type", "object_type", "key_type", "element_type"):
+            if field in state:
+                fresh[field] = self._type(state[field], field, what)
+        for field in ("optional", "flags_root"):
+            value = state.get(field, False)
+            if type(value) is not bool:
+                raise CheckpointError(f"{what}.{field} is {short(value)}, expected a bool")
+            fresh[field] = value
+        flags = state.get("flags")
+        if flags is None:
+            flags = {}
+        if not isinstance(flags, dict) or not all(
+            type(k) is str and type(v) is bool for k, v in flags.items()
+        ):
+            raise CheckpointError(f"{what}.flags must map str to bool")
+        fresh["flags"] = dict(flags)
+        fresh["key"] = _key(state["key"], f"{what}.key")
+        cache = state.get("resolver_cache")
+        if cache is not None and not isinstance(cache, dict):
+            raise CheckpointError(f"{what}.resolver_cache is {short(cache)}, expected a dict")
+        fresh["resolver_cache"] = defaultdict(dict)  # never a file's pre-computed results
+        if qualname == _CMETA:
+            fresh.setdefault("key_type", None)
+            fresh.setdefault("element_type", None)
+        return fresh
+
+    def _own_metadata(self, state: dict[str, Any], owner: Any, want: str, what: str) -> Any:
+        meta = state.get("_metadata")
+        if self.kind(meta) != want or id(meta) not in self.built:
+            wanted = want.rpartition(".")[2]
+            raise unsafe(f"{what}._metadata is not a {wanted} built by this load", what)
+        if self.meta_owner.setdefault(id(meta), id(owner)) != id(owner):
+            raise unsafe(f"{what}._metadata is shared with another node", what)
+        return meta
+
+    def _parent(self, state: dict[str, Any], what: str) -> Any:
+        parent = state.get("_parent")
+        if parent is not None and self.kind(parent) not in (_DICT, _LIST):
+            raise unsafe(
+                f"{what}._parent is {short(parent)}, not a container made by this load",
+                f"{what}._parent",
+            )
+        return parent
+
+    def _node(self, inst: Any, state: dict[str, Any], qualname: str) -> dict[str, Any]:
+        what = qualname.rpartition(".")[2]
+        enum_node = qualname == "omegaconf.nodes.EnumNode"
+        allowed = {"_metadata", "_parent", "_val", "_flags_cache"}
+        if enum_node:
+            allowed |= {"enum_type", "fields"}
+        self._fields(state, frozenset(allowed), what)
+        fresh: dict[str, Any] = {
+            "_metadata": self._own_metadata(state, inst, _META, what),
+            "_parent": self._parent(state, what),
+            "_flags_cache": None,
+        }
+        value = state.get("_val")
+        if not self._value_ok(value, NODES[qualname]):
+            raise unsafe(f"{what} value of type {type(value).__name__} refused", what)
+        fresh["_val"] = value
+        if enum_node:
+            enum_type = self._type(state.get("enum_type"), "enum_type", what)
+            if not (isinstance(enum_type, type) and issubclass(enum_type, enum.Enum)):
+                raise unsafe(f"{what}.enum_type is not an Enum", what)
+            if isinstance(value, enum.Enum) and type(value) is not enum_type:
+                raise unsafe(f"{what} value is not a member of its enum_type", what)
+            fresh["enum_type"] = enum_type
+            fresh["fields"] = {name: m.value for name, m in enum_type.__members__.items()}
+        return fresh
+
+    def _value_ok(self, value: Any, holds: tuple[type, ...]) -> bool:
+        """None, str, or one of ``holds``: exact builtin types, paths, members of loaded Enums."""
+        kind = type(value)
+        if value is None or kind is str or kind in holds:
+            return True
+        if isinstance(value, enum.Enum):
+            return enum.Enum in holds and self.role_of(kind) is not None
+        return isinstance(value, pathlib.PurePath) and pathlib.PurePath in holds
+
+    def _container(self, inst: Any, state: dict[str, Any], qualname: str) -> dict[str, Any]:
+        what = qualname.rpartition(".")[2]
+        self._fields(state, frozenset({"_metadata", "_parent", "_content", "_flags_cache"}), what)
+        meta = self._own_metadata(state, inst, _CMETA, what)
+        if meta.key_type is None:  # omegaconf 2.0 pickles; as omegaconf's __setstate__
+            meta.key_type = typing.Any
+        if meta.element_type is None:
+            meta.element_type = typing.Any
+        if meta.ref_type is None:
+            meta.ref_type = typing.Any
+        _parameterise(meta)
+        content = state.get("_content")
+        fresh_content: Any
+        if content is None or type(content) is str:
+            fresh_content = content
+        elif qualname == _DICT and type(content) is dict:
+            fresh_content = {}
+            for key, node in content.items():
+                fresh_content[_key(key, f"{what} key")] = self._child(node, what)
+        elif qualname == _LIST and type(content) is list:
+            fresh_content = [self._child(node, what) for node in content]
+        else:
+            raise CheckpointError(f"{what}._content is {short(content)}")
+        return {
+            "_metadata": meta,
+            "_parent": self._parent(state, what),
+            "_content": fresh_content,
+            "_flags_cache": None,
+        }
+
+    def _child(self, node: Any, what: str) -> Any:
+        if self.kind(node) in (None, _META, _CMETA):
+            raise unsafe(
+                f"{what} content holds {short(node)}, not an omegaconf node made by this load",
+                f"{what}._content",
+            )
+        return node
+
+    # ------------------------------------------------------------------ after the pickle ran
+    def finish(self) -> None:
+        """Whole-load checks: all built, parent links, depth, interpolations."""
+        holder: dict[int, Any] = {}
+        for obj, qualname in self.made.values():
+            if id(obj) not in self.built:
+                raise CheckpointError(f"an {qualname.rpartition('.')[2]} was never given state")
+            if qualname not in (_DICT, _LIST):
+                continue
+            content = obj.__dict__["_content"]
+            children = content.values() if isinstance(content, dict) else content
+            for child in children if isinstance(content, (dict, list)) else ():
+                if holder.setdefault(id(child), obj) is not obj:
+                    raise unsafe("an omegaconf node held by two containers refused", "_content")
+        depth: dict[int, int] = {}
+        for obj, qualname in self.made.values():
+            if qualname in (_META, _CMETA):
+                continue
+            if obj.__dict__["_parent"] is not holder.get(id(obj)):  # as omegaconf keeps them
+                raise unsafe(
+                    f"{qualname.rpartition('.')[2]}._parent is not the container that holds it",
+                    "_parent",
+                )
+            self._depth(obj, depth)
+        for obj, qualname in self.made.values():
+            if qualname in (_META, _CMETA):
+                continue
+            state = obj.__dict__
+            if qualname in (_DICT, _LIST):
+                content = state["_content"]
+                if type(content) is str:
+                    self._check(content, obj)
+                elif type(content) is dict:
+                    for key in content:
+                        if type(key) is str:
+                            self._check(key, obj, key=True)
+            elif type(state["_val"]) is str:
+                self._check(state["_val"], obj)
+
+    def _depth(self, obj: Any, depth: dict[int, int]) -> None:
+        chain = []
+        current = obj
+        while current is not None and id(current) not in depth:
+            chain.append(current)
+            if len(chain) > MAX_DEPTH:
+                raise CheckpointError(
+                    f"omegaconf containers nested deeper than {MAX_DEPTH} levels, or in a cycle"
+                )
+            current = current.__dict__["_parent"]
+        base = -1 if current is None else depth[id(current)]
+        for offset, item in enumerate(reversed(chain), start=1):
+            depth[id(item)] = base + offset
+            if base + offset > MAX_DEPTH:
+                raise CheckpointError(f"omegaconf containers nested deeper than {MAX_DEPTH} levels")
+
+    def _check(self, text: str, node: Any, key: bool = False) -> None:
+        name = check_text(text, self.resolvers)
+        if name is None:
+            return
+        where = path_of(node) + (f" (a key {short(text)})" if key else "")
+        resolver = "a resolver whose name is computed" if name == "" else f"resolver {name!r}"
+        raise unsafe(
+            f"omegaconf value at {where} calls {resolver}: refused, it could run code or read "
+            "the environment when the config is read. Load with "
+            f"allow=['{RESOLVER_PREFIX}{name or 'NAME'}'] if you trust it",
+            f"{RESOLVER_PREFIX}{name}",
+        )
+
+
+def _parameterise(meta: Any) -> None:
+    """omegaconf's own ``__setstate__`` step, with its own helpers on the checked types.
+
+    Each release decides differently which container annotations it re-parameterises
+    (2.3+ turn an omegaconf 2.0 ``dict`` into ``Dict[Any, Any]``, 2.1 keeps it).
+    """
+    _utils: Any = importlib.import_module("omegaconf._utils")  # imported: the file named it
+    ref_type = meta.ref_type
+    if not _utils.is_container_annotation(ref_type):
+        return
+    if _utils.is_generic_dict(ref_type):
+        meta.ref_type = typing.Dict[meta.key_type, meta.element_type]  # type: ignore[name-defined]
+    elif _utils.is_generic_list(ref_type):
+        meta.ref_type = typing.List[meta.element_type]  # type: ignore[name-defined]
+
+
+def _key(value: Any, what: str) -> Any:
+    if value is None or type(value) in _KEYS:
+        return value
+    if isinstance(value, enum.Enum):
+        return value
+    raise CheckpointError(f"{what} is {short(value)}, not a plain key")
+
+
+def path_of(node: Any) -> str:
+    """``a.b[0]`` from metadata keys up the (already depth-checked) parent chain."""
+    parts: list[str] = []
+    current = node
+    while current is not None and len(parts) <= MAX_DEPTH:
+        key = current.__dict__["_metadata"].__dict__["key"]
+        if key is not None:
+            parts.append(f"[{key}]" if type(key) is int else f".{short(key).strip(chr(39))}")
+        current = current.__dict__["_parent"]
+    text = "".join(reversed(parts)).lstrip(".")
+    return text or "<root>"
+
+
+# --------------------------------------------------------------------------- interpolations
+
+_HEAD_STOP = frozenset("\\{}():'\" \t")
+_WS = " \t"
+
+
+def check_text(text: str, allowed: frozenset[str]) -> str | None:
+    """The first resolver in ``text`` outside ``allowed`` ("" for a computed name), or None.
+
+    Examines every ``${`` (after omegaconf's top-level ``\\${`` escapes) on its own,
+    so an error in following the nesting can never hide a resolver call.
+    """
+    start = text.find("${")
+    if start < 0:
+        return None
+    live = False
+    position = start
+    while position >= 0:
+        if not live:
+            backslashes = 0
+            while position - backslashes > 0 and text[position - backslashes - 1] == "\\":
+                backslashes += 1
+            live = backslashes % 2 == 0
+        if live:
+            name = _resolver_at(text, position)
+            if name is not None and name not in allowed:
+                return name
+        position = text.find("${", position + 2)
+    return None
+
+
+def _resolver_at(text: str, position: int) -> str | None:
+    """The resolver name the interpolation at ``position`` calls, "" if computed, None if none."""
+    index, head = _head(text, position)
+    computed = False
+    while text.startswith("${", index):  # a key or name built from a nested interpolation
+        nested, inner = _head(text, index)
+        nested = _skip_ws(text, nested)
+        if not inner or not text.startswith("}", nested):
+            return ""  # not a plain node reference: refuse rather than follow it
+        computed = True
+        index, more = _head(text, nested + 1, opened=False)
+        head += more
+    index = _skip_ws(text, index)
+    if not text.startswith(":", index):
+        return None  # a node reference (or text omegaconf cannot parse: nothing is called)
+    return "" if computed or not head else head
+
+
+def _head(text: str, index: int, opened: bool = True) -> tuple[int, str]:
+    """Skip ``${`` and blanks, then read key/name characters up to a stop or a nested ``${``."""
+    if opened:
+        index = _skip_ws(text, index + 2)
+    begin = index
+    end = len(text)
+    while index < end:
+        char = text[index]
+        if char in _HEAD_STOP or (char == "$" and text.startswith("${", index)):
+            break
+        index += 1
+    return index, text[begin:index]
+
+
+def _skip_ws(text: str, index: int) -> int:
+    while index < len(text) and text[index] in _WS:
+        index += 1
+    return index

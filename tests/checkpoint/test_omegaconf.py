@@ -1,0 +1,483 @@
+"""omegaconf containers: real files written by omegaconf load as the real types; attacks refused.
+
+Every file here is written by omegaconf's own pickling (``torch.save`` or
+``pickle.dumps``); hostile ones are made by editing a real container's
+``__dict__`` before saving, so the bytes are what omegaconf writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import io
+import pathlib
+import pickle
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any, Dict, List, Optional
+
+import pytest
+import torch
+
+omegaconf = pytest.importorskip("omegaconf")
+from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
+
+from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, load  # noqa: E402
+from compatshim.checkpoint._omegaconf import SAFE_RESOLVERS, check_text  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+HAS_BYTES = hasattr(omegaconf.nodes, "BytesNode")
+
+
+class Colour(enum.Enum):
+    RED = 1
+    GREEN = 2
+
+
+@dataclasses.dataclass
+class Optim:
+    name: str = "sgd"
+    lr: float = 0.1
+    momentum: Optional[float] = None  # noqa: UP045
+    colour: Colour = Colour.RED
+    betas: List[float] = dataclasses.field(default_factory=lambda: [0.9, 0.99])
+    extra: Dict[str, int] = dataclasses.field(default_factory=lambda: {"k": 1})
+
+
+def plain_hparams() -> DictConfig:
+    content: dict[str, Any] = {
+        "lr": 0.1,
+        "layers": [4, 8, {"width": 2, "act": "relu"}],
+        "model": {"name": "tiny", "dropout": None, "flag": True, "big": 10**20},
+        "missing": "???",
+        "ref": "${lr}",
+        "nested_ref": "${model.name}",
+        "relative": {"x": 3, "y": "${.x}", "up": "${..lr}"},
+        "item": "${layers[1]}",
+        "select": "${oc.select:model.name,default}",
+        "select_missing": "${oc.select:nope,7}",
+        "keys": "${oc.dict.keys:model}",
+        "which": "name",
+        "computed_key": "${model.${which}}",
+        "text": "lr is ${lr} and name ${model.name}",
+        "escaped": "\\${oc.env:HOME}",
+        "path": "/data/${model.name}",
+    }
+    if HAS_BYTES:
+        content["raw"] = b"\x00\x01"
+        content["where"] = pathlib.Path("/tmp/x")
+    return OmegaConf.create(content)
+
+
+def save(obj: Any, tmp_path: pathlib.Path, name: str = "f.pt") -> pathlib.Path:
+    path = tmp_path / name
+    torch.save({"hparams": obj, "state_dict": {"w": torch.arange(3.0)}}, path)
+    return path
+
+
+def same(loaded: Any, original: Any) -> None:
+    assert type(loaded) is type(original)
+    assert OmegaConf.to_container(loaded) == OmegaConf.to_container(original)
+    assert OmegaConf.to_container(loaded, resolve=True) == OmegaConf.to_container(
+        original, resolve=True
+    )
+    assert OmegaConf.to_yaml(loaded) == OmegaConf.to_yaml(original)
+
+
+def same_metadata(ours: Any, theirs: Any) -> None:
+    """Every node's metadata equals what omegaconf's own unpickling gives (iterative walk)."""
+    todo = [(ours, theirs)]
+    while todo:
+        mine, expected = todo.pop()
+        assert type(mine) is type(expected)
+        assert mine._metadata == expected._metadata, mine._get_full_key(None)
+        if isinstance(mine, (DictConfig, ListConfig)) and not mine._is_none():
+            keys = mine.keys() if isinstance(mine, DictConfig) else range(len(mine))
+            todo.extend((mine._get_node(k), expected._get_node(k)) for k in keys)
+
+
+@pytest.fixture
+def marker(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A registered ``eval`` resolver (as many projects have) that leaves a file when it runs."""
+    path = tmp_path / "resolver-ran"
+
+    def run(expression: Any = "") -> Any:
+        path.write_text("ran")
+        return eval(str(expression))  # the gadget a hostile config would aim at
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 2.4 renamed it register_resolver
+        OmegaConf.register_new_resolver("eval", run, replace=True)
+    yield path
+    if hasattr(OmegaConf, "clear_resolver"):
+        OmegaConf.clear_resolver("eval")
+    else:  # 2.1 has no clear_resolver
+        omegaconf.basecontainer.BaseContainer._resolvers.pop("eval", None)
+
+
+# --------------------------------------------------------------------------- real files
+
+
+@pytest.mark.parametrize("protocol", [0, 1, 2, 4, 5])
+def test_plain_pickles_of_every_protocol(protocol: int) -> None:
+    cfg = plain_hparams()
+    data = pickle.dumps({"hparams": cfg}, protocol=protocol)
+    loaded = load(io.BytesIO(data))
+    same(loaded["hparams"], cfg)
+    same_metadata(loaded["hparams"], pickle.loads(data)["hparams"])
+
+
+def test_torch_save_dict_and_list_configs(tmp_path: pathlib.Path) -> None:
+    cfg = plain_hparams()
+    listed = OmegaConf.create([1, {"a": "${0}"}, [True, None]])
+    loaded = load(save({"cfg": cfg, "list": listed, "sub": cfg.model}, tmp_path))["hparams"]
+    same(loaded["cfg"], cfg)
+    same(loaded["list"], listed)
+    assert type(loaded["list"]) is ListConfig
+    # a sub-config keeps its parent (saved with it), as omegaconf itself does
+    assert loaded["sub"]._get_parent() is not None
+    assert OmegaConf.to_container(loaded["sub"]) == OmegaConf.to_container(cfg.model)
+
+
+def test_flags_and_modes_survive(tmp_path: pathlib.Path) -> None:
+    cfg = plain_hparams()
+    OmegaConf.set_struct(cfg, True)
+    OmegaConf.set_readonly(cfg.model, True)
+    loaded = load(save(cfg, tmp_path))["hparams"]
+    assert OmegaConf.is_struct(loaded) and OmegaConf.is_readonly(loaded.model)
+    with pytest.raises(Exception, match=r"not in struct|Key 'nope'"):
+        loaded.nope = 1
+
+
+def test_loaded_config_is_usable(tmp_path: pathlib.Path) -> None:
+    cfg = plain_hparams()
+    loaded = load(save(cfg, tmp_path))["hparams"]
+    assert loaded.ref == 0.1 and loaded.relative.up == 0.1 and loaded.computed_key == "tiny"
+    assert loaded.select == "tiny" and loaded.select_missing == 7 and loaded.item == 8
+    assert list(loaded["keys"]) == ["name", "dropout", "flag", "big"]
+    assert loaded.escaped == "${oc.env:HOME}"
+    loaded.model.name = "other"
+    assert loaded.nested_ref == "other"
+    merged = OmegaConf.merge(loaded, {"lr": 0.5})
+    assert merged.ref == 0.5
+    assert OmegaConf.is_missing(loaded, "missing")
+
+
+def test_structured_config_needs_its_classes_allowed(tmp_path: pathlib.Path) -> None:
+    cfg = OmegaConf.create({"optim": OmegaConf.structured(Optim), "seed": 1})
+    path = save(cfg, tmp_path)
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        load(path)
+    assert f"{Optim.__module__}.Optim" in str(refused.value)
+    loaded = load(path, allow=[Optim, Colour])["hparams"]
+    same(loaded, cfg)
+    same_metadata(loaded, pickle.loads(pickle.dumps(cfg)))
+    assert OmegaConf.get_type(loaded.optim) is Optim
+    assert OmegaConf.to_object(loaded.optim) == Optim()
+    assert loaded.optim.colour is Colour.RED
+    with pytest.raises(Exception, match="could not be converted"):
+        loaded.optim.lr = "x"  # the typed node still validates
+
+
+def test_enum_values_need_the_enum_allowed(tmp_path: pathlib.Path) -> None:
+    cfg = OmegaConf.create({"colour": Colour.GREEN})
+    path = save(cfg, tmp_path)
+    with pytest.raises(UnsafeCheckpointError, match="Colour"):
+        load(path)
+    assert load(path, allow=[Colour])["hparams"].colour is Colour.GREEN
+
+
+def test_inspect_names_only_allow_listed_globals(tmp_path: pathlib.Path) -> None:
+    from compatshim.checkpoint import inspect
+
+    info = inspect(save(plain_hparams(), tmp_path))
+    assert not [g.name for g in info.globals if g.entry is None]
+    assert any(g.name == "omegaconf.dictconfig.DictConfig" for g in info.globals)
+
+
+# --------------------------------------------------------------------------- interpolation policy
+
+HOSTILE = {
+    "env": "${oc.env:HOME}",
+    "legacy_env": "${env:HOME}",
+    "eval": "${eval:'1+1'}",
+    "spaced": "${ eval :1}",
+    "in_text": "x ${lr} y ${eval:1}",
+    "nested_arg": "${oc.select:${eval:1},2}",
+    "quoted_arg": "${oc.select:a,'}${eval:1}'}",
+    "computed_name": "${${which}:1}",
+    "computed_dotted": "${oc.${which}:HOME}",
+    "escaped_after_live": "${lr}\\${eval:1}",
+    "decode": "${oc.decode:'1'}",
+    "create": "${oc.create:{}}",
+    "values": "${oc.dict.values:model}",
+    "deprecated": "${oc.deprecated:lr}",
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_resolvers_are_refused_naming_key_and_resolver(
+    case: str, tmp_path: pathlib.Path, marker: pathlib.Path
+) -> None:
+    cfg = OmegaConf.create({"lr": 0.1, "which": "env", "model": {"a": 1}, "deep": [{}]})
+    cfg.deep[0][case] = HOSTILE[case]
+    path = save(cfg, tmp_path)
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        load(path)
+    message = str(refused.value)
+    assert f"deep[0].{case}" in message
+    assert "omegaconf-resolver:" in message
+    assert not marker.exists()
+
+
+def test_a_hostile_key_is_refused(tmp_path: pathlib.Path, marker: pathlib.Path) -> None:
+    """``oc.dict.keys`` turns keys into values: keys pass the same policy."""
+    cfg = OmegaConf.create({"d": {"${eval:1}": 1}, "k": "${oc.dict.keys:d}"})
+    with pytest.raises(UnsafeCheckpointError, match="'eval'"):
+        load(save(cfg, tmp_path))
+    assert not marker.exists()
+
+
+def test_a_hostile_container_interpolation_is_refused(tmp_path: pathlib.Path) -> None:
+    cfg = OmegaConf.create({"a": {"b": 1}})
+    cfg.a = "${oc.env:HOME}"  # the whole container is an interpolation
+    with pytest.raises(UnsafeCheckpointError, match=r"resolver 'oc\.env'"):
+        load(save(cfg, tmp_path))
+
+
+def test_allowed_resolver_loads_and_runs_only_when_read(
+    tmp_path: pathlib.Path, marker: pathlib.Path
+) -> None:
+    cfg = OmegaConf.create({"two": "${eval:'1+1'}"})
+    loaded = load(save(cfg, tmp_path), allow=["omegaconf-resolver:eval"])["hparams"]
+    assert not marker.exists()  # loading never resolves anything
+    assert loaded.two == 2
+    assert marker.exists()
+
+
+def test_reading_an_accepted_file_runs_nothing(
+    tmp_path: pathlib.Path, marker: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COMPATSHIM_SECRET", "s3cret")
+    loaded = load(save(plain_hparams(), tmp_path))["hparams"]
+    resolved = OmegaConf.to_container(loaded, resolve=True)
+    for key in loaded:
+        if not OmegaConf.is_missing(loaded, key):
+            loaded[key]
+    assert "s3cret" not in repr(resolved) and not marker.exists()
+
+
+def test_check_text_rules() -> None:
+    safe = SAFE_RESOLVERS
+    assert check_text("plain", safe) is None
+    assert check_text("${a.b} ${..c} ${d[0]} ${e.${f}.g}", safe) is None
+    assert check_text("\\${oc.env:HOME}", safe) is None
+    assert check_text("\\\\${oc.env:HOME}", safe) == "oc.env"  # an escaped backslash
+    assert check_text("\\\\\\${oc.env:HOME}", safe) is None
+    assert check_text("${oc.select:a,${oc.env:X}}", safe) == "oc.env"
+    assert check_text("${oc.env:X}", safe | {"oc.env"}) is None
+    assert check_text("${${a}:x}", safe) == ""
+    assert check_text("${${oc.select:a,'}'}:x}", safe) == ""
+    assert check_text("${a.${b}}", safe) is None
+
+
+def test_check_text_is_linear() -> None:
+    for text in ("${" * 200_000, "${a" * 100_000 + "}" * 100_000, "\\" * 200_000 + "${x:1}"):
+        started = time.perf_counter()
+        check_text(text, SAFE_RESOLVERS)
+        assert time.perf_counter() - started < 2.0
+
+
+# --------------------------------------------------------------------------- forged state
+
+
+def forged(tmp_path: pathlib.Path, edit: Any) -> pathlib.Path:
+    cfg = OmegaConf.create({"a": 1, "b": {"c": [1, 2]}})
+    edit(cfg)
+    return save(cfg, tmp_path)
+
+
+def _set(obj: Any, **fields: Any) -> None:
+    obj.__dict__.update(fields)
+
+
+FORGERIES = {
+    "object_type_gadget": lambda c: setattr(c._metadata, "object_type", pathlib.Path.write_text),
+    "object_type_allow_listed_constructor": lambda c: setattr(
+        c._metadata, "object_type", __import__("collections").OrderedDict
+    ),
+    "ref_type_set": lambda c: setattr(c._get_node("a")._metadata, "ref_type", set),
+    "value_set": lambda c: _set(c._get_node("a"), _val={1, 2}),
+    "value_tensor": lambda c: _set(c._get_node("a"), _val=torch.zeros(1)),
+    "flags_not_bool": lambda c: setattr(c._metadata, "flags", {"readonly": "yes"}),
+    "optional_not_bool": lambda c: setattr(c._metadata, "optional", 1),
+    "unknown_field": lambda c: _set(c._get_node("a"), __class__=dict),
+    "content_not_nodes": lambda c: _set(c, _content={"a": 1}),
+    "list_content_in_dict": lambda c: _set(c, _content=[c._get_node("a")]),
+    "parent_foreign": lambda c: _set(c._get_node("a"), _parent={"not": "a container"}),
+    "parent_not_holding": lambda c: _set(c._get_node("a"), _parent=c.b),
+    "parent_none_but_held": lambda c: _set(c._get_node("a"), _parent=None),
+    "node_shared": lambda c: c.b._content.__setitem__("x", c._get_node("a")),
+    "metadata_shared": lambda c: _set(c._get_node("a"), _metadata=c.b._get_node("c")._metadata),
+    "metadata_wrong_kind": lambda c: _set(c, _metadata=c._get_node("a")._metadata),
+    "key_object": lambda c: setattr(c._metadata, "key", torch.zeros(1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FORGERIES))
+def test_forged_state_is_refused(case: str, tmp_path: pathlib.Path) -> None:
+    path = forged(tmp_path, FORGERIES[case])
+    with pytest.raises(CheckpointError):
+        load(path)
+
+
+def test_parent_cycle_is_refused(tmp_path: pathlib.Path) -> None:
+    def cycle(cfg: Any) -> None:
+        _set(cfg, _parent=cfg.b)
+        cfg.b._content["loop"] = cfg
+
+    with pytest.raises(CheckpointError):
+        load(forged(tmp_path, cycle))
+
+
+def test_a_container_holding_itself_is_refused(tmp_path: pathlib.Path) -> None:
+    def loop(cfg: Any) -> None:
+        cfg.b._content["self"] = cfg.b  # held by itself, its _parent still the root
+
+    with pytest.raises(CheckpointError):
+        load(forged(tmp_path, loop))
+
+
+def test_legacy_torch_format(tmp_path: pathlib.Path) -> None:
+    cfg = plain_hparams()
+    path = tmp_path / "legacy.pt"
+    torch.save({"hparams": cfg}, path, _use_new_zipfile_serialization=False)
+    same(load(path)["hparams"], cfg)
+
+
+def test_a_file_written_by_omegaconf_2_0_loads_as_omegaconf_itself_loads_it() -> None:
+    """Lightning 1.x-era hparams: omegaconf 2.0 wrote no key/element types nor flags_root."""
+    path = pathlib.Path(__file__).parent / "omegaconf_fixtures" / "omegaconf-2.0.6.pkl"
+    ours = load(path)["hparams"]
+    theirs = pickle.loads(path.read_bytes())["hparams"]  # our own fixture: trusted
+    same(ours, theirs)
+    for key in ("", "model", "model.layers", "model.layers.2"):
+        mine = OmegaConf.select(ours, key) if key else ours
+        expected = OmegaConf.select(theirs, key) if key else theirs
+        assert mine._metadata == expected._metadata, key
+
+
+def test_resolver_cache_from_the_file_is_dropped(tmp_path: pathlib.Path) -> None:
+    cfg = OmegaConf.create({"a": 1})
+    cfg._metadata.resolver_cache["now"] = {("x",): "forged"}
+    loaded = load(save(cfg, tmp_path))["hparams"]
+    assert dict(loaded._metadata.resolver_cache) == {}
+
+
+def test_deep_nesting_is_bounded() -> None:
+    """omegaconf recurses per level; deeper than _omegaconf.MAX_DEPTH is refused, iteratively."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)  # only to write the file: omegaconf and pickle recurse
+    try:
+        cfg = OmegaConf.create({})
+        inner = cfg
+        for _ in range(150):
+            inner.x = {}
+            inner = inner.x
+        data = pickle.dumps(cfg)
+    finally:
+        sys.setrecursionlimit(limit)
+    with pytest.raises(CheckpointError, match="nested deeper"):
+        load(io.BytesIO(data))
+
+
+# --------------------------------------------------------------------------- differential
+
+
+def _resolvers_omegaconf_calls(text: str) -> list[str] | None:
+    """The resolver names omegaconf's own parser finds ("" when computed); None: no parse."""
+    from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser as P
+    from omegaconf.grammar_parser import parse
+
+    try:
+        tree = parse(text)
+    except Exception:
+        return None
+    found: list[str] = []
+    todo: list[Any] = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, P.InterpolationResolverContext):
+            name = node.resolverName()
+            computed = any(isinstance(c, P.InterpolationContext) for c in name.children or [])
+            found.append("" if computed else name.getText())
+        todo.extend(getattr(node, "children", None) or [])
+    return found
+
+
+class _Strings:
+    """Random interpolation strings: nested resolvers, computed names, quotes, escapes."""
+
+    def __init__(self, seed: int) -> None:
+        import random
+
+        self.r = random.Random(seed)
+
+    def ws(self) -> str:
+        return self.r.choice(["", "", " ", "\t"])
+
+    def interpolation(self, depth: int) -> str:
+        r = self.r
+        if r.random() < 0.35 or depth > 3:
+            key = r.choice(["a", "b.c", "..x", "a[0]", "x-y", "$a"])
+            if r.random() < 0.3 and depth <= 3:
+                key = r.choice(["a.", ""]) + self.interpolation(depth + 1) + r.choice(["", ".b"])
+            return "${" + self.ws() + key + self.ws() + "}"
+        name = r.choice(["oc.env", "oc.select", "eval", "a", "b.c", "oc.dict.keys"])
+        if r.random() < 0.2 and depth <= 3:
+            name = r.choice(["", "oc."]) + self.interpolation(depth + 1)
+        args = ",".join(self.argument(depth + 1) for _ in range(r.randint(0, 3)))
+        return "${" + self.ws() + name + self.ws() + ":" + self.ws() + args + self.ws() + "}"
+
+    def argument(self, depth: int) -> str:
+        r = self.r
+        roll = r.random()
+        if roll < 0.3:
+            return self.interpolation(depth)
+        if roll < 0.5:
+            inner = r.choice(["x", "}", "{", "\\'", "${a}", "\\${eval:1}", "${eval:2}"])
+            quote = r.choice(["'", '"'])
+            return quote + inner + quote
+        if roll < 0.7 and depth < 4:
+            return (
+                "[" + self.argument(depth + 1) + "]"
+                if roll < 0.6
+                else "{k:" + self.argument(depth + 1) + "}"
+            )
+        return r.choice(["1", "x", "\\,", "\\}", "a b", "-", "$", "\\\\", "null"])
+
+    def text(self) -> str:
+        parts = []
+        for _ in range(self.r.randint(1, 3)):
+            parts.append(self.r.choice(["", "t ", "\\", "\\\\", "\\${eval:1}", "$"]))
+            parts.append(self.interpolation(0))
+        return "".join(parts)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_check_text_never_misses_a_call_omegaconf_would_make(seed: int) -> None:
+    """Against omegaconf's own grammar: every resolver it would call is kept or refused."""
+    strings = _Strings(seed)
+    parsed = 0
+    for _ in range(2500):
+        text = strings.text()
+        calls = _resolvers_omegaconf_calls(text)
+        if calls is None:
+            continue
+        parsed += 1
+        refused = [name for name in calls if name not in SAFE_RESOLVERS]
+        if refused:
+            assert check_text(text, SAFE_RESOLVERS) is not None, (text, calls)
+    assert parsed > 1000
