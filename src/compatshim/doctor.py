@@ -85,7 +85,7 @@ def patch_row(patch: PatchStatus) -> DoctorRow:
         detail = f"{where}: defect absent, nothing to do"
     else:
         note = ""
-        if not patch.in_range:
+        if not patch.in_range and patch.tested:
             note = f" ({patch.version_note or 'outside the tested range ' + patch.tested}; "
             note += "the probe decided)"
         detail = f"{where}: {patch.description}{note}"

@@ -24,6 +24,7 @@ CATALOGUE = (
     "lightning_fabric_desync",
     "torch_load_safe_globals",
     "numpy_core_names",
+    "removed_names",
 )
 
 
