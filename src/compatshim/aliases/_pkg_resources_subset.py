@@ -28,6 +28,7 @@ message shows this file's path).
 from __future__ import annotations
 
 import os
+import re
 import sys
 from importlib import metadata as _metadata
 from typing import Any, Iterable, Iterator
@@ -129,7 +130,8 @@ class Distribution:
 
     def __init__(self, dist: _metadata.Distribution) -> None:
         self._dist = dist
-        self.project_name: str = dist.metadata["Name"] or ""
+        # setuptools' safe_name: runs of other characters become "-" (typing_extensions)
+        self.project_name: str = re.sub("[^A-Za-z0-9.]+", "-", dist.metadata["Name"] or "")
         self.key = self.project_name.lower()
         self.version: str = dist.version
 
