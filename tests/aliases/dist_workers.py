@@ -1,0 +1,41 @@
+"""Rank functions for the alias collective tests (module level, importable by spawned ranks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def through_aliases(rank: int, world_size: int) -> dict[str, Any]:
+    """Each renamed collective through the name compatshim provides and through the old one."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    import compatshim
+
+    compatshim.install()
+    out: dict[str, Any] = {}
+    x = torch.arange(3, dtype=torch.float32) + 10 * rank
+    new = torch.empty(world_size * 3)
+    old = torch.empty(world_size * 3)
+    dist.all_gather_single(new, x)
+    dist.all_gather_into_tensor(old, x)
+    out["all_gather_single"] = (new.tolist(), old.tolist())
+    big = torch.arange(world_size * 2, dtype=torch.float32) * (rank + 1)
+    new_r, old_r = torch.empty(2), torch.empty(2)
+    dist.reduce_scatter_single(new_r, big.clone())
+    dist.reduce_scatter_tensor(old_r, big.clone())
+    out["reduce_scatter_single"] = (new_r.tolist(), old_r.tolist())
+    gathered = torch.empty(world_size, 3) if rank == 0 else None
+    dist.gather_single(x, gathered, dst=0)
+    listed = [torch.empty(3) for _ in range(world_size)] if rank == 0 else None
+    dist.gather(x, listed, dst=0)
+    out["gather_single"] = (
+        gathered.flatten().tolist() if gathered is not None else None,
+        torch.cat(listed).tolist() if listed is not None else None,
+    )
+    dist.set_timeout(timedelta(seconds=90))
+    dist.barrier()
+    out["used"] = next(r.used for r in compatshim.status() if r.name == "removed-names")
+    return out

@@ -1,0 +1,63 @@
+"""torch.distributed names: each alias ``is`` its target where it applies, absent where not."""
+
+from __future__ import annotations
+
+import pytest
+
+from aliases.helpers import run
+
+torch = pytest.importorskip("torch")
+
+from compatshim.aliases.table import TABLE  # noqa: E402
+
+TORCH_ENTRIES = [a for a in TABLE if a.module == "torch.distributed"]
+
+
+@pytest.mark.parametrize("name", [a.attribute for a in TORCH_ENTRIES])
+def test_alias_is_its_target_where_it_applies_and_absent_where_not(name: str) -> None:
+    found = run(
+        "import json, torch.distributed as dist, compatshim\n"
+        "from compatshim.aliases import needed, resolve\n"
+        "from compatshim.aliases.table import TABLE\n"
+        f"alias = [a for a in TABLE if a.name == 'torch.distributed.{name}'][0]\n"
+        f"real = vars(dist).get({name!r})\n"
+        "try:\n    target = resolve(alias.target)\nexcept (ImportError, AttributeError):\n"
+        "    target = None\n"
+        "compatshim.install()\n"
+        f"value = getattr(dist, {name!r}, None)\n"
+        "armed = [value is real if real is not None else value is target, value is None]\n"
+        "compatshim.uninstall()\n"
+        f"print(json.dumps([real is not None, needed(alias), target is not None, armed, "
+        f"getattr(dist, {name!r}, None) is real]))"
+    )
+    has_real, is_needed, has_target, (is_expected, is_absent), restored = found
+    assert is_expected, found
+    assert restored
+    if has_real or (is_needed and has_target):
+        assert not is_absent
+    else:
+        assert is_absent  # nothing provided where the release does not need it
+
+
+def test_renamed_collectives_on_four_gloo_ranks_equal_the_old_names() -> None:
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed unavailable")
+    if not hasattr(torch.distributed.distributed_c10d, "_set_pg_timeout") and not hasattr(
+        torch.distributed, "set_timeout"
+    ):
+        pytest.skip("this torch has neither set_timeout nor _set_pg_timeout")
+    from aliases.dist_workers import through_aliases
+    from harness.dist import run_ranks
+
+    results = run_ranks(through_aliases, world_size=4, timeout=150)
+    for rank, out in enumerate(results):
+        for name in ("all_gather_single", "reduce_scatter_single"):
+            new, old = out[name]
+            assert new == old, (rank, name)
+        new, old = out["gather_single"]
+        assert new == old, rank
+        if rank == 0:
+            assert new == [v + 10 * r for r in range(4) for v in range(3)]
+    provided = {a.attribute for a in TORCH_ENTRIES if a.attribute not in vars(torch.distributed)}
+    for name in provided & {"gather_single", "set_timeout"}:
+        assert f"torch.distributed.{name}" in results[0]["used"]
