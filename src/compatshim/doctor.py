@@ -91,6 +91,8 @@ def patch_row(patch: PatchStatus) -> DoctorRow:
         detail = f"{where}: {patch.description}{note}"
     if patch.error and present is not None:
         detail += f" [error: {patch.error}]"
+    if patch.used:  # entries a process used (in the user's process: compatshim.status())
+        detail += f"; used: {', '.join(patch.used)}"
     return DoctorRow(
         name=patch.name,
         kind="patch",
@@ -98,6 +100,7 @@ def patch_row(patch: PatchStatus) -> DoctorRow:
         present=present,
         fixed=(bool(patch.fixed) and not patch.disabled) if present else None,
         detail=detail,
+        extra={"used": list(patch.used)} if patch.used else {},
     )
 
 
