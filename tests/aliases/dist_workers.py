@@ -39,3 +39,45 @@ def through_aliases(rank: int, world_size: int) -> dict[str, Any]:
     dist.barrier()
     out["used"] = next(r.used for r in compatshim.status() if r.name == "removed-names")
     return out
+
+
+class NotAllowed:
+    """A class torch.load(weights_only=True) refuses."""
+
+
+def object_collectives(rank: int, world_size: int, disagree: bool) -> dict[str, Any]:
+    """weights_only= on the object collectives, through compatshim where torch lacks it."""
+    import torch
+    import torch.distributed as dist
+
+    import compatshim
+
+    compatshim.install()
+    out: dict[str, Any] = {}
+    obj = {"rank": rank, "t": torch.arange(3) * rank}
+    safe: list[Any] = [None] * world_size
+    plain: list[Any] = [None] * world_size
+    dist.all_gather_object(safe, obj, weights_only=True)
+    dist.all_gather_object(plain, obj)
+    out["all_gather"] = [
+        (a["rank"], a["t"].tolist(), b["rank"], b["t"].tolist()) for a, b in zip(safe, plain)
+    ]
+    listed = [{"x": torch.ones(2)}, "text"] if rank == 0 else [None, None]
+    dist.broadcast_object_list(listed, src=0, weights_only=True)
+    out["broadcast"] = [listed[0]["x"].tolist(), listed[1]]
+    refused: list[Any] = [NotAllowed() if rank == 0 else None]
+    try:
+        dist.broadcast_object_list(refused, src=0, weights_only=True)
+        out["refused"] = rank == 0
+    except Exception as exc:
+        out["refused"] = type(exc).__name__
+    if disagree:
+        mine = rank != 1
+        gathered: list[Any] = [None] * world_size
+        try:
+            dist.all_gather_object(gathered, rank, weights_only=mine)
+            out["disagree"] = "no error"
+        except Exception as exc:  # torch >= 2.14: its own error; compatshim: a RuntimeError
+            out["disagree"] = f"{type(exc).__name__}: {exc}"
+    out["used"] = next(r.used for r in compatshim.status() if r.name == "removed-names")
+    return out

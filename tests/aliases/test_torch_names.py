@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from compatshim.aliases.table import TABLE  # noqa: E402
 
-TORCH_ENTRIES = [a for a in TABLE if a.module == "torch.distributed"]
+TORCH_ENTRIES = [a for a in TABLE if a.module == "torch.distributed" and a.provides == "attribute"]
 
 
 @pytest.mark.parametrize("name", [a.attribute for a in TORCH_ENTRIES])
@@ -61,3 +61,29 @@ def test_renamed_collectives_on_four_gloo_ranks_equal_the_old_names() -> None:
     provided = {a.attribute for a in TORCH_ENTRIES if a.attribute not in vars(torch.distributed)}
     for name in provided & {"gather_single", "set_timeout"}:
         assert f"torch.distributed.{name}" in results[0]["used"]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_object_collectives_weights_only_on_four_gloo_ranks() -> None:
+    """weights_only=True round-trips what torch.load(weights_only=True) accepts, refuses the
+    rest on the receiving ranks, equals the plain result, and ranks that disagree all get a
+    clear error instead of a hang or a pickle error."""
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed unavailable")
+    from aliases.dist_workers import object_collectives
+    from harness.dist import run_ranks
+
+    lacking = (
+        "weights_only"
+        not in __import__("inspect").signature(torch.distributed.all_gather_object).parameters
+    )
+    results = run_ranks(object_collectives, world_size=4, args=(True,), timeout=150)
+    for rank, out in enumerate(results):
+        for safe_rank, safe_t, plain_rank, plain_t in out["all_gather"]:
+            assert (safe_rank, safe_t) == (plain_rank, plain_t)
+        assert out["broadcast"] == [[1.0, 1.0], "text"]
+        assert out["refused"] == (True if rank == 0 else "UnpicklingError")
+        assert out["disagree"] != "no error"
+        if lacking:
+            assert "all ranks must pass the same value" in out["disagree"]
+            assert "torch.distributed.all_gather_object(weights_only=)" in out["used"]

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from typing import Literal
 
     Kind = Literal["identical", "adapter"]
-    Provides = Literal["module", "attribute"]
+    Provides = Literal["module", "attribute", "keyword"]
 
 
 class Alias:
@@ -71,12 +71,19 @@ class Alias:
 
     @property
     def module(self) -> str:
-        """The module an attribute alias lives in (the name itself for a module alias)."""
-        return self.name if self.provides == "module" else self.name.rpartition(".")[0]
+        """The module an attribute or keyword lives in (the name itself for a module alias)."""
+        if self.provides == "module":
+            return self.name
+        return self.name.partition("(")[0].rpartition(".")[0]
 
     @property
     def attribute(self) -> str:
         return self.name.rpartition(".")[2]
+
+    @property
+    def function(self) -> str:
+        """For a keyword entry ``mod.fn(kw=)``: ``fn``."""
+        return self.attribute.partition("(")[0]
 
     def __repr__(self) -> str:
         return (
@@ -214,6 +221,30 @@ TABLE: tuple[Alias, ...] = (
             "gather_list, dst, group, async_op, group_dst) only"
         ),
     ),
+    *(
+        Alias(
+            f"torch.distributed.{name}(weights_only=)",
+            provides="keyword",
+            kind="adapter",
+            distribution="torch",
+            needs="<2.14",
+            target="compatshim.aliases.collectives.apply_weights_only",
+            evidence=(
+                f"torch 2.14.0: {name}(..., weights_only: bool = False): True serialises with "
+                "torch.save and loads with torch.load(weights_only=True) (exceptions and "
+                "traceback summaries allow-listed), 'All ranks must pass the same value'; "
+                f"torch 2.13.0 {name} has no weights_only (a TypeError)"
+            ),
+        )
+        for name in (
+            "all_gather_object",
+            "gather_object",
+            "send_object_list",
+            "recv_object_list",
+            "broadcast_object_list",
+            "scatter_object_list",
+        )
+    ),
 )
 
 #: No entry, and why (claims checked against the released wheels).
@@ -236,5 +267,5 @@ def entries_for(module: str) -> tuple[Alias, ...]:
 
 MODULE_ALIASES: tuple[Alias, ...] = tuple(a for a in TABLE if a.provides == "module")
 ATTRIBUTE_MODULES: tuple[str, ...] = tuple(
-    dict.fromkeys(a.module for a in TABLE if a.provides == "attribute")
+    dict.fromkeys(a.module for a in TABLE if a.provides != "module")
 )

@@ -73,7 +73,13 @@ def probe(module: ModuleType) -> bool:
         return _finder() is None and bool(_modules_missing())
     from ..aliases.attributes import missing
 
-    return bool(missing(module))
+    if missing(module):
+        return True
+    if module.__name__ == "torch.distributed":
+        from ..aliases.collectives import keyword_missing
+
+        return bool(keyword_missing(module))
+    return False
 
 
 def apply(module: ModuleType, patcher: Patcher) -> None:
@@ -87,6 +93,10 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
     from ..aliases.attributes import apply as provide
 
     provide(module, patcher)
+    if module.__name__ == "torch.distributed":
+        from ..aliases.collectives import apply_weights_only
+
+        apply_weights_only(module, patcher)
 
 
 PATCH = Patch(
