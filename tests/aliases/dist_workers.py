@@ -17,25 +17,38 @@ def through_aliases(rank: int, world_size: int) -> dict[str, Any]:
     compatshim.install()
     out: dict[str, Any] = {}
     x = torch.arange(3, dtype=torch.float32) + 10 * rank
-    new = torch.empty(world_size * 3)
-    old = torch.empty(world_size * 3)
-    dist.all_gather_single(new, x)
-    dist.all_gather_into_tensor(old, x)
-    out["all_gather_single"] = (new.tolist(), old.tolist())
     big = torch.arange(world_size * 2, dtype=torch.float32) * (rank + 1)
-    new_r, old_r = torch.empty(2), torch.empty(2)
-    dist.reduce_scatter_single(new_r, big.clone())
-    dist.reduce_scatter_tensor(old_r, big.clone())
-    out["reduce_scatter_single"] = (new_r.tolist(), old_r.tolist())
+
+    def outcome(collective: Any, output: Any, given: Any) -> Any:
+        """The output, or the error (torch 2.1's gloo has neither old nor new collective)."""
+        try:
+            collective(output, given.clone())
+        except RuntimeError as exc:
+            return f"raises RuntimeError: {exc}"
+        return output.tolist()
+
+    for new, old, size, given in (
+        ("all_gather_single", "all_gather_into_tensor", world_size * 3, x),
+        ("reduce_scatter_single", "reduce_scatter_tensor", 2, big),
+    ):
+        out[new] = (
+            outcome(getattr(dist, new), torch.empty(size), given),
+            outcome(getattr(dist, old), torch.empty(size), given),
+        )
     gathered = torch.empty(world_size, 3) if rank == 0 else None
-    dist.gather_single(x, gathered, dst=0)
     listed = [torch.empty(3) for _ in range(world_size)] if rank == 0 else None
-    dist.gather(x, listed, dst=0)
-    out["gather_single"] = (
-        gathered.flatten().tolist() if gathered is not None else None,
-        torch.cat(listed).tolist() if listed is not None else None,
-    )
-    dist.set_timeout(timedelta(seconds=90))
+    try:
+        dist.gather_single(x, gathered, dst=0)
+    except RuntimeError as exc:  # torch 2.14+'s own gather_single: gloo does not implement it
+        out["gather_single"] = f"unsupported: {exc}"
+    else:
+        dist.gather(x, listed, dst=0)
+        out["gather_single"] = (
+            gathered.flatten().tolist() if gathered is not None else None,
+            torch.cat(listed).tolist() if listed is not None else None,
+        )
+    if hasattr(dist, "set_timeout"):  # torch 2.1 has neither set_timeout nor _set_pg_timeout
+        dist.set_timeout(timedelta(seconds=90))
     dist.barrier()
     out["used"] = next(r.used for r in compatshim.status() if r.name == "removed-names")
     return out

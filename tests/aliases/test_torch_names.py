@@ -42,10 +42,6 @@ def test_alias_is_its_target_where_it_applies_and_absent_where_not(name: str) ->
 def test_renamed_collectives_on_four_gloo_ranks_equal_the_old_names() -> None:
     if not torch.distributed.is_available():
         pytest.skip("torch.distributed unavailable")
-    if not hasattr(torch.distributed.distributed_c10d, "_set_pg_timeout") and not hasattr(
-        torch.distributed, "set_timeout"
-    ):
-        pytest.skip("this torch has neither set_timeout nor _set_pg_timeout")
     from aliases.dist_workers import through_aliases
     from harness.dist import run_ranks
 
@@ -54,13 +50,19 @@ def test_renamed_collectives_on_four_gloo_ranks_equal_the_old_names() -> None:
         for name in ("all_gather_single", "reduce_scatter_single"):
             new, old = out[name]
             assert new == old, (rank, name)
+        if "gather_single" in vars(torch.distributed) and isinstance(out["gather_single"], str):
+            continue  # torch's own gather_single, which gloo does not support (2.14, 2.15)
         new, old = out["gather_single"]
         assert new == old, rank
         if rank == 0:
             assert new == [v + 10 * r for r in range(4) for v in range(3)]
-    provided = {a.attribute for a in TORCH_ENTRIES if a.attribute not in vars(torch.distributed)}
-    for name in provided & {"gather_single", "set_timeout"}:
-        assert f"torch.distributed.{name}" in results[0]["used"]
+    used = results[0]["used"]
+    if "gather_single" not in vars(torch.distributed):
+        assert "torch.distributed.gather_single" in used
+    if "set_timeout" not in vars(torch.distributed) and hasattr(
+        torch.distributed.distributed_c10d, "_set_pg_timeout"
+    ):
+        assert "torch.distributed.set_timeout" in used
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -93,9 +93,9 @@ def _disagree(mine: bool) -> RuntimeError:
 
 
 def _object_to_tensor(original: Any) -> Any:
-    def object_to_tensor(obj: Any, device: Any, group: Any, *rest: Any) -> Any:
+    def object_to_tensor(obj: Any, device: Any, *rest: Any) -> Any:  # rest: group (2.2+)
         if not _weights_only_mode().get():
-            return original(obj, device, group, *rest)
+            return original(obj, device, *rest)
         import io
 
         import torch
@@ -111,13 +111,13 @@ def _object_to_tensor(original: Any) -> Any:
 
 
 def _tensor_to_object(original: Any) -> Any:
-    def tensor_to_object(tensor: Any, tensor_size: Any, group: Any, *rest: Any) -> Any:
+    def tensor_to_object(tensor: Any, tensor_size: Any, *rest: Any) -> Any:
         weights_only = bool(_weights_only_mode().get())
         head = bytes(tensor[: len(_ZIP_MAGIC)].cpu().tolist())
         if (head == _ZIP_MAGIC) != weights_only:
             raise _disagree(weights_only)
         if not weights_only:
-            return original(tensor, tensor_size, group, *rest)
+            return original(tensor, tensor_size, *rest)
         import io
         import traceback
 
