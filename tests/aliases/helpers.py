@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def child_env(extra_path: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("COMPATSHIM_AUTO", None)
-    paths = [str(ROOT / "src"), str(ROOT / "tests")]
+    paths = [str(ROOT / "src")]  # not tests/: its lightning/ folder would pass for a package
     if extra_path:
         paths.insert(0, extra_path)
     env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
@@ -55,9 +55,13 @@ def real_module_findable(name: str) -> bool:
     return PathFinder.find_spec(name) is not None
 
 
-def skip_unless_installed(module: str) -> None:
+def skip_unless_installed(distribution: str) -> None:
     """``importorskip`` without importing (the module may need the alias being tested)."""
+    from importlib import metadata
+
     import pytest
 
-    if not real_module_findable(module):
-        pytest.skip(f"{module} is not installed")
+    try:
+        metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        pytest.skip(f"{distribution} is not installed")

@@ -44,7 +44,7 @@ def test_import_lightning_fails_plain_and_works_armed() -> None:
 @needs_subset
 def test_lightning_utilities_answers_equal_setuptools81() -> None:
     """Lightning's own checks answer as they did with setuptools 81's real pkg_resources."""
-    skip_unless_installed("lightning_utilities")
+    skip_unless_installed("lightning-utilities")
     reference = json.loads(REFERENCE.read_text())
     done = subprocess.run(
         [sys.executable, "-W", "ignore", str(HERE / "pkg_resources_answers.py"), "--armed"],

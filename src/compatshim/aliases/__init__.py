@@ -1,10 +1,12 @@
 """Removed and renamed names, provided where they are missing (the ``removed-names`` patch).
 
 :mod:`.table` lists every entry; :mod:`.finder` provides missing modules,
-:mod:`.attributes` missing attributes. Both are armed by ``compatshim.install()``
-(or ``COMPATSHIM_AUTO=1``) through the ``removed-names`` patch, and both undo
-everything on ``compatshim.uninstall()``. ``compatshim.status()`` lists the
-entries this process used under that patch's ``used``.
+:mod:`.attributes` missing attributes, :mod:`.collectives` the torch.distributed
+adapters (``gather_single``, ``weights_only=`` on the object collectives). All
+are armed by ``compatshim.install()`` (or ``COMPATSHIM_AUTO=1``) through the
+``removed-names`` patch, and all undo everything on ``compatshim.uninstall()``.
+``compatshim.status()`` lists the entries this process used under that patch's
+``used``.
 """
 
 from __future__ import annotations

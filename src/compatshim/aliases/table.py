@@ -10,7 +10,9 @@ the caller). An entry is provided only
   the name; read from metadata, never by importing), and
 - where the real name is absent: a module only when no other finder on
   ``sys.meta_path`` (``PathFinder`` included) can find it, an attribute only
-  when the module neither has it nor answers for it in its own ``__getattr__``.
+  when the module neither has it nor answers for it in its own ``__getattr__``,
+  a keyword (``weights_only=`` of the object collectives) only when the
+  function's signature lacks it.
 
 Names whose meaning changed are never aliased: ``np.bool`` (numpy 2: the
 numpy bool scalar) and ``np.long`` (numpy 2: C ``long``), and ``np.object`` /

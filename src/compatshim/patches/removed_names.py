@@ -5,8 +5,9 @@ What breaks
     removed: ``import pkg_resources`` under setuptools >= 82 (``import lightning``
     on Lightning <= 2.3.3), ``np.row_stack`` on numpy 2.5, ``torch._six``,
     ``torchvision.transforms.functional_tensor``, ``np.float``; and code
-    written for newer torch calls ``dist.all_gather_single`` or
-    ``dist.set_timeout`` on releases that predate them.
+    written for newer torch calls ``dist.all_gather_single``,
+    ``dist.set_timeout``, ``dist.gather_single`` or passes ``weights_only=`` to
+    an object collective on releases that predate them.
 
 Which versions
     Each entry of :data:`compatshim.aliases.table.TABLE` names the releases
@@ -21,13 +22,15 @@ How it is detected
 The fix
     :class:`~compatshim.aliases.finder.AliasFinder` appended to
     ``sys.meta_path``; a module ``__getattr__`` for the attributes
-    (:mod:`compatshim.aliases.attributes`). Silent; every use is recorded and
-    listed in ``status()`` (``used``).
+    (:mod:`compatshim.aliases.attributes`); the object collectives of
+    ``torch.distributed`` and ``distributed_c10d`` wrapped to take
+    ``weights_only=`` (:mod:`compatshim.aliases.collectives`). Silent; every use
+    is recorded and listed in ``status()`` (``used``).
 
 The revert
     The finder leaves ``sys.meta_path``, the modules it provided leave
-    ``sys.modules`` and their parent package, the modules' ``__getattr__`` is
-    restored, all through the :class:`Patcher`.
+    ``sys.modules`` and their parent package, the modules' ``__getattr__`` and
+    the wrapped collectives are restored, all through the :class:`Patcher`.
 """
 
 from __future__ import annotations
