@@ -161,6 +161,19 @@ def _accepting_weights_only(original: Any, on_use: Any) -> Any:
             mode.reset(token)
 
     collective._compatshim_weights_only = True  # type: ignore[attr-defined]
+    try:  # inspect.signature shows weights_only, as on torch 2.14 (code probes for it)
+        import inspect
+
+        signature = inspect.signature(original)
+        keyword = inspect.Parameter(
+            "weights_only", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=bool
+        )
+        params = [p for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD]
+        collective.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[*params, keyword]
+        )
+    except (TypeError, ValueError):
+        pass
     return collective
 
 
