@@ -18,6 +18,7 @@ LOGGER = "compatshim"
 _KEEP_PER_PATCH = 8
 _pending: list[str] = []
 _by_patch: dict[str, list[str]] = {}
+_used: dict[str, list[str]] = {}
 _stderr_attached = False
 
 
@@ -34,6 +35,18 @@ def record(patch: str, event: str, detail: str = "") -> None:
 
 def recent(patch: str) -> list[str]:
     return list(_by_patch.get(patch, ()))
+
+
+def note_use(patch: str, entry: str) -> None:
+    """Note that this process used ``entry`` of ``patch`` (once; ``status()`` lists it)."""
+    used = _used.setdefault(patch, [])
+    if entry not in used:
+        used.append(entry)
+        record(patch, "used", entry)
+
+
+def used(patch: str) -> list[str]:
+    return list(_used.get(patch, ()))
 
 
 def _flush() -> None:

@@ -209,13 +209,13 @@ def _wait_for_other_threads(name: str) -> None:
     import lock; in the importing thread itself, or when waiting would deadlock,
     it returns the half-built module at once, and the callback stays deferred.
     """
-    from importlib import import_module
-
     for prefix in _chain(name):
         module = sys.modules.get(prefix)
         if module is None:
             return
         if _initialising(module):
+            from importlib import import_module  # only here: importlib costs start-up time
+
             try:
                 import_module(prefix)
             except Exception:  # importlib's deadlock guard, or the import failed there

@@ -47,6 +47,8 @@ class PatchStatus:
     error: str | None = None
     version_note: str | None = None
     decisions: list[str] = field(default_factory=list)
+    #: entries of the patch this process actually used (aliases read or imported), in order
+    used: list[str] = field(default_factory=list)
 
     def __getitem__(self, key: str) -> Any:
         """``row["name"]``: rows were plain dicts before 0.2, and scripts read them that way."""

@@ -511,6 +511,7 @@ def _status_row(record: type[PatchStatus], state: _State, disabled: bool) -> Pat
         error=state.error,
         version_note=note,
         decisions=_decisions.recent(state.name),
+        used=_decisions.used(state.name),
     )
 
 

@@ -60,6 +60,10 @@ def installed_version(distribution: str) -> str | None:
 
         return ".".join(map(str, sys.version_info[:3]))
     if distribution not in _cache:
+        if _normalise(distribution) == "compatshim":  # ourselves, installed or not
+            from . import __version__
+
+            return __version__
         version = _from_dist_info(distribution)
         if version is None:  # egg-info, zipped or unusual layouts
             version = _from_metadata(distribution)
@@ -78,6 +82,8 @@ def position(
     """
     if version is None:
         return None, f"{distribution} is not installed"
+    if not requires and not tested:  # nothing declared (a table of entries gates itself)
+        return "untested", None
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
     from packaging.version import InvalidVersion, Version
 

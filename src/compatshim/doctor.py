@@ -85,12 +85,14 @@ def patch_row(patch: PatchStatus) -> DoctorRow:
         detail = f"{where}: defect absent, nothing to do"
     else:
         note = ""
-        if not patch.in_range:
+        if not patch.in_range and patch.tested:
             note = f" ({patch.version_note or 'outside the tested range ' + patch.tested}; "
             note += "the probe decided)"
         detail = f"{where}: {patch.description}{note}"
     if patch.error and present is not None:
         detail += f" [error: {patch.error}]"
+    if patch.used:  # entries a process used (in the user's process: compatshim.status())
+        detail += f"; used: {', '.join(patch.used)}"
     return DoctorRow(
         name=patch.name,
         kind="patch",
@@ -98,6 +100,7 @@ def patch_row(patch: PatchStatus) -> DoctorRow:
         present=present,
         fixed=(bool(patch.fixed) and not patch.disabled) if present else None,
         detail=detail,
+        extra={"used": list(patch.used)} if patch.used else {},
     )
 
 

@@ -25,6 +25,7 @@ CATALOGUE = (
     "torch_load_safe_globals",
     "numpy_core_names",
     "multiprocessing_pickle_paths",
+    "removed_names",
 )
 
 

@@ -1,0 +1,57 @@
+"""Removed and renamed names, provided where they are missing (the ``removed-names`` patch).
+
+:mod:`.table` lists every entry; :mod:`.finder` provides missing modules,
+:mod:`.attributes` missing attributes, :mod:`.collectives` the torch.distributed
+adapters (``gather_single``, ``weights_only=`` on the object collectives). All
+are armed by ``compatshim.install()`` (or ``COMPATSHIM_AUTO=1``) through the
+``removed-names`` patch, and all undo everything on ``compatshim.uninstall()``.
+``compatshim.status()`` lists the entries this process used under that patch's
+``used``.
+"""
+
+from __future__ import annotations
+
+from .table import TABLE, Alias
+
+__all__ = ["PATCH_NAME", "TABLE", "Alias", "needed", "resolve", "used"]
+
+PATCH_NAME = "removed-names"
+
+
+def needed(alias: Alias) -> bool:
+    """Whether the installed release of ``alias.distribution`` is one that lacks the name."""
+    from .._versions import installed_version
+
+    version = installed_version(alias.distribution)
+    if version is None:
+        return alias.when_not_installed
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return SpecifierSet(alias.needs).contains(Version(version), prereleases=True)
+    except (InvalidSpecifier, InvalidVersion):  # unreadable: provide nothing
+        return False
+
+
+def resolve(dotted: str) -> object:
+    """The object at ``module.attr`` (the module is imported: it is the target's own package)."""
+    import sys
+    from importlib import import_module
+
+    module_name, _, attribute = dotted.rpartition(".")
+    module = sys.modules.get(module_name) or import_module(module_name)
+    return getattr(module, attribute)
+
+
+def note_use(alias: Alias) -> None:
+    from .. import _decisions
+
+    _decisions.note_use(PATCH_NAME, alias.name)
+
+
+def used() -> list[str]:
+    """The entries this process has used so far (also in ``status()``)."""
+    from .. import _decisions
+
+    return _decisions.used(PATCH_NAME)

@@ -1,0 +1,91 @@
+"""torch.distributed names: each alias ``is`` its target where it applies, absent where not."""
+
+from __future__ import annotations
+
+import pytest
+
+from aliases.helpers import run
+
+torch = pytest.importorskip("torch")
+
+from compatshim.aliases.table import TABLE  # noqa: E402
+
+TORCH_ENTRIES = [a for a in TABLE if a.module == "torch.distributed" and a.provides == "attribute"]
+
+
+@pytest.mark.parametrize("name", [a.attribute for a in TORCH_ENTRIES])
+def test_alias_is_its_target_where_it_applies_and_absent_where_not(name: str) -> None:
+    found = run(
+        "import json, torch.distributed as dist, compatshim\n"
+        "from compatshim.aliases import needed, resolve\n"
+        "from compatshim.aliases.table import TABLE\n"
+        f"alias = [a for a in TABLE if a.name == 'torch.distributed.{name}'][0]\n"
+        f"real = vars(dist).get({name!r})\n"
+        "try:\n    target = resolve(alias.target)\nexcept (ImportError, AttributeError):\n"
+        "    target = None\n"
+        "compatshim.install()\n"
+        f"value = getattr(dist, {name!r}, None)\n"
+        "armed = [value is real if real is not None else value is target, value is None]\n"
+        "compatshim.uninstall()\n"
+        f"print(json.dumps([real is not None, needed(alias), target is not None, armed, "
+        f"getattr(dist, {name!r}, None) is real]))"
+    )
+    has_real, is_needed, has_target, (is_expected, is_absent), restored = found
+    assert is_expected, found
+    assert restored
+    if has_real or (is_needed and has_target):
+        assert not is_absent
+    else:
+        assert is_absent  # nothing provided where the release does not need it
+
+
+def test_renamed_collectives_on_four_gloo_ranks_equal_the_old_names() -> None:
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed unavailable")
+    from aliases.dist_workers import through_aliases
+    from harness.dist import run_ranks
+
+    results = run_ranks(through_aliases, world_size=4, timeout=150)
+    for rank, out in enumerate(results):
+        for name in ("all_gather_single", "reduce_scatter_single"):
+            new, old = out[name]
+            assert new == old, (rank, name)
+        if "gather_single" in vars(torch.distributed) and isinstance(out["gather_single"], str):
+            continue  # torch's own gather_single, which gloo does not support (2.14, 2.15)
+        new, old = out["gather_single"]
+        assert new == old, rank
+        if rank == 0:
+            assert new == [v + 10 * r for r in range(4) for v in range(3)]
+    used = results[0]["used"]
+    if "gather_single" not in vars(torch.distributed):
+        assert "torch.distributed.gather_single" in used
+    if "set_timeout" not in vars(torch.distributed) and hasattr(
+        torch.distributed.distributed_c10d, "_set_pg_timeout"
+    ):
+        assert "torch.distributed.set_timeout" in used
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_object_collectives_weights_only_on_four_gloo_ranks() -> None:
+    """weights_only=True round-trips what torch.load(weights_only=True) accepts, refuses the
+    rest on the receiving ranks, equals the plain result, and ranks that disagree all get a
+    clear error instead of a hang or a pickle error."""
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed unavailable")
+    from aliases.dist_workers import object_collectives
+    from harness.dist import run_ranks
+
+    lacking = (
+        "weights_only"
+        not in __import__("inspect").signature(torch.distributed.all_gather_object).parameters
+    )
+    results = run_ranks(object_collectives, world_size=4, args=(True,), timeout=150)
+    for rank, out in enumerate(results):
+        for safe_rank, safe_t, plain_rank, plain_t in out["all_gather"]:
+            assert (safe_rank, safe_t) == (plain_rank, plain_t)
+        assert out["broadcast"] == [[1.0, 1.0], "text"]
+        assert out["refused"] == (True if rank == 0 else "UnpicklingError")
+        assert out["disagree"] != "no error"
+        if lacking:
+            assert "all ranks must pass the same value" in out["disagree"]
+            assert "torch.distributed.all_gather_object(weights_only=)" in out["used"]
