@@ -30,6 +30,7 @@ import os
 import re
 from typing import IO, Any, Callable, Iterable
 
+from .._text import short
 from . import _safetensors, _tensors
 from ._container import (
     LEGACY_MAGIC,
@@ -40,7 +41,6 @@ from ._container import (
     sniff,
 )
 from ._machine import Source
-from ._objects import short
 from ._safe import Budget, SafeMachine, UserAllow, check_result
 from ._scan import ScanMachine, StorageDecl
 from .allowlist import lookup

@@ -22,7 +22,8 @@ import re
 from importlib import import_module
 from typing import Any, Callable
 
-from ._objects import bad, short
+from .._text import short
+from ._objects import bad
 from .errors import CheckpointError, UnsafeCheckpointError
 
 _SPEC = re.compile(r"[?biufcSUVMm]\d{0,9}")

@@ -14,22 +14,12 @@ import os
 import pathlib
 from typing import Any, Callable
 
+from .._text import short
 from .errors import CheckpointError, UnsafeCheckpointError
 
 Constructor = Callable[[Any, tuple[Any, ...]], Any]
 _PLAIN = (int, float, str, bytes, bool, type(None), complex)
 _FACTORIES = {list, dict, set, int, float, str, tuple, bool, bytes, collections.OrderedDict}
-
-
-def short(value: Any) -> str:
-    """A bounded description of a value from the file (never a deep repr)."""
-    if isinstance(value, (int, float, bool, type(None))):
-        text = repr(value)
-    elif isinstance(value, (str, bytes)):
-        text = repr(value[:40]) + ("..." if len(value) > 40 else "")
-    else:
-        return f"a {type(value).__name__}"
-    return text if len(text) < 60 else text[:57] + "..."
 
 
 def bad(what: str, args: tuple[Any, ...]) -> CheckpointError:

@@ -55,7 +55,7 @@ import typing
 from collections import defaultdict
 from typing import Any, Callable
 
-from ._objects import short
+from .._text import short
 from .errors import CheckpointError, UnsafeCheckpointError
 
 MAX_DEPTH = 100  # omegaconf recurses per level (to_container, merge): keep well below 1000

@@ -27,6 +27,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from .._text import short
 from . import _numpy, _objects, _omegaconf, _tensors
 from ._machine import MAX_NESTING, Machine, Source
 from .allowlist import Entry, lookup
@@ -450,7 +451,7 @@ class SafeMachine(Machine):
 
     def persistent_load(self, pid: Any) -> Any:
         if type(pid) is not tuple or not pid:
-            raise CheckpointError(f"persistent id is {_objects.short(pid)}, expected a tuple")
+            raise CheckpointError(f"persistent id is {short(pid)}, expected a tuple")
         typename = pid[0].decode("ascii", "replace") if type(pid[0]) is bytes else pid[0]
         if typename != "storage":
             extra = (
@@ -460,8 +461,8 @@ class SafeMachine(Machine):
                 else ""
             )
             raise UnsafeCheckpointError(
-                f"persistent id of type {_objects.short(typename)} refused{extra}",
-                (f"persistent id {_objects.short(typename)}",),
+                f"persistent id of type {short(typename)} refused{extra}",
+                (f"persistent id {short(typename)}",),
             )
         if self.storages is None or len(pid) < 2:
             raise UnsafeCheckpointError(

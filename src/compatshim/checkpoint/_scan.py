@@ -15,8 +15,8 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._text import short
 from ._machine import Machine, Source
-from ._objects import short
 from ._tensors import STORAGE_DTYPES
 
 TENSOR_REBUILDS = frozenset(

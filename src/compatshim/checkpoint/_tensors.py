@@ -12,7 +12,8 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable
 
-from ._objects import bad, is_dunder, short
+from .._text import short
+from ._objects import bad, is_dunder
 from .errors import CheckpointError, UnsafeCheckpointError
 
 MAX_DIMS = 64

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..checkpoint._objects import short
+from .._text import short
 from .errors import RNGStateError
 from .state import (
     MAX_STATE_ELEMENTS,

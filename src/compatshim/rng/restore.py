@@ -7,7 +7,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..checkpoint._objects import short
+from .._text import short
 from . import devices
 from .capture import GENERATOR_LOCK, distributed_position
 from .derive import derived_cuda, derived_parts, derived_seed, material_digest

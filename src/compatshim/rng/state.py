@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from ..checkpoint._objects import short
+from .._text import short
 from .errors import RNGStateError
 
 STATE_FORMAT = "compatshim.rng.state"

@@ -1,0 +1,26 @@
+"""Bounded text of values that come from a file or another process.
+
+The one place such a value becomes text: ``str()``/``repr()`` of a file-controlled
+object can be exponential in its size (a memo DAG of lists) or run its code, so
+everything else calls :func:`short`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["short"]
+
+
+def short(value: Any) -> str:
+    """A bounded description of a value from the file (never a deep repr, never its own code)."""
+    kind = type(value)
+    if kind is int and value.bit_length() > 128:  # repr is quadratic, and raises past 4300 digits
+        return f"an int of {value.bit_length()} bits"
+    if kind in (int, float, bool, type(None)):
+        text = repr(value)
+    elif kind in (str, bytes):
+        text = repr(value[:40]) + ("..." if len(value) > 40 else "")
+    else:
+        return f"a {type(value).__name__}"
+    return text if len(text) < 60 else text[:57] + "..."
