@@ -89,6 +89,10 @@ def _global_lines(info: CheckpointInfo) -> list[str]:
             lines.append(f"      known dangerous: {use.dangerous}")
         elif use.allow:
             lines.append(f"      to allow it for one call: {printable(use.allow, 2 * MAX_SHOWN)}")
+            lines.append(
+                "      for every load in the process (torch.load too): "
+                f"COMPATSHIM_ALLOW={printable(use.name, 2 * MAX_SHOWN)}"
+            )
         else:
             lines.append("      not a Python name: no module defines it, nothing can allow it")
     return lines
