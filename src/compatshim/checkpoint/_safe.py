@@ -37,6 +37,7 @@ class Role:
     kind: str  # an allowlist kind, or "user" for the call's allow=
     key: str
     obj: Any
+    entry: Entry | None = None
 
 
 def handler_key(entry: Entry) -> str:
@@ -144,12 +145,17 @@ class SafeMachine(Machine):
             obj = entry.resolve()
         except LookupError as exc:
             raise refused(entry.qualname, str(exc)) from None
-        self._roles[id(obj)] = Role(entry.qualname, entry.kind, handler_key(entry), obj)
+        self._roles[id(obj)] = Role(entry.qualname, entry.kind, handler_key(entry), obj, entry)
         return obj
 
     def role_of(self, value: Any) -> Role | None:
         role = self._roles.get(id(value))
         return role if role is not None and role.obj is value else None
+
+    def entry_of(self, value: Any) -> Entry | None:
+        """The allowlist entry ``value`` was resolved from in this load (None: not from it)."""
+        role = self.role_of(value)
+        return role.entry if role is not None else None
 
     # ------------------------------------------------------------------ registration
     def register_builder(self, obj: Any, builder: Builder) -> None:
@@ -169,8 +175,10 @@ class SafeMachine(Machine):
         kind = role.kind
         if kind == "user":
             return self._call_user(func, args)
-        if kind == "constant":
+        if kind in ("constant", "method"):
             raise UnsafeCheckpointError(f"{role.qualname} may not be called", (role.qualname,))
+        if kind == "rule" and role.entry is not None and role.entry.args is not None:
+            return _objects.RULES[role.entry.args](args, self.entry_of)
         if kind == "enum":
             return _objects.enum_member(func, args)
         if kind in ("instance", "dict-subclass"):
@@ -433,5 +441,6 @@ _PLAIN_MODULES = frozenset(
         "pytorch_lightning.utilities.parsing",
         "deepspeed.runtime.fp16.loss_scaler",
         "deepspeed.utils.tensor_fragment",
+        "mmengine.logging.history_buffer",
     }
 )
