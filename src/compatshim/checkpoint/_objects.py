@@ -274,7 +274,7 @@ def method_of_listed_class(args: tuple[Any, ...], entry_of: Callable[[Any], Entr
     ``__getattr__`` runs.
     """
     if len(args) != 2 or type(args[1]) is not str or len(args[1]) > 200:
-        raise _getattr_refused(args, "exactly (class, name) is accepted")
+        raise _getattr_refused(args, "exactly (class, name), name a short str, is accepted")
     owner, name = args
     owner_entry = entry_of(owner)
     if owner_entry is None or owner_entry.kind not in ("instance", "dict-subclass"):
