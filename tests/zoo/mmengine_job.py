@@ -14,6 +14,7 @@ resume and at the end is recorded. One ``RESULT {json}`` line on stdout.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import traceback
 from pathlib import Path
@@ -21,6 +22,14 @@ from typing import Any
 
 PATCH = "torch-load-safe-globals"
 STATES: dict[str, Any] = {}
+RETRIED: list[str] = []
+
+
+class _Keep(logging.Handler):
+    """compatshim logs each decision (a retried load among them) on its logger."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        RETRIED.append(record.getMessage())
 
 
 def _tensors(mapping: Any) -> Any:
@@ -111,6 +120,8 @@ def _runner(folder: Path, name: str, **extra: Any) -> Any:
 
 def main() -> None:
     mode, folder = sys.argv[1], Path(sys.argv[2])
+    logging.getLogger("compatshim").setLevel(logging.DEBUG)
+    logging.getLogger("compatshim").addHandler(_Keep())
     result: dict[str, Any] = {"mode": mode}
     installed: list[str] = []
     try:
@@ -145,6 +156,7 @@ def main() -> None:
         result["restored"] = torch.load.__module__ == "torch.serialization"
     result["installed"] = installed
     result["states"] = STATES
+    result["retried"] = [line for line in RETRIED if "retried" in line]
     result["compatshim_imported"] = "compatshim" in sys.modules
     print("RESULT " + json.dumps(result))
 
