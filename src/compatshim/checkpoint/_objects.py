@@ -265,13 +265,13 @@ def set_instance_dict(inst: Any, state: Any, what: str) -> None:
     object.__getattribute__(inst, "__dict__").update(state)
 
 
-def method_of_listed_class(args: tuple[Any, ...], entry_of: Callable[[Any], Entry | None]) -> Any:
+def method_of_listed_class(args: tuple[Any, ...], entry_of: Callable[[Any], Entry | None]) -> Entry:
     """``getattr(cls, name)``, read and not called: the ``method`` row ``Class.name`` of the table.
 
     ``entry_of`` gives the allowlist entry an object was resolved from in
-    this load (None: not from the table). The function comes from
-    ``vars(cls)`` (:func:`allowlist.class_function`), so no descriptor or
-    ``__getattr__`` runs.
+    this load (None: not from the table). The row's function is checked to be
+    ``vars(cls)[name]`` (:func:`allowlist.class_function`: no descriptor or
+    ``__getattr__`` runs); the loader then resolves the row as if named.
     """
     if len(args) != 2 or type(args[1]) is not str or len(args[1]) > 200:
         raise _getattr_refused(args, "exactly (class, name), name a short str, is accepted")
@@ -288,7 +288,7 @@ def method_of_listed_class(args: tuple[Any, ...], entry_of: Callable[[Any], Entr
             raise LookupError("another function than the listed one")
     except LookupError as exc:
         raise _getattr_refused(args, str(exc)) from None
-    return found
+    return row
 
 
 def _getattr_refused(args: tuple[Any, ...], why: str) -> UnsafeCheckpointError:
@@ -296,5 +296,5 @@ def _getattr_refused(args: tuple[Any, ...], why: str) -> UnsafeCheckpointError:
     return UnsafeCheckpointError(f"builtins.getattr({shown}) refused: {why}", ("builtins.getattr",))
 
 
-Rule = Callable[[tuple[Any, ...], Callable[[Any], "Entry | None"]], Any]
+Rule = Callable[[tuple[Any, ...], Callable[[Any], "Entry | None"]], Entry]
 RULES: dict[str, Rule] = {"method-of-listed-class": method_of_listed_class}

@@ -178,7 +178,7 @@ class SafeMachine(Machine):
         if kind in ("constant", "method"):
             raise UnsafeCheckpointError(f"{role.qualname} may not be called", (role.qualname,))
         if kind == "rule" and role.entry is not None and role.entry.args is not None:
-            return _objects.RULES[role.entry.args](args, self.entry_of)
+            return self._resolve_entry(_objects.RULES[role.entry.args](args, self.entry_of))
         if kind == "enum":
             return _objects.enum_member(func, args)
         if kind in ("instance", "dict-subclass"):

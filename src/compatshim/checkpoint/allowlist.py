@@ -34,7 +34,8 @@ Kinds (what compatshim's loader does with each; see ``_objects.py``):
     ``getattr(Class, 'function')``); pushed as a value, never called.
 ``rule``
     a global the loader never calls: its :attr:`Entry.args` rule checks the
-    file's arguments and returns an existing object (``_objects.RULES``).
+    file's arguments and names the row whose object the call stands for
+    (``_objects.RULES``); that object is the result.
 
 Argument rules (:attr:`Entry.args`, for ``rule`` entries):
 
@@ -240,7 +241,7 @@ def _check_kind(entry: Entry, found: Any) -> None:
 _NUMPY = ">=1.21"
 _TORCH = ">=2.0"
 _DS = ">=0.10,<1"  # checked against the source of deepspeed 0.10.0 and 0.16.4
-_MMENGINE = ">=0.10,<0.11"  # Runner resume tested on 0.10.7 (tests/zoo/test_mmengine.py)
+_MMENGINE = ">=0.9,<0.11"  # Runner resume tested on 0.9.1, 0.10.4, 0.10.7 (tests/zoo)
 
 
 def _std(
