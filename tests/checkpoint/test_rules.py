@@ -6,7 +6,7 @@ function assigned from elsewhere, a class given by ``allow=``, calling the
 result) and must be refused with nothing run: the test class records every
 descriptor access, metaclass ``__getattr__`` and call. A test-only class is
 added to the table for the run; mmengine's real ``HistoryBuffer`` rows are
-tested where mmengine is installed.
+tested in tests/zoo/test_mmengine.py.
 """
 
 from __future__ import annotations
@@ -237,22 +237,3 @@ def test_rule_rows_are_well_formed() -> None:
             assert not entry.value_ok, f"{entry.qualname}: a callable kept out of results"
     getattr_row = lookup("builtins", "getattr")
     assert getattr_row is not None and getattr_row.args == "method-of-listed-class"
-
-
-# ---------------------------------------------------------------- mmengine's real rows
-def test_history_buffer_rows() -> None:
-    hb = pytest.importorskip("mmengine.logging.history_buffer")
-    owner = g("mmengine.logging.history_buffer", "HistoryBuffer")
-    before = dict(hb.HistoryBuffer._statistics_methods)
-    for name in ("min", "max", "current", "mean"):
-        assert run(getattr_(owner, s(name))) is vars(hb.HistoryBuffer)[name]
-    for name in ("update", "statistics", "register_statistics", "data", "__setstate__"):
-        refused(getattr_(owner, s(name)), "builtins.getattr")
-    # its state as mmengine pickles it: filled without __setstate__ (which writes a class dict)
-    state = b"}(" + s("statistics_methods") + b"}(" + s("evil") + getattr_(owner, s("min")) + b"u"
-    made = run(
-        call(g("copyreg", "_reconstructor"), owner, g("builtins", "object"), b"N") + state + b"ub"
-    )
-    assert type(made) is hb.HistoryBuffer
-    assert made.statistics_methods == {"evil": hb.HistoryBuffer.min}
-    assert hb.HistoryBuffer._statistics_methods == before  # no class-wide state changed

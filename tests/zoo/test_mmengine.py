@@ -17,6 +17,8 @@ import pytest
 
 pytest.importorskip("mmengine")
 
+from checkpoint.test_rules import call, g, getattr_, refused, run, s
+
 from .jobs import run_job, timeout_for, torch_loads_weights_only_by_default
 
 SCRIPT = "mmengine_job.py"
@@ -71,3 +73,23 @@ def test_armed_resume_ends_as_if_never_interrupted(runs: dict[str, Any]) -> None
         got_values, got_counts = end["history"][key]
         assert got_counts == counts, key
         assert got_values[: 8 if key in TIMING else None] == values[: 8 if key in TIMING else None]
+
+
+def test_history_buffer_rows() -> None:
+    """The table's getattr rule on the real class; its state filled without its __setstate__."""
+    import mmengine.logging.history_buffer as hb
+
+    owner = g("mmengine.logging.history_buffer", "HistoryBuffer")
+    before = dict(hb.HistoryBuffer._statistics_methods)
+    for name in ("min", "max", "current", "mean"):
+        assert run(getattr_(owner, s(name))) is vars(hb.HistoryBuffer)[name]
+    for name in ("update", "statistics", "register_statistics", "data", "__setstate__"):
+        refused(getattr_(owner, s(name)), "builtins.getattr")
+    # its state as mmengine pickles it: filled without __setstate__ (which writes a class dict)
+    state = b"}(" + s("statistics_methods") + b"}(" + s("evil") + getattr_(owner, s("min")) + b"u"
+    made = run(
+        call(g("copyreg", "_reconstructor"), owner, g("builtins", "object"), b"N") + state + b"ub"
+    )
+    assert type(made) is hb.HistoryBuffer
+    assert made.statistics_methods == {"evil": hb.HistoryBuffer.min}
+    assert hb.HistoryBuffer._statistics_methods == before  # no class-wide state changed
