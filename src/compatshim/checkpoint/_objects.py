@@ -15,6 +15,7 @@ import pathlib
 from typing import Any, Callable
 
 from .._text import short
+from .allowlist import Entry, class_function, lookup
 from .errors import CheckpointError, UnsafeCheckpointError
 
 Constructor = Callable[[Any, tuple[Any, ...]], Any]
@@ -264,3 +265,38 @@ def set_instance_dict(inst: Any, state: Any, what: str) -> None:
                 (f"BUILD {what}",),
             )
     object.__getattribute__(inst, "__dict__").update(state)
+
+
+def method_of_listed_class(args: tuple[Any, ...], entry_of: Callable[[Any], Entry | None]) -> Entry:
+    """``getattr(cls, name)``, read and not called: the ``method`` row ``Class.name`` of the table.
+
+    ``entry_of`` gives the allowlist entry an object was resolved from in
+    this load (None: not from the table). The row's function is checked to be
+    ``vars(cls)[name]`` (:func:`allowlist.class_function`: no descriptor or
+    ``__getattr__`` runs); the loader then resolves the row as if named.
+    """
+    if len(args) != 2 or type(args[1]) is not str or len(args[1]) > 200:
+        raise _getattr_refused(args, "exactly (class, name), name a short str, is accepted")
+    owner, name = args
+    owner_entry = entry_of(owner)
+    if owner_entry is None or owner_entry.kind not in ("instance", "dict-subclass"):
+        raise _getattr_refused(args, "only on a class from compatshim's allowlist")
+    row = lookup(owner_entry.module, f"{owner_entry.name}.{name}")
+    if row is None or row.kind != "method" or not row.applies():
+        raise _getattr_refused(args, f"{owner_entry.qualname}.{short(name)} is not a listed method")
+    try:
+        found = row.resolve()
+        if class_function(owner, name) is not found:
+            raise LookupError("another function than the listed one")
+    except LookupError as exc:
+        raise _getattr_refused(args, str(exc)) from None
+    return row
+
+
+def _getattr_refused(args: tuple[Any, ...], why: str) -> UnsafeCheckpointError:
+    shown = ", ".join(short(a) for a in args[:3])
+    return UnsafeCheckpointError(f"builtins.getattr({shown}) refused: {why}", ("builtins.getattr",))
+
+
+Rule = Callable[[tuple[Any, ...], Callable[[Any], "Entry | None"]], Entry]
+RULES: dict[str, Rule] = {"method-of-listed-class": method_of_listed_class}

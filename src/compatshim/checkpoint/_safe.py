@@ -100,12 +100,13 @@ class Role:
     kind: str  # an allowlist kind, or "user" for the call's allow=
     key: str
     obj: Any
+    entry: Entry | None = None
     value_ok: bool = True  # may appear in the result as a value
 
 
 def harmless_value(entry: Entry, obj: Any) -> bool:
     """A class or a non-callable may be returned as data; a function only if its entry says so."""
-    return isinstance(obj, type) or not callable(obj) or bool(getattr(entry, "value_ok", False))
+    return isinstance(obj, type) or not callable(obj) or entry.value_ok
 
 
 def handler_key(entry: Entry) -> str:
@@ -229,7 +230,7 @@ class SafeMachine(Machine):
         except LookupError as exc:
             raise refused(entry.qualname, str(exc)) from None
         self._roles[id(obj)] = Role(
-            entry.qualname, entry.kind, handler_key(entry), obj, harmless_value(entry, obj)
+            entry.qualname, entry.kind, handler_key(entry), obj, entry, harmless_value(entry, obj)
         )
         return obj
 
@@ -244,6 +245,11 @@ class SafeMachine(Machine):
     def role_of(self, value: Any) -> Role | None:
         role = self._roles.get(id(value))
         return role if role is not None and role.obj is value else None
+
+    def entry_of(self, value: Any) -> Entry | None:
+        """The allowlist entry ``value`` was resolved from in this load (None: not from it)."""
+        role = self.role_of(value)
+        return role.entry if role is not None else None
 
     # ------------------------------------------------------------------ registration
     def register_builder(self, obj: Any, builder: Builder) -> None:
@@ -264,8 +270,10 @@ class SafeMachine(Machine):
         kind = role.kind
         if kind == "user":
             return self._call_user(func, args)
-        if kind == "constant":
+        if kind in ("constant", "method"):
             raise UnsafeCheckpointError(f"{role.qualname} may not be called", (role.qualname,))
+        if kind == "rule" and role.entry is not None and role.entry.args is not None:
+            return self._resolve_entry(_objects.RULES[role.entry.args](args, self.entry_of))
         if kind == "enum":
             return _objects.enum_member(func, args)
         if kind in ("instance", "dict-subclass"):
@@ -608,5 +616,6 @@ _PLAIN_MODULES = frozenset(
         "pytorch_lightning.utilities.parsing",
         "deepspeed.runtime.fp16.loss_scaler",
         "deepspeed.utils.tensor_fragment",
+        "mmengine.logging.history_buffer",
     }
 )

@@ -27,6 +27,28 @@ Kinds (what compatshim's loader does with each; see ``_objects.py``):
 ``rebuild``
     a function compatshim re-implements with checked arguments (tensors,
     numpy arrays); the original is never called with the file's arguments.
+``method``
+    ``Class.function``: a plain function defined in the body of a class of
+    this table (read from ``vars(Class)``: no descriptor, no dunder), as
+    pickle writes a method reference (protocol 4+ names it, 2-3 spell it
+    ``getattr(Class, 'function')``); pushed as a value, never called.
+``rule``
+    a global the loader never calls: its :attr:`Entry.args` rule checks the
+    file's arguments and names the row whose object the call stands for
+    (``_objects.RULES``); that object is the result.
+
+Argument rules (:attr:`Entry.args`, for ``rule`` entries):
+
+``method-of-listed-class``
+    ``getattr(cls, name)`` with exactly two arguments: ``cls`` a class this
+    load resolved from this table, and ``Class.name`` a ``method`` row here
+    that applies to the installed release. Anything else (a module, a
+    dunder, a default, a name not listed, a staticmethod or property) is
+    refused, so plain ``getattr`` stays out.
+
+:attr:`Entry.value_ok` says an object may appear in the loaded result as a
+value (a harmless class or constant, a listed method); every other global
+only serves to build the result.
 
 omegaconf containers (2.1-2.4) are ``instance`` entries that the loader
 builds through ``_omegaconf.py`` instead (never omegaconf's ``__setstate__``):
@@ -51,8 +73,21 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Kind = Literal["constant", "constructor", "enum", "instance", "dict-subclass", "rebuild"]
-KINDS: tuple[str, ...] = ("constant", "constructor", "enum", "instance", "dict-subclass", "rebuild")
+Kind = Literal[
+    "constant", "constructor", "enum", "instance", "dict-subclass", "rebuild", "method", "rule"
+]
+KINDS: tuple[str, ...] = (
+    "constant",
+    "constructor",
+    "enum",
+    "instance",
+    "dict-subclass",
+    "rebuild",
+    "method",
+    "rule",
+)
+ArgRule = Literal["method-of-listed-class"]
+ARG_RULES: tuple[str, ...] = ("method-of-listed-class",)
 
 
 @dataclass(frozen=True)
@@ -67,6 +102,10 @@ class Entry:
     reason: str
     torch_safe: bool
     importable: bool = True
+    args: ArgRule | None = None
+    """For ``rule`` entries: the argument rule every call must pass (see the module doc)."""
+    value_ok: bool = False
+    """May appear in the loaded result as a value (harmless classes, constants, listed methods)."""
 
     @property
     def qualname(self) -> str:
@@ -95,7 +134,7 @@ class Entry:
                     continue
             if module is None:
                 continue
-            found = vars(module).get(self.name, _MISSING)
+            found = _member(self, module)
             if found is not _MISSING:
                 _check_kind(self, found)
                 return found
@@ -105,6 +144,38 @@ class Entry:
 
 
 _MISSING = object()
+
+
+def _member(entry: Entry, module: Any) -> Any:
+    """``module.name``; for a ``method`` row ``Class.function``, ``vars(Class)["function"]``."""
+    if entry.kind != "method":
+        return vars(module).get(entry.name, _MISSING)
+    owner_name, _, name = entry.name.partition(".")
+    owner = vars(module).get(owner_name, _MISSING)
+    if owner is _MISSING:
+        return _MISSING
+    return class_function(owner, name)
+
+
+def class_function(owner: Any, name: str) -> Any:
+    """``vars(owner)[name]`` when it is a plain function written in ``owner``'s own body.
+
+    No attribute lookup runs (no descriptor, no metaclass ``__getattr__``);
+    dunders, staticmethods, classmethods, properties, builtins and functions
+    defined elsewhere and assigned to the class are refused (LookupError).
+    """
+    import types
+
+    if not isinstance(owner, type) or not name.isidentifier() or name.startswith("__"):
+        raise LookupError("not a plain method name of a class")
+    found = vars(owner).get(name)
+    if (
+        type(found) is not types.FunctionType
+        or found.__qualname__ != f"{owner.__qualname__}.{name}"
+        or found.__module__ != owner.__module__
+    ):
+        raise LookupError(f"{owner.__qualname__}.{name} is not a function defined on the class")
+    return found
 
 
 def _installed(distribution: str) -> str | None:
@@ -175,14 +246,19 @@ def _check_kind(entry: Entry, found: Any) -> None:
 _NUMPY = ">=1.21"
 _TORCH = ">=2.0"
 _DS = ">=0.10,<1"  # checked against the source of deepspeed 0.10.0 and 0.16.4
+_MMENGINE = ">=0.9,<0.11"  # Runner resume tested on 0.9.1, 0.10.4, 0.10.7 (tests/zoo)
 
 
-def _std(module: str, name: str, kind: Kind, reason: str, torch_safe: bool, py: str = "") -> Entry:
-    return Entry(module, name, None, py, kind, reason, torch_safe)
+def _std(
+    module: str, name: str, kind: Kind, reason: str, torch_safe: bool, value_ok: bool = False
+) -> Entry:
+    return Entry(module, name, None, "", kind, reason, torch_safe, value_ok=value_ok)
 
 
-def _torch(name: str, kind: Kind, reason: str, module: str = "torch") -> Entry:
-    return Entry(module, name, "torch", _TORCH, kind, reason, torch_safe=True)
+def _torch(
+    name: str, kind: Kind, reason: str, module: str = "torch", value_ok: bool = False
+) -> Entry:
+    return Entry(module, name, "torch", _TORCH, kind, reason, torch_safe=True, value_ok=value_ok)
 
 
 _TORCH_DTYPES = [
@@ -313,6 +389,7 @@ def _build_table() -> tuple[Entry, ...]:
                 "constant",
                 "a builtin type used as a value (defaultdict factory, copyreg base); never called",
                 False,
+                value_ok=True,
             )
         )
     e += [
@@ -341,6 +418,16 @@ def _build_table() -> tuple[Entry, ...]:
         ),
         _std("collections", "deque", "constructor", "deque(list, maxlen int or None)", True),
         _std("argparse", "Namespace", "instance", "plain attribute holder, no __setstate__", True),
+        Entry(
+            "builtins",
+            "getattr",
+            None,
+            "",
+            "rule",
+            "never called: only getattr(<class from this table>, <its 'method' row>) is read",
+            torch_safe=False,
+            args="method-of-listed-class",
+        ),
     ]
     for name in ("datetime", "date", "time", "timedelta", "timezone"):
         e.append(
@@ -436,16 +523,17 @@ def _build_table() -> tuple[Entry, ...]:
                 "constant",
                 "a dtype class as a value; never called",
                 False,
+                value_ok=True,
             )
         )
     # ---- torch
     for name in _TORCH_DTYPES:
-        e.append(_torch(name, "constant", "a torch.dtype value"))
+        e.append(_torch(name, "constant", "a torch.dtype value", value_ok=True))
     for name in _STORAGE_TYPES:
         e.append(_torch(name, "constant", "a storage type naming a dtype in persistent ids"))
     e.append(_torch("UntypedStorage", "constant", "untyped storage type", module="torch.storage"))
     for name in ("contiguous_format", "channels_last", "channels_last_3d", "preserve_format"):
-        e.append(_torch(name, "constant", "a torch.memory_format value"))
+        e.append(_torch(name, "constant", "a torch.memory_format value", value_ok=True))
     e += [
         _torch("Size", "constructor", "torch.Size of non-negative ints"),
         _torch("device", "constructor", "torch.device(str[, int])"),
@@ -555,6 +643,32 @@ def _build_table() -> tuple[Entry, ...]:
         e.append(Entry(module, name, "omegaconf", versions, "instance", reason, torch_safe=False))
     for name in ("Any", "Dict", "List"):
         e.append(_std("typing", name, "constant", "a type annotation in omegaconf metadata", False))
+    # mmengine's MessageHub state (Runner checkpoints: mmdet, mmseg, mmpretrain, mmdet3d, ...)
+    e.append(
+        Entry(
+            "mmengine.logging.history_buffer",
+            "HistoryBuffer",
+            "mmengine",
+            _MMENGINE,
+            "instance",
+            "log history: numpy arrays and ints; its __setstate__ (writes a class-wide dict) is "
+            "never called, so not torch-safe",
+            torch_safe=False,
+        )
+    )
+    for name in ("min", "max", "current", "mean"):
+        e.append(
+            Entry(
+                "mmengine.logging.history_buffer",
+                f"HistoryBuffer.{name}",
+                "mmengine",
+                _MMENGINE,
+                "method",
+                "a statistics method HistoryBuffer pickles in its state; returned, never called",
+                torch_safe=False,
+                value_ok=True,
+            )
+        )
     return tuple(e)
 
 
@@ -568,8 +682,18 @@ def entries() -> tuple[Entry, ...]:
 
 
 def lookup(module: str, name: str) -> Entry | None:
-    """The entry for ``module.name`` (as the pickle names it), or None."""
-    return _INDEX.get((module, name))
+    """The entry for ``module.name`` (as the pickle names it), or None.
+
+    A ``method`` row ``module.Class.function`` is also found from a dotted
+    name split at its last dot (``("module.Class", "function")``).
+    """
+    found = _INDEX.get((module, name))
+    if found is None and "." in module:
+        owner_module, _, owner = module.rpartition(".")
+        found = _INDEX.get((owner_module, f"{owner}.{name}"))
+        if found is not None and found.kind != "method":
+            return None
+    return found
 
 
 def torch_safe_globals() -> list[Any]:
