@@ -29,6 +29,14 @@ RECORDED = (
     "transformers",
     "accelerate",
     "timm",
+    "mmengine",
+    "torchvision",
+    "deepspeed",
+    "torch-geometric",
+    "omegaconf",
+    "hydra-core",
+    "safetensors",
+    "setuptools",
     "pytest",
 )
 
