@@ -30,6 +30,10 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 TIMEOUT_S = 240
 
 pytestmark = pytest.mark.timeout(2 * TIMEOUT_S)
+UNGATED = {
+    "python": "the interpreter's version is not read from metadata",
+    "compatshim": "the patch gates each entry by its own distribution (compatshim.aliases.table)",
+}
 
 
 def _importable(patch: Patch, target: str) -> bool:
@@ -105,7 +109,9 @@ def _imports(patch: Patch) -> str:
 @pytest.mark.parametrize("name", sorted(CATALOGUE))
 def test_install_twice_then_uninstall_restores_every_attribute(name: str) -> None:
     patch = _patch(name)
-    roots = sorted({t.split(".")[0] for t in patch.targets})
+    # compatshim's own tables change by design (hooks, registry); what must come back is the
+    # frameworks' objects and the import system (its finders are in the snapshot)
+    roots = sorted({t.split(".")[0] for t in patch.targets} - {"compatshim"})
     out = _python(
         SNAPSHOT
         + _imports(patch)
@@ -138,8 +144,8 @@ def test_never_raises_into_the_import_under_w_error_with_unreadable_metadata(
     name: str, tmp_path: Path
 ) -> None:
     patch = _patch(name)
-    if patch.distribution == "python":
-        pytest.skip("the interpreter's version is not read from metadata")
+    if patch.distribution in UNGATED:
+        pytest.skip(UNGATED[patch.distribution])
     (tmp_path / f"{patch.distribution}-not.a.version.dist-info").mkdir()
     out = _python(
         "import compatshim\n"
@@ -156,8 +162,8 @@ def test_never_raises_into_the_import_under_w_error_with_unreadable_metadata(
 @pytest.mark.parametrize("name", sorted(CATALOGUE))
 def test_on_an_unknown_newer_release_the_probe_decides(name: str, tmp_path: Path) -> None:
     patch = _patch(name)
-    if patch.distribution == "python":
-        pytest.skip("the interpreter's version is not read from metadata")
+    if patch.distribution in UNGATED:
+        pytest.skip(UNGATED[patch.distribution])
     (tmp_path / f"{patch.distribution}-999.0.dist-info").mkdir()
     out = _python(
         "import compatshim, json\n"
