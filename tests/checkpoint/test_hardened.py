@@ -222,7 +222,8 @@ def test_control_armed_only_the_payload_runs(tmp_path: Path) -> None:
     script.write_text(
         "import json, sys, torch\n"
         "torch.load(sys.argv[1] + '/poisoned.pt', weights_only=False)\n"
-        "print('RESULT ' + json.dumps({'hardened': torch.load.__compatshim_hardened__}))\n"
+        "hardened = getattr(torch.load, '__compatshim_hardened__', False)\n"
+        "print('RESULT ' + json.dumps({'hardened': hardened}))\n"
     )
     result = run_child(script, str(tmp_path), COMPATSHIM_SAFE_LOAD="0")
     assert result["hardened"] is False and marker.exists()

@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from checkpoint.corpus import Scripted
 from checkpoint.helpers import Box
-from compatshim.checkpoint import CheckpointError, inspect
+from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, inspect, load
 
 
 @pytest.fixture
@@ -262,6 +263,8 @@ def test_printable_never_lets_a_control_through(text: str, limit: int) -> None:
     ],
 )
 def test_known_gadgets_are_named_dangerous(tmp_path: Path, module: str, name: str) -> None:
+    if (module, name) == ("builtins", "getattr"):
+        pytest.skip("getattr is a rule entry now: test_getattr_reach_is_judged_by_the_rule")
     path = tmp_path / "gadget.pkl"
     path.write_bytes(_stack_global_pickle((module, name)))
     (use,) = inspect(path).globals
@@ -283,3 +286,23 @@ def test_unknown_global_gets_the_line_that_allows_it(tmp_path: Path) -> None:
     done = _cli(str(path))
     assert f"to allow it for one call: {use.allow}" in done.stdout
     assert json.loads(_cli(str(path), "--json").stdout)["globals"][-1]["allow"] == use.allow
+
+
+def test_getattr_reach_is_judged_by_the_rule(tmp_path: Path) -> None:
+    """``getattr(Path, 'write_text')`` names a method the table does not list: not loadable,
+    and no allow= line (allow= cannot open getattr); inspect agrees with load."""
+    from pathlib import Path as P
+
+    class Writes:
+        def __reduce__(self) -> Any:
+            return (P.write_text, (tmp_path / "marker", "ran"))
+
+    path = tmp_path / "evil.pt"
+    torch.save({"x": Writes()}, path)
+    info = inspect(path)
+    assert not info.loadable
+    (use,) = [g for g in info.globals if g.name == "pathlib.Path.write_text"]
+    assert use.allow is None and use.dangerous and "getattr" in use.dangerous
+    with pytest.raises(UnsafeCheckpointError):
+        load(path)
+    assert not (tmp_path / "marker").exists()

@@ -175,7 +175,13 @@ class CheckpointInfo:
         return found
 
 
-def _use(name: str, count: int) -> GlobalUse:
+GETATTR_ONLY = (
+    "reached through builtins.getattr: compatshim admits only the methods its table lists "
+    "(allow= does not open getattr)"
+)
+
+
+def _use(name: str, count: int, reached: bool = False) -> GlobalUse:
     module, _, attr = name.rpartition(".")
     entry = lookup(module, attr)
     if entry is None and "." in module:  # Enum.MEMBER spelled as one global (protocol 4)
@@ -188,7 +194,7 @@ def _use(name: str, count: int) -> GlobalUse:
     note = "not on compatshim's allowlist" if entry is None else _version_problem(entry)
     if entry is not None and note is None:
         return GlobalUse(name, count, entry.qualname, entry.kind)
-    reason = danger(name)
+    reason = GETATTR_ONLY if reached else danger(name)
     return GlobalUse(
         name,
         count,
@@ -325,7 +331,9 @@ def _info(
             refusals.append(f"persistent id {kind!r} x{count} (only storages are loaded)")
         elif container == "pickle":
             refusals.append("storage references in a plain pickle")
-    uses = tuple(_use(name, count) for name, count in sorted(found.globals.items()))
+    uses = tuple(
+        _use(name, count, name in found.reached) for name, count in sorted(found.globals.items())
+    )
     return CheckpointInfo(
         path=what,
         container=container,

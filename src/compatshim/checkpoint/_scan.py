@@ -66,6 +66,7 @@ class ScanResult:
     storages: dict[str, StorageDecl] = field(default_factory=dict)
     tensor_dtypes: collections.Counter[str] = field(default_factory=collections.Counter)
     persistent_kinds: collections.Counter[str] = field(default_factory=collections.Counter)
+    reached: set[str] = field(default_factory=set)  # names reached through builtins.getattr
     protocol: int = 0
     problems: list[str] = field(default_factory=list)
 
@@ -99,6 +100,14 @@ class ScanMachine(Machine):
 
     def call(self, func: Any, args: tuple[Any, ...]) -> Any:
         name = func.name if type(func) is Symbol else f"<{type(func).__name__}>"
+        if name == "builtins.getattr":  # the one rule entry: what it reaches is judged as a name
+            if len(args) == 2 and type(args[0]) is Symbol and type(args[1]) is str:
+                reached = f"{args[0].name}.{args[1]}"
+            else:
+                reached = "builtins.getattr(<anything but a class and a name>)"
+            self.found.globals[reached] += 1
+            self.found.reached.add(reached)
+            return Symbol(reached)
         if name in TENSOR_REBUILDS:
             self.found.tensor_dtypes[self._tensor_dtype(name, args)] += 1
         elif name == "torch._tensor._rebuild_from_type_v2" and len(args) == 4:
