@@ -164,7 +164,8 @@ def test_never_raises_into_the_import_under_w_error_with_unreadable_metadata(
     patch = _patch(name)
     if patch.distribution in UNGATED:
         pytest.skip(UNGATED[patch.distribution])
-    (tmp_path / f"{_folder_name(patch.distribution)}-not.a.version.dist-info").mkdir()
+    for distribution in patch.distributions():  # a target may be gated by its own
+        (tmp_path / f"{_folder_name(distribution)}-not.a.version.dist-info").mkdir()
     out = _python(
         "import compatshim\n"
         f"compatshim.install(include=[{name!r}])\n"
@@ -182,7 +183,8 @@ def test_on_an_unknown_newer_release_the_probe_decides(name: str, tmp_path: Path
     patch = _patch(name)
     if patch.distribution in UNGATED:
         pytest.skip(UNGATED[patch.distribution])
-    (tmp_path / f"{_folder_name(patch.distribution)}-999.0.dist-info").mkdir()
+    for distribution in patch.distributions():
+        (tmp_path / f"{_folder_name(distribution)}-999.0.dist-info").mkdir()
     out = _python(
         "import compatshim, json\n"
         f"compatshim.install(include=[{name!r}])\n"
