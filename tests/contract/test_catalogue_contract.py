@@ -59,10 +59,13 @@ def _patch(name: str) -> Patch:
 
 
 @functools.cache
-def _imports_plainly(target: str) -> bool:
+def _imports_plainly(target: str, *flags: str) -> bool:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPATSHIM_")}
     done = subprocess.run(
-        [sys.executable, "-c", f"import {target}"], capture_output=True, timeout=TIMEOUT_S, env=env
+        [sys.executable, *flags, "-c", f"import {target}"],
+        capture_output=True,
+        timeout=TIMEOUT_S,
+        env=env,
     )
     return done.returncode == 0
 
@@ -164,6 +167,9 @@ def test_never_raises_into_the_import_under_w_error_with_unreadable_metadata(
     patch = _patch(name)
     if patch.distribution in UNGATED:
         pytest.skip(UNGATED[patch.distribution])
+    failing = [t for t in patch.targets if not _imports_plainly(t, "-W", "error")]
+    if failing:  # the framework's own import warns (nuscenes 1.1.11: pyparsing): not ours
+        pytest.skip(f"{', '.join(failing)} fails under -W error without compatshim too")
     for distribution in patch.distributions():  # a target may be gated by its own
         (tmp_path / f"{_folder_name(distribution)}-not.a.version.dist-info").mkdir()
     out = _python(
