@@ -153,6 +153,14 @@ def memo_dag_as_storage_key_legacy(folder: Path) -> Path:
     return legacy(folder / "legacy.pt", P2 + pid + b"N" + b"tQ" + STOP, ["0"], b"")
 
 
+@case("damaged")
+def memo_dag_as_legacy_protocol(folder: Path) -> Path:
+    """The legacy header's second pickle (its protocol number) is a file value too: the
+    message about a wrong protocol rendered it whole before cutting it to 20 characters."""
+    magic = pickle.dumps(0x1950A86A20F9469CFC6C, 2)
+    return _write(folder, magic + P2 + _memo_dag(30) + STOP)
+
+
 @case("either")
 def memo_dag_in_refused_call(folder: Path) -> Path:
     """A refused global called with the DAG: error paths must not render the argument."""

@@ -16,6 +16,7 @@ import zipfile
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
+from .._text import short
 from . import _safetensors
 from ._container import (
     LEGACY_MAGIC,
@@ -281,7 +282,7 @@ def _from_pickle(file: IO[bytes], what: str) -> CheckpointInfo:
         return _info(what, "pickle", first.found, writer, [])
     protocol = ScanMachine(source).run()
     if protocol != LEGACY_PROTOCOL:
-        raise CheckpointError(f"{what}: legacy torch file with protocol {protocol!r:.20}")
+        raise CheckpointError(f"{what}: legacy torch file with protocol {short(protocol)}")
     ScanMachine(source).run()  # system info
     found = _scan(file)
     keys = ScanMachine(source).run()

@@ -239,7 +239,7 @@ class Loader:
             return first
         protocol = self._run(Source(file), None)
         if protocol != LEGACY_PROTOCOL:
-            raise CheckpointError(f"legacy torch file with protocol version {protocol!r:.20}")
+            raise CheckpointError(f"legacy torch file with protocol version {short(protocol)}")
         info = self._run(Source(file), None)
         if type(info) is not dict or info.get("little_endian") is not True:
             raise CheckpointError(
