@@ -11,6 +11,7 @@ them to stderr. The last few decisions of each patch appear in ``status()``.
 from __future__ import annotations
 
 import sys
+from _thread import allocate_lock
 
 from . import _settings
 
@@ -20,6 +21,8 @@ _pending: list[str] = []
 _by_patch: dict[str, list[str]] = {}
 _used: dict[str, list[str]] = {}
 _stderr_attached = False
+_warned: set[tuple[str, str]] = set()
+_warned_lock = allocate_lock()
 
 
 def record(patch: str, event: str, detail: str = "") -> None:
@@ -82,3 +85,18 @@ def warn(message: str) -> None:
             sys.stderr.write(f"RuntimeWarning: {message}\n")
         except Exception:
             pass
+
+
+def warn_once(scope: str, key: str, message: str) -> None:
+    """:func:`warn`, once per ``(scope, key)`` in this process; thread-safe."""
+    with _warned_lock:
+        if (scope, key) in _warned:
+            return
+        _warned.add((scope, key))
+    warn(message)
+
+
+def forget_warnings(scope: str) -> None:
+    """Let ``scope``'s warnings be given again (tests)."""
+    with _warned_lock:
+        _warned.difference_update([k for k in _warned if k[0] == scope])

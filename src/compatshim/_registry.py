@@ -94,7 +94,6 @@ class _Outcome:
 _lock = RLock()
 _states: dict[str, _State] = {}
 _loaded = False
-_warned: set[str] = set()
 
 
 # -- the catalogue -----------------------------------------------------------------------------
@@ -167,20 +166,13 @@ def _disabled_by_env(known: Iterable[str]) -> set[str]:
             disabled.add(name)
         if name != raw:
             what = f"taken as {name!r}" if name else "matches no patch; ignored"
-            _warn_once(
+            _decisions.warn_once(
+                "registry",
                 f"env:{raw}",
                 f"compatshim: {_settings.DISABLE} entry {raw!r} {what}; known patches: "
                 f"{', '.join(sorted(by_canonical.values()))}",
             )
     return disabled
-
-
-def _warn_once(key: str, message: str) -> None:
-    with _lock:
-        if key in _warned:
-            return
-        _warned.add(key)
-    _decisions.warn(message)
 
 
 def _dependencies_missing() -> str | None:
@@ -302,14 +294,17 @@ def _report(name: str, target: str, outcome: _Outcome, *, applied: bool) -> None
         _decisions.record(name, "left alone", f"{target}: older than the patch supports")
     elif outcome.error is not None:
         _decisions.record(name, "failed", outcome.error)
-        _warn_once(f"{name}:{outcome.error}", f"compatshim: patch {name!r} {outcome.error}")
+        _decisions.warn_once(
+            "registry", f"{name}:{outcome.error}", f"compatshim: patch {name!r} {outcome.error}"
+        )
     elif outcome.defect is False:
         _decisions.record(name, "defect absent", target)
     elif outcome.patcher is not None and applied:
         note = "" if outcome.position == "tested" else f"; {outcome.version_note or 'untested'}"
         _decisions.record(name, "applied", f"{target}, fixed={outcome.fixed}{note}")
         if not outcome.fixed:
-            _warn_once(
+            _decisions.warn_once(
+                "registry",
                 f"{name}:unfixed",
                 f"compatshim: patch {name!r} applied to {target} but its probe still finds "
                 "the defect",
@@ -330,7 +325,8 @@ def install(
     include_names, exclude_names = _names(include), _names(exclude)
     missing = _dependencies_missing()
     if missing is not None:
-        _warn_once(
+        _decisions.warn_once(
+            "registry",
             "dependencies",
             f"compatshim: a dependency is missing ({missing}); no patch is armed. "
             "Reinstall compatshim with its dependencies (pip install compatshim).",
@@ -365,7 +361,8 @@ def install(
             _decisions.record(state.name, "armed", ", ".join(state.targets))
     for state in selected:
         if state.patch is None and state.name not in excluded:
-            _warn_once(
+            _decisions.warn_once(
+                "registry",
                 f"load:{state.name}",
                 f"compatshim: patch {state.name!r} is unusable ({state.load_error}); not armed",
             )

@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from .. import _settings
+from .. import _decisions, _settings
 from ._safe import _MISSING, _UNRESOLVED, UserAllow
 from .allowlist import lookup
 
@@ -56,7 +56,6 @@ _lock = threading.Lock()
 _code: dict[Key, tuple[Any, Allowed]] = {}  # the object, or _UNRESOLVED for a string
 _entry_points: dict[Key, tuple[Any, Allowed]] | None = None
 _file: tuple[Any, dict[Key, tuple[Any, Allowed]]] | None = None  # (stat key, entries)
-_warned: set[str] = set()
 
 
 def allow(*globals: Any, reason: str) -> None:
@@ -154,7 +153,9 @@ def _from_environment() -> dict[Key, tuple[Any, Allowed]]:
     try:
         names = _settings.allow_names()
     except _settings.SettingError as exc:
-        _warn_once(f"env:{exc}", f"compatshim: {exc}; {_settings.ALLOW} is ignored")
+        _decisions.warn_once(
+            "allow", f"env:{exc}", f"compatshim: {exc}; {_settings.ALLOW} is ignored"
+        )
         return {}
     return _strings((n, f"listed in {_settings.ALLOW}", _settings.ALLOW) for n in names)
 
@@ -179,7 +180,8 @@ def _from_file() -> dict[Key, tuple[Any, Allowed]]:
             text = handle.read(MAX_FILE_BYTES)
         entries = _strings(_parse_file(text, path))
     except (OSError, ValueError) as exc:
-        _warn_once(
+        _decisions.warn_once(
+            "allow",
             f"file:{path}:{exc}",
             f"compatshim: {_settings.ALLOW_FILE}={path!r} is ignored: {type(exc).__name__}: {exc}",
         )
@@ -215,7 +217,8 @@ def _from_entry_points() -> dict[Key, tuple[Any, Allowed]]:
             for key, hit in _entry_point_items(value, source).items():
                 loaded.setdefault(key, hit)
         except Exception as exc:
-            _warn_once(
+            _decisions.warn_once(
+                "allow",
                 f"ep:{source}",
                 f"compatshim: {GROUP} {source} is ignored: {type(exc).__name__}: {exc}",
             )
@@ -234,7 +237,9 @@ def _points() -> list[Any]:
             return list(points.select(group=GROUP))
         return list(points.get(GROUP, ()))  # Python 3.9
     except Exception as exc:
-        _warn_once("ep:list", f"compatshim: could not list {GROUP} entry points: {exc}")
+        _decisions.warn_once(
+            "allow", "ep:list", f"compatshim: could not list {GROUP} entry points: {exc}"
+        )
         return []
 
 
@@ -253,16 +258,6 @@ def _entry_point_items(value: Any, source: str) -> dict[Key, tuple[Any, Allowed]
     return out
 
 
-def _warn_once(key: str, message: str) -> None:
-    from .._decisions import warn
-
-    with _lock:
-        if key in _warned:
-            return
-        _warned.add(key)
-    warn(message)
-
-
 def _reset() -> None:
     """Forget every entry and cached source (tests)."""
     global _entry_points, _file
@@ -270,4 +265,4 @@ def _reset() -> None:
         _code.clear()
         _entry_points = None
         _file = None
-        _warned.clear()
+    _decisions.forget_warnings("allow")
