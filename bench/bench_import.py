@@ -46,14 +46,14 @@ def _child(armed: bool, target: str) -> dict[str, float]:
 
 HOOK_SHARE = r"""
 import json, time
-from compatshim import _registry
-original = _registry._on_import
+from compatshim._engine import registry
+original = registry._on_import
 spent = []
 def timed(*args):
     start = time.perf_counter()
     original(*args)
     spent.append(time.perf_counter() - start)
-_registry._on_import = timed
+registry._on_import = timed
 import compatshim.auto
 start = time.perf_counter()
 import torch

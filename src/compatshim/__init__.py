@@ -5,7 +5,7 @@ Importing this package is cheap: it imports no framework and no adapter until us
 
 from __future__ import annotations
 
-from ._registry import install, status, uninstall
+from ._engine.registry import install, status, uninstall
 
 __version__ = "0.1.0"
 __all__ = [

@@ -18,9 +18,9 @@ import traceback
 from importlib import import_module
 from typing import Any
 
-from . import _registry
+from ._engine import registry
+from ._engine.versions import installed_version
 from ._records import DoctorRow
-from ._versions import installed_version
 
 #: adapters with a ``doctor_rows()``; breakage 1 is reported by its patch row.
 ADAPTER_PROVIDERS = (
@@ -51,7 +51,7 @@ def _devices() -> dict[str, Any]:
 def _import_targets() -> list[dict[str, str]]:
     """Import each target whose distribution applies, so the probes meet the live code."""
     problems = []
-    for row in _registry.status():
+    for row in registry.status():
         if not row.applies:
             continue
         for target in row.targets:
@@ -100,13 +100,13 @@ def _error_row(provider: str, exc: BaseException) -> DoctorRow:
 
 
 def main() -> int:
-    _registry.install()
+    registry.install()
     import_problems = _import_targets()
-    _registry.probe_unarmed()
+    registry.probe_unarmed()
     report = {
         "devices": _safe(_devices, {}),
         "import_problems": import_problems,
-        "patches": [row.as_dict() for row in _registry.status()],
+        "patches": [row.as_dict() for row in registry.status()],
         "adapters": [row.as_dict() for row in _safe(_adapter_rows, [])],
     }
     json.dump(report, sys.stdout, default=str)

@@ -1,5 +1,5 @@
 """``import compatshim.auto`` arms every applicable patch (same as ``compatshim.install()``)."""
 
-from ._registry import install
+from ._engine.registry import install
 
 install()

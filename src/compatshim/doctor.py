@@ -17,8 +17,8 @@ import sys
 from typing import Any
 
 from . import _settings
+from ._engine.versions import installed_version
 from ._records import DoctorRow, PatchStatus
-from ._versions import installed_version
 
 DISTRIBUTIONS = (
     "torch",

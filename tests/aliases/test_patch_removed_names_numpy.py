@@ -69,3 +69,12 @@ def test_table_never_aliases_a_changed_numpy_name() -> None:
     for alias in TABLE:
         assert alias.kind in ("identical", "adapter") and alias.evidence
         assert alias.provides in ("module", "attribute", "keyword")
+
+
+def test_the_catalogue_row_targets_every_module_the_table_names() -> None:
+    from compatshim.aliases.table import ATTRIBUTE_MODULES
+    from compatshim.patches import CATALOGUE
+
+    (row,) = [patch for patch in CATALOGUE if patch.name == "removed-names"]
+    assert row.targets == ("compatshim", *ATTRIBUTE_MODULES)
+    assert all(row.distribution_for(m) != "compatshim" for m in ATTRIBUTE_MODULES)

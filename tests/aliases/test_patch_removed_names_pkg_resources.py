@@ -110,7 +110,7 @@ def test_never_shadows_an_installed_module(tmp_path: Path) -> None:
     found = run(
         "import json, sys, compatshim; compatshim.install()\n"
         "from compatshim.aliases.finder import AliasFinder\n"
-        "from compatshim._patching import Patcher\n"
+        "from compatshim._engine.patching import Patcher\n"
         "declined = AliasFinder(Patcher()).find_spec('pkg_resources', None) is None\n"
         "import pkg_resources\n"
         "print(json.dumps([declined, getattr(pkg_resources, 'REAL', False), "

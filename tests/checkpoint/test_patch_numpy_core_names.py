@@ -125,7 +125,7 @@ def _row(compatshim: Any) -> Any:
 def test_install_is_idempotent_and_uninstall_exact(installed: Any) -> None:
     import pickle
 
-    from compatshim import _import_hooks
+    from compatshim._engine import import_hooks
 
     meta_path = list(sys.meta_path)
     modules = set(sys.modules)
@@ -141,7 +141,7 @@ def test_install_is_idempotent_and_uninstall_exact(installed: Any) -> None:
             pickle.loads(path.read_bytes())
     installed.uninstall([PATCH])
     assert [f for f in sys.meta_path if type(f).__name__ == "AliasFinder"] == []
-    assert "numpy.core.numeric" not in _import_hooks.watched()
+    assert "numpy.core.numeric" not in import_hooks.watched()
     created = set(sys.modules) - modules
     aliases = [m for m in created if any(sys.modules[m] is sys.modules[o] for o in modules)]
     assert aliases == []  # numpy 1.26's own numpy._core stubs may stay: they are real modules

@@ -50,9 +50,9 @@ def _saved(obj: Any) -> io.BytesIO:
 
 
 def _retries() -> list[str]:
-    from compatshim import _decisions
+    from compatshim._engine import decisions
 
-    return [line for line in _decisions.recent(PATCH) if ": retried" in line]
+    return [line for line in decisions.recent(PATCH) if ": retried" in line]
 
 
 def test_probe_finds_the_weights_only_default() -> None:

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from compatshim._patch import Patch
-from compatshim._versions import installed_version
-from compatshim.patches import load_catalogue
+from compatshim import patches
+from compatshim._engine.patch import Patch
+from compatshim._engine.versions import installed_version
 
-CATALOGUE = {name: patch for name, patch, _ in load_catalogue() if patch is not None}
+CATALOGUE = {patch.name: patch for patch in patches.CATALOGUE}
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 TIMEOUT_S = 240
 
@@ -222,8 +222,23 @@ def test_the_doctor_has_a_row_for_it(name: str) -> None:
 
 def test_every_patch_has_its_tests_where_the_naming_rule_says() -> None:
     """``tests/<family>/test_patch_<module>[_part].py``: one place to look for a patch's tests."""
-    from compatshim.patches import CATALOGUE as MODULES
-
+    MODULES = [patch.fix_module.rpartition(".")[2] for patch in patches.CATALOGUE]
     tests = Path(__file__).resolve().parents[1]
     missing = [m for m in MODULES if not list(tests.glob(f"*/test_patch_{m}*.py"))]
     assert missing == [], f"no tests/<family>/test_patch_<module>.py for {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGUE))
+def test_its_code_loads_only_when_a_target_is_imported(name: str) -> None:
+    """The declaration is a table row: ``install()`` imports a fix module only for a target
+    that is already imported (start-up cost does not grow with the catalogue)."""
+    patch = CATALOGUE[name]
+    assert importlib.util.find_spec(patch.fix_module) is not None, patch.fix_module
+    out = _python(
+        "import sys, json\nimport compatshim\n"
+        f"compatshim.install(include=[{name!r}])\n"
+        f"print(json.dumps([{patch.fix_module!r} in sys.modules,"
+        f" [t for t in {patch.targets!r} if t in sys.modules]]))\n"
+    )
+    loaded, imported_targets = json.loads(out.strip().splitlines()[-1])
+    assert loaded == bool(imported_targets), (loaded, imported_targets)

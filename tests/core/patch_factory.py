@@ -5,8 +5,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Callable
 
-from compatshim._patch import Patch
-from compatshim._patching import Patcher
+from compatshim._engine.patch import Patch
+from compatshim._engine.patching import Patcher
 
 
 def make_patch(

@@ -17,11 +17,13 @@ from types import ModuleType
 from typing import Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import compatshim
-from compatshim import _import_hooks, _registry
-from compatshim._patch import Patch
-from compatshim._patching import Patcher
+from compatshim._engine import import_hooks, registry
+from compatshim._engine.patch import Patch
+from compatshim._engine.patching import Patcher
 
 from .patch_factory import make_patch
 
@@ -65,9 +67,9 @@ def target_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
 @pytest.fixture
 def patch_name(request: pytest.FixtureRequest) -> Iterator[str]:
     name = f"test-{request.node.name}"[:60]
-    _registry.register(_make_patch(name))
+    registry.register(_make_patch(name))
     yield name
-    _registry.unregister(name)
+    registry.unregister(name)
 
 
 def _row(name: str) -> dict[str, object]:
@@ -100,7 +102,7 @@ def test_uninstall_restores_exact_objects(target_dir: Path, patch_name: str) -> 
     assert compatshim.uninstall([patch_name]) == [patch_name]
     assert module.Thing.__dict__["method"] is original
     assert not hasattr(module, "ADDED"), "attributes the patch added must be removed"
-    assert TARGET not in _import_hooks.watched()
+    assert TARGET not in import_hooks.watched()
     assert not _row(patch_name)["applied"]
 
 
@@ -147,7 +149,7 @@ def test_probe_decides_when_defect_absent(target_dir: Path, patch_name: str) -> 
 
 def test_version_below_range_is_left_alone(target_dir: Path) -> None:
     name = "test-below-range"
-    _registry.register(_make_patch(name, requires=">=999"))
+    registry.register(_make_patch(name, requires=">=999"))
     try:
         module = importlib.import_module(TARGET)
         compatshim.install(include=[name])
@@ -155,12 +157,12 @@ def test_version_below_range_is_left_alone(target_dir: Path) -> None:
         row = _row(name)
         assert row["range_position"] == "unsupported" and not row["applied"]
     finally:
-        _registry.unregister(name)
+        registry.unregister(name)
 
 
 def test_version_above_range_lets_probe_decide(target_dir: Path) -> None:
     name = "test-above-range"
-    _registry.register(_make_patch(name, tested="<1"))
+    registry.register(_make_patch(name, tested="<1"))
     try:
         module = importlib.import_module(TARGET)
         compatshim.install(include=[name])
@@ -168,7 +170,7 @@ def test_version_above_range_lets_probe_decide(target_dir: Path) -> None:
         row = _row(name)
         assert row["range_position"] == "untested" and row["applied"] and not row["in_range"]
     finally:
-        _registry.unregister(name)
+        registry.unregister(name)
 
 
 def test_failed_apply_leaves_module_unchanged(target_dir: Path) -> None:
@@ -177,7 +179,7 @@ def test_failed_apply_leaves_module_unchanged(target_dir: Path) -> None:
         raise RuntimeError("layout changed")
 
     name = "test-bad-apply"
-    _registry.register(make_patch(name, (TARGET,), _probe, bad_apply))
+    registry.register(make_patch(name, (TARGET,), _probe, bad_apply))
     try:
         module = importlib.import_module(TARGET)
         original = module.Thing.__dict__["method"]
@@ -186,7 +188,7 @@ def test_failed_apply_leaves_module_unchanged(target_dir: Path) -> None:
         assert module.Thing.__dict__["method"] is original
         assert "layout changed" in str(_row(name)["error"])
     finally:
-        _registry.unregister(name)
+        registry.unregister(name)
 
 
 def test_exclude_and_env_disable(
@@ -243,23 +245,29 @@ def test_startup_hook_honours_compatshim_auto(value: str, armed: bool) -> None:
     assert out.stdout.strip() == str(armed)
 
 
-def test_catalogue_modules_declare_themselves_once() -> None:
-    """A patch's name, targets and versions live only in its module's PATCH."""
+def test_the_catalogue_declares_each_patch_once() -> None:
+    """A patch's name, targets and versions live only in its row of the catalogue table; its
+    module holds the code (``probe``, ``apply``) and no second declaration."""
+    import importlib
+
     from packaging.specifiers import SpecifierSet
 
-    from compatshim.patches import CATALOGUE, load_catalogue, patch_name
+    from compatshim.patches import CATALOGUE
 
-    found = load_catalogue()
-    assert [name for name, _, _ in found] == [patch_name(m) for m in CATALOGUE]
-    for name, patch, error in found:
-        assert error is None and patch is not None, (name, error)
-        assert patch.name == name and patch.targets and patch.description
+    names = [patch.name for patch in CATALOGUE]
+    assert len(names) == len(set(names))
+    for patch in CATALOGUE:
+        assert patch.targets and patch.description
         SpecifierSet(patch.requires)
         SpecifierSet(patch.tested)
+        module = importlib.import_module(patch.fix_module)
+        assert callable(module.probe) and callable(module.apply), patch.fix_module
+        assert patch.probe is module.probe and patch.apply is module.apply
+        assert not hasattr(module, "PATCH"), patch.fix_module
 
 
 def test_start_up_path_imports_nothing_heavy() -> None:
-    """``import compatshim.auto`` imports the patch modules, which must stay cheap."""
+    """``import compatshim.auto`` imports the catalogue table and the engine, which stay cheap."""
     code = (
         "import sys; before = set(sys.modules); import compatshim.auto; "
         "new = set(sys.modules) - before; "
@@ -283,7 +291,7 @@ def test_target_distribution_gates_that_target(target_dir: Path) -> None:
         distribution="no-such-distribution",
         target_distributions={TARGET: "packaging"},
     )
-    _registry.register(patch)
+    registry.register(patch)
     try:
         module = importlib.import_module(TARGET)
         compatshim.install(include=[name])
@@ -291,17 +299,52 @@ def test_target_distribution_gates_that_target(target_dir: Path) -> None:
         row = _row(name)
         assert row["distribution"] == "packaging" and row["installed_version"]
     finally:
-        _registry.unregister(name)
+        registry.unregister(name)
 
 
 @pytest.mark.parametrize("name", ["torch", "packaging", "pytest", "no-such-distribution-x"])
 def test_fast_version_lookup_agrees_with_importlib_metadata(name: str) -> None:
     from importlib import metadata
 
-    from compatshim._versions import _from_dist_info
+    from compatshim._engine.versions import _from_dist_info
 
     try:
         expected: str | None = metadata.version(name)
     except metadata.PackageNotFoundError:
         expected = None
     assert _from_dist_info(name) == expected
+
+
+_RELEASE = st.lists(st.integers(0, 30), min_size=1, max_size=4).map(
+    lambda parts: ".".join(map(str, parts))
+)
+_CLAUSE = st.tuples(st.sampled_from([">=", "<=", "==", "!=", ">", "<"]), _RELEASE).map("".join)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    version=st.tuples(_RELEASE, st.sampled_from(["", "+cpu", "+cu124"])).map("".join),
+    clauses=st.lists(_CLAUSE, min_size=1, max_size=3).map(",".join),
+)
+def test_the_gate_without_packaging_agrees_with_packaging(version: str, clauses: str) -> None:
+    """The gate reads plain releases without importing ``packaging`` (it would cost ~13 ms
+    inside a framework's import); on those it must answer exactly as ``packaging`` does."""
+    from packaging.specifiers import SpecifierSet
+
+    from compatshim._engine.versions import _simple_contains, version_at_least
+
+    expected = SpecifierSet(clauses).contains(version, prereleases=True)
+    assert _simple_contains(clauses, version) == expected
+    minimum = clauses.split(",")[0].lstrip("<>=!")
+    from packaging.version import Version
+
+    assert version_at_least(version, minimum) == (Version(version) >= Version(minimum))
+
+
+@pytest.mark.parametrize("version", ["2.6.0a0+git1234", "2.1.0rc1", "1.0.post1", "2.1.0.dev3"])
+def test_the_gate_hands_other_versions_to_packaging(version: str) -> None:
+    from compatshim._engine.versions import _simple_contains, position
+
+    assert _simple_contains(">=2.1", version) is None
+    assert _simple_contains(">=2.1.*", "2.1") is None and _simple_contains("~=2.1", "2.1") is None
+    position("torch", version, ">=2.1", ">=2.1,<2.16")  # answered by packaging, no error

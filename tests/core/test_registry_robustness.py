@@ -21,8 +21,8 @@ from typing import Iterator
 import pytest
 
 import compatshim
-from compatshim import _registry
-from compatshim._patching import Patcher
+from compatshim._engine import registry
+from compatshim._engine.patching import Patcher
 
 from .patch_factory import make_patch
 
@@ -156,7 +156,7 @@ def package_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
 
 
 def _register(name: str, target: str) -> None:
-    _registry.register(make_patch(name, (target,), _needs_parent, _apply, requires=""))
+    registry.register(make_patch(name, (target,), _needs_parent, _apply, requires=""))
 
 
 def test_hook_waits_for_the_parent_package_to_finish(package_root: Path) -> None:
@@ -175,7 +175,7 @@ def test_hook_waits_for_the_parent_package_to_finish(package_root: Path) -> None
         assert row.error is None, row.error
         assert module.Thing().method() == "fixed" and row.applied
     finally:
-        _registry.unregister("test-half-a")
+        registry.unregister("test-half-a")
 
 
 def test_install_while_another_thread_imports_the_target(package_root: Path) -> None:
@@ -211,7 +211,7 @@ def test_install_while_another_thread_imports_the_target(package_root: Path) -> 
     finally:
         sync.release.set()
         importer.join(20)
-        _registry.unregister("test-half-b")
+        registry.unregister("test-half-b")
         sys.modules.pop("cs_half_sync", None)
 
 
@@ -241,17 +241,17 @@ def test_refused_patch_under_w_error_does_not_raise_into_the_import(tmp_path: Pa
     (tmp_path / "cs_refuse_target.py").write_text(textwrap.dedent(TARGET_BODY))
     done = _python(
         """
-        from compatshim import _registry
-        from compatshim._patch import Patch
+        from compatshim._engine import registry
+        from compatshim._engine.patch import Patch
 
         def refuse(module, patcher):
             raise RuntimeError("this release has its own __getstate__")
 
-        _registry.register(Patch(
+        registry.register(Patch(
             name="test-refuse", distribution="packaging", requires="", tested=">=1",
             targets=("cs_refuse_target",), probe=lambda m: True, apply=refuse,
             description="test"))
-        _registry.install(include="test-refuse")
+        registry.install(include="test-refuse")
         import cs_refuse_target
         print("IMPORTED", cs_refuse_target.Thing().method())
         """,
@@ -331,18 +331,24 @@ def test_doctor_timeout_that_is_not_a_number_is_a_reason_line() -> None:
 
 
 def test_one_broken_catalogue_entry_is_one_broken_row() -> None:
+    """A row whose fix module cannot be imported fails alone, when its target is imported."""
     done = _python(
         """
         import warnings
         import compatshim.patches as patches
-        patches.CATALOGUE = (*patches.CATALOGUE, "no_such_patch")
+        from compatshim._engine.patch import Patch
+        patches.CATALOGUE = (*patches.CATALOGUE, Patch(
+            name="no-such-patch", distribution="python", requires="", tested="",
+            targets=("json",), description="its module does not exist"))
         import compatshim
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             armed = compatshim.install()
+            import json
         rows = {row.name: row for row in compatshim.status()}
         broken = rows["no-such-patch"]
-        assert "failed to load" in broken.error and not broken.armed, broken
+        assert "compatshim.patches.no_such_patch failed to load" in broken.error, broken
+        assert not broken.applied, broken
         assert "torch-processgroup-copy" in armed and rows["torch-processgroup-copy"].armed
         assert any("no-such-patch" in str(w.message) for w in caught)
         print("BROKEN-OK")
@@ -356,19 +362,19 @@ def test_decision_trail_is_logged(tmp_path: Path) -> None:
     (tmp_path / "cs_trail_target.py").write_text(textwrap.dedent(TARGET_BODY))
     done = _python(
         """
-        from compatshim import _registry
-        from compatshim._patch import Patch
+        from compatshim._engine import registry
+        from compatshim._engine.patch import Patch
 
         def fix(module, patcher):
             patcher.setattr(module.Thing, "method", lambda self: "fixed")
 
-        _registry.register(Patch(
+        registry.register(Patch(
             name="test-trail", distribution="packaging", requires="", tested=">=1",
             targets=("cs_trail_target",), probe=lambda m: m.Thing().method() == "broken",
             apply=fix, description="test"))
-        _registry.install(include="test-trail")
+        registry.install(include="test-trail")
         import cs_trail_target
-        row = next(r for r in _registry.status() if r.name == "test-trail")
+        row = next(r for r in registry.status() if r.name == "test-trail")
         assert any("applied" in line for line in row.decisions), row.decisions
         """,
         env={"PYTHONPATH": os.pathsep.join([str(tmp_path), SRC]), "COMPATSHIM_LOG": "debug"},
@@ -388,7 +394,7 @@ def test_a_half_built_module_is_named_by_the_import_hooks_not_by_message_text(
     import threading
     import time
 
-    from compatshim import _import_hooks
+    from compatshim._engine import import_hooks
 
     (tmp_path / "cs_slow_module.py").write_text(
         "import time\nstarted = True\ntime.sleep(1.0)\nlate = 1\n"
@@ -406,10 +412,10 @@ def test_a_half_built_module_is_named_by_the_import_hooks_not_by_message_text(
         except AttributeError as exc:
             met: BaseException = exc
         if sys.version_info >= (3, 10):
-            assert _import_hooks.half_built(met) == "cs_slow_module"
-        assert _import_hooks.half_built(ImportError("x", name="cs_slow_module")) == "cs_slow_module"
+            assert import_hooks.half_built(met) == "cs_slow_module"
+        assert import_hooks.half_built(ImportError("x", name="cs_slow_module")) == "cs_slow_module"
     finally:
         importer.join(10)
         sys.modules.pop("cs_slow_module", None)
-    assert _import_hooks.half_built(ImportError("x", name="cs_slow_module")) is None
-    assert _import_hooks.half_built(ValueError("partially initialized module 'os'")) is None
+    assert import_hooks.half_built(ImportError("x", name="cs_slow_module")) is None
+    assert import_hooks.half_built(ValueError("partially initialized module 'os'")) is None

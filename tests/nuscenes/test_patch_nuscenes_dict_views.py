@@ -367,3 +367,11 @@ def test_find_unpicklable_names_the_config_view_and_the_patch(unpatched: None) -
     assert str(finding).startswith("dataset.eval_cfg.class_names (dict_keys): ")
     compatshim.install(include=[PATCH])
     assert compatshim.find_unpicklable(HoldsConfig(), root="dataset") == []
+
+
+def test_the_catalogue_row_targets_every_affected_module() -> None:
+    from compatshim.patches import CATALOGUE
+    from compatshim.patches.nuscenes_dict_views import AFFECTED
+
+    (row,) = [patch for patch in CATALOGUE if patch.name == PATCH]
+    assert set(row.targets) == set(AFFECTED)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import compatshim.rng as rng
-from compatshim._versions import installed_version
+from compatshim._engine.versions import installed_version
 from rng.workers import draws
 
 # Installed distributions, not find_spec: tests/lightning would pass for a "lightning" package.

@@ -20,18 +20,12 @@ PATCH_NAME = "removed-names"
 
 def needed(alias: Alias) -> bool:
     """Whether the installed release of ``alias.distribution`` is one that lacks the name."""
-    from .._versions import installed_version
+    from .._engine.versions import contains, installed_version
 
     version = installed_version(alias.distribution)
     if version is None:
         return alias.when_not_installed
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return SpecifierSet(alias.needs).contains(Version(version), prereleases=True)
-    except (InvalidSpecifier, InvalidVersion):  # unreadable: provide nothing
-        return False
+    return contains(alias.needs, version) is True  # unreadable: provide nothing
 
 
 def resolve(dotted: str) -> object:
@@ -45,13 +39,13 @@ def resolve(dotted: str) -> object:
 
 
 def note_use(alias: Alias) -> None:
-    from .. import _decisions
+    from .._engine import decisions
 
-    _decisions.note_use(PATCH_NAME, alias.name)
+    decisions.note_use(PATCH_NAME, alias.name)
 
 
 def used() -> list[str]:
     """The entries this process has used so far (also in ``status()``)."""
-    from .. import _decisions
+    from .._engine import decisions
 
-    return _decisions.used(PATCH_NAME)
+    return decisions.used(PATCH_NAME)

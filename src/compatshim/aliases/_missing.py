@@ -19,9 +19,9 @@ def _caller() -> str:
 def not_provided(module: str, name: str, why: str) -> AttributeError:
     """An ``AttributeError`` naming the missing name and who asked (``hasattr`` stays False)."""
     caller = _caller()
-    from compatshim import _decisions
+    from compatshim._engine import decisions
 
-    _decisions.record("removed-names", "not provided", f"{module}.{name} asked by {caller}")
+    decisions.record("removed-names", "not provided", f"{module}.{name} asked by {caller}")
     return AttributeError(
         f"{module}.{name} is not provided: {why}, and compatshim's {module} gives only a "
         f"subset (asked by {caller})"

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-    from .._patching import Patcher
+    from .._engine.patching import Patcher
     from .table import Alias
 
 __all__ = ["apply", "missing", "provided"]

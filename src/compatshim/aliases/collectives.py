@@ -14,7 +14,7 @@ from .table import TABLE
 if TYPE_CHECKING:
     from types import ModuleType
 
-    from .._patching import Patcher
+    from .._engine.patching import Patcher
     from .table import Alias
 
 __all__ = ["apply_weights_only", "gather_single", "keyword_missing"]

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any, Callable
 
-    from .._patching import Patcher
+    from .._engine.patching import Patcher
     from .table import Alias
 
 __all__ = ["AliasFinder", "findable"]

@@ -19,7 +19,7 @@ numpy bool scalar) and ``np.long`` (numpy 2: C ``long``), and ``np.object`` /
 ``np.str``, which numpy 1.24-2.5 reserve for its own scalars (their
 ``__getattr__`` warns "In the future `np.object` will be defined as the
 corresponding NumPy scalar"). Providing is silent; each use is recorded
-(:func:`compatshim._decisions.note_use`) and listed by ``status()`` under the
+(:func:`compatshim.decisions.note_use`) and listed by ``status()`` under the
 ``removed-names`` patch, so users can migrate and retire the alias.
 
 The ``evidence`` column says what was read to write the entry: the released

@@ -179,14 +179,13 @@ def class_function(owner: Any, name: str) -> Any:
 
 
 def _installed(distribution: str) -> str | None:
-    from .._versions import installed_version
+    from .._engine.versions import installed_version
 
     return installed_version(distribution)
 
 
 def _version_problem(entry: Entry) -> str | None:
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
+    from .._engine.versions import contains
 
     if entry.distribution is None:
         version = ".".join(map(str, sys.version_info[:3]))
@@ -198,11 +197,10 @@ def _version_problem(entry: Entry) -> str | None:
         version, what = found, entry.distribution
     if not entry.versions:
         return None
-    try:
-        parsed = Version(version.split("+")[0])
-    except ValueError:
+    inside = contains(entry.versions, version)
+    if inside is None:
         return f"cannot read the {what} version {version!r}"
-    if not SpecifierSet(entry.versions).contains(parsed, prereleases=True):
+    if not inside:
         return f"allow-listed for {what} {entry.versions}, installed {version}"
     return None
 

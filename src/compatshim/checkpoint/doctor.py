@@ -7,8 +7,8 @@ entry points of ``compatshim.allow`` are loaded, as the first load needing them 
 
 from __future__ import annotations
 
+from .._engine.versions import installed_version, version_at_least
 from .._records import DoctorRow
-from .._versions import installed_version, version_at_least
 
 
 def doctor_rows() -> list[DoctorRow]:

@@ -33,7 +33,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from .. import _decisions, _settings
+from .. import _settings
+from .._engine import decisions
 from ._safe import _MISSING, _UNRESOLVED, UserAllow
 from .allowlist import lookup
 
@@ -153,7 +154,7 @@ def _from_environment() -> dict[Key, tuple[Any, Allowed]]:
     try:
         names = _settings.allow_names()
     except _settings.SettingError as exc:
-        _decisions.warn_once(
+        decisions.warn_once(
             "allow", f"env:{exc}", f"compatshim: {exc}; {_settings.ALLOW} is ignored"
         )
         return {}
@@ -180,7 +181,7 @@ def _from_file() -> dict[Key, tuple[Any, Allowed]]:
             text = handle.read(MAX_FILE_BYTES)
         entries = _strings(_parse_file(text, path))
     except (OSError, ValueError) as exc:
-        _decisions.warn_once(
+        decisions.warn_once(
             "allow",
             f"file:{path}:{exc}",
             f"compatshim: {_settings.ALLOW_FILE}={path!r} is ignored: {type(exc).__name__}: {exc}",
@@ -217,7 +218,7 @@ def _from_entry_points() -> dict[Key, tuple[Any, Allowed]]:
             for key, hit in _entry_point_items(value, source).items():
                 loaded.setdefault(key, hit)
         except Exception as exc:
-            _decisions.warn_once(
+            decisions.warn_once(
                 "allow",
                 f"ep:{source}",
                 f"compatshim: {GROUP} {source} is ignored: {type(exc).__name__}: {exc}",
@@ -237,7 +238,7 @@ def _points() -> list[Any]:
             return list(points.select(group=GROUP))
         return list(points.get(GROUP, ()))  # Python 3.9
     except Exception as exc:
-        _decisions.warn_once(
+        decisions.warn_once(
             "allow", "ep:list", f"compatshim: could not list {GROUP} entry points: {exc}"
         )
         return []
@@ -265,4 +266,4 @@ def _reset() -> None:
         _code.clear()
         _entry_points = None
         _file = None
-    _decisions.forget_warnings("allow")
+    decisions.forget_warnings("allow")

@@ -27,7 +27,7 @@ def doctor_rows() -> list[DoctorRow]:
     """
     import os
 
-    from .._versions import installed_version
+    from .._engine.versions import installed_version
 
     debug = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper()
     torch_version = installed_version("torch") or ""

@@ -11,8 +11,8 @@ from __future__ import annotations
 from importlib import metadata
 from pathlib import Path
 
+from .._engine.versions import installed_version
 from .._records import DoctorRow
-from .._versions import installed_version
 from .layouts import LAYOUTS, Layout
 
 ROW_NAME = "master: colossalai layout"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .._versions import installed_version
+from .._engine.versions import installed_version
 
 
 class UnknownLayoutError(TypeError):

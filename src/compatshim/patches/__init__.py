@@ -1,51 +1,104 @@
-"""The patch catalogue: one small module per upstream defect.
+"""The patch catalogue: every patch's declaration in one table; its code in its own module.
 
-Each module ends with ``PATCH = Patch(...)``, the one place its name, targets
-and versions are written; the module is named after the patch
-(``torch-processgroup-copy`` lives in ``torch_processgroup_copy.py``). To support
-a new release, edit that one module (its ``tested`` range, probe or fix) and
-the pin set in ``matrix/``; to add a patch, add its module and one line here.
+A row says what the patch is for, which distribution and releases it targets,
+and which modules' import triggers it. Its probe and fix (``probe(module)``,
+``apply(module, patcher)``) live in ``compatshim/patches/<name>.py`` (dashes as
+underscores), whose docstring reads top to bottom: what breaks, which versions,
+detection, fix, revert. That module is imported only when a target module is
+imported, so ``install()`` at start-up imports this table and nothing else:
+its cost does not grow with the catalogue.
 
-``install()`` imports every module listed here, on the start-up path of every
-process that sets ``COMPATSHIM_AUTO=1``: a patch module's top level imports
-nothing heavier than compatshim's own ``_patch``/``_patching`` (frameworks,
-``pickle``, ``typing``... are imported inside its functions).
+To support a new release: widen ``tested`` here and add the pin file in
+``matrix/``. To add a patch: one row here and its module (and its tests in
+``tests/<family>/test_patch_<module>.py``).
 """
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
-if TYPE_CHECKING:
-    from .._patch import Patch
+from .._engine.patch import Patch
 
-CATALOGUE = (
-    "torch_processgroup_copy",
-    "nuscenes_dict_views",
-    "lightning_fabric_desync",
-    "torch_load_safe_globals",
-    "numpy_core_names",
-    "multiprocessing_pickle_paths",
-    "removed_names",
+CATALOGUE: tuple[Patch, ...] = (
+    Patch(
+        name="torch-processgroup-copy",
+        distribution="torch",
+        requires=">=2.0",
+        tested=">=2.1,<=2.15.0",
+        targets=("torch.distributed",),
+        description=(
+            "copy.deepcopy shares ProcessGroups instead of failing; pickle/torch.save re-bind "
+            "them on load to the group with the same global ranks"
+        ),
+    ),
+    Patch(
+        name="nuscenes-dict-views",
+        distribution="nuscenes-devkit",
+        requires="",
+        tested=">=1.1.11,<=1.2.0",
+        # the modules of nuscenes_dict_views.AFFECTED
+        targets=("nuscenes.eval.detection.data_classes", "nuscenes.eval.panoptic.evaluate"),
+        description=(
+            "devkit objects storing dict views (DetectionConfig.class_names, "
+            "NuScenesPanopticEval.things/stuff) become picklable and deep-copyable"
+        ),
+    ),
+    Patch(
+        name="lightning-fabric-desync",
+        distribution="lightning",
+        requires=">=2.4",
+        tested=">=2.4,<=2.6.6",
+        targets=("lightning.fabric.fabric", "lightning_fabric.fabric"),
+        target_distributions={"lightning_fabric.fabric": "lightning-fabric"},
+        description="Fabric ranks out of step: a DesyncError report within a timeout, not a hang",
+    ),
+    Patch(
+        name="torch-load-safe-globals",
+        distribution="torch",
+        requires=">=2.1",
+        tested=">=2.1,<2.16",
+        targets=("torch",),
+        description=(
+            "a weights-only torch.load that torch refuses is read again by "
+            "compatshim.checkpoint.load (same weights-only guarantees, curated allowlist), so "
+            "frameworks resume on torch 2.6+ without weights_only=False; a refusal by both warns"
+        ),
+    ),
+    Patch(
+        name="numpy-core-names",
+        distribution="numpy",
+        requires=">=1.17",
+        tested=">=1.24,<=2.5.5",
+        targets=("numpy",),
+        description=(
+            "pickles naming numpy._core.* load under numpy 1.x, and numpy.core.* ones load "
+            "without warnings under numpy 2 (same objects; torch's weights-only allowlist takes "
+            "both names); numpy 2's Generator/RandomState/bit generator pickles load under "
+            "numpy 1.x"
+        ),
+    ),
+    Patch(
+        name="multiprocessing-pickle-paths",
+        distribution="python",
+        requires=">=3.9",
+        tested=">=3.9,<3.14",
+        targets=("multiprocessing.reduction",),
+        description=(
+            "a child process (spawn/forkserver DataLoader worker, mp.spawn rank) whose arguments "
+            "cannot be pickled fails with the same error plus one line naming the attribute paths "
+            "and the compatshim fix for each"
+        ),
+    ),
+    Patch(
+        name="removed-names",
+        distribution="compatshim",
+        requires="",  # each entry is gated by its own versions (compatshim.aliases.table)
+        tested="",
+        # "compatshim": decided at install() (module aliases); then the modules named by
+        # compatshim.aliases.table.ATTRIBUTE_MODULES, gated by their own distribution
+        targets=("compatshim", "numpy", "torch.distributed"),
+        target_distributions={"numpy": "numpy", "torch.distributed": "torch"},
+        description=(
+            "removed or renamed names (pkg_resources, torch._six, np.row_stack, np.float, "
+            "dist.all_gather_single, ...) provided where missing; see compatshim.aliases.table"
+        ),
+    ),
 )
-
-
-def patch_name(module_name: str) -> str:
-    return module_name.replace("_", "-")
-
-
-def load_catalogue() -> list[tuple[str, Patch | None, str | None]]:
-    """``(name, PATCH, None)`` per catalogue module; ``(name, None, why)`` for one that fails."""
-    found: list[tuple[str, Patch | None, str | None]] = []
-    for module_name in CATALOGUE:
-        name = patch_name(module_name)
-        try:
-            # __import__ with a fromlist returns the submodule; importlib would cost an import
-            # (and its ``warnings``) on the start-up path
-            patch = __import__(f"{__name__}.{module_name}", fromlist=("PATCH",)).PATCH
-            if patch.name != name:
-                raise ValueError(f"module {module_name} declares a patch named {patch.name!r}")
-        except Exception as exc:
-            found.append((name, None, f"{type(exc).__name__}: {exc}"))
-            continue
-        found.append((name, patch, None))
-    return found

@@ -33,14 +33,12 @@ Revert: every wrapped method is put back through the ``Patcher``.
 
 from __future__ import annotations
 
-from .._patch import Patch
-
-TYPE_CHECKING = False  # no ``typing`` import at run time: install() imports this module at start-up
+TYPE_CHECKING = False  # no ``typing`` import: this module loads inside its target's import
 if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any, Callable
 
-    from .._patching import Patcher
+    from .._engine.patching import Patcher
 
 MARK = "__compatshim_desync__"
 COLLECTIVES = ("barrier", "broadcast", "all_reduce", "all_gather")
@@ -52,7 +50,7 @@ DISTRIBUTIONS = {"lightning_fabric": "lightning-fabric"}  # top-level module -> 
 
 
 def _fabric_class(module: ModuleType) -> Any:
-    from .._versions import installed_version
+    from .._engine.versions import installed_version
 
     fabric = getattr(module, "Fabric", None)
     missing = [name for name in WRAPPED if not callable(getattr(fabric, name, None))]
@@ -73,7 +71,9 @@ def probe(module: ModuleType) -> bool:
 
 
 def _breadcrumb(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    from functools import wraps  # here, not at the top: install() imports this module
+    from functools import (
+        wraps,  # here, not at the top: this module loads inside its target's import
+    )
 
     from ..dist import _framework as watch
 
@@ -238,16 +238,3 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
         else:
             wrapped = _breadcrumb(name, original)
         patcher.setattr(fabric, name, wrapped)
-
-
-PATCH = Patch(
-    name="lightning-fabric-desync",
-    distribution="lightning",
-    requires=">=2.4",
-    tested=">=2.4,<=2.6.6",
-    targets=("lightning.fabric.fabric", "lightning_fabric.fabric"),
-    target_distributions={"lightning_fabric.fabric": "lightning-fabric"},
-    probe=probe,
-    apply=apply,
-    description="Fabric ranks out of step: a DesyncError report within a timeout, not a hang",
-)

@@ -41,16 +41,14 @@ The revert
 
 from __future__ import annotations
 
-from .._patch import Patch
-
 TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
 if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any, Callable
 
-    from .._patching import Patcher
+    from .._engine.patching import Patcher
 
-__all__ = ["PATCH"]
+__all__ = ["apply", "probe"]
 
 _NAME = "multiprocessing-pickle-paths"
 _MARK = "compatshim: "
@@ -140,19 +138,3 @@ def apply(reduction: ModuleType, patcher: Patcher) -> None:
     original = vars(reduction)["dump"]
     if getattr(original, "__compatshim_original__", None) is None:
         patcher.setattr(reduction, "dump", _wrap(original))
-
-
-PATCH = Patch(
-    name=_NAME,
-    distribution="python",
-    requires=">=3.9",
-    tested=">=3.9,<3.14",
-    targets=("multiprocessing.reduction",),
-    probe=probe,
-    apply=apply,
-    description=(
-        "a child process (spawn/forkserver DataLoader worker, mp.spawn rank) whose arguments "
-        "cannot be pickled fails with the same error plus one line naming the attribute paths "
-        "and the compatshim fix for each"
-    ),
-)

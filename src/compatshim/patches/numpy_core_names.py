@@ -83,8 +83,6 @@ The revert
 
 from __future__ import annotations
 
-from .._patch import Patch
-
 TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -92,9 +90,9 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any, Callable
 
-    from .._patching import Patcher
+    from .._engine.patching import Patcher
 
-__all__ = ["PATCH", "AliasFinder"]
+__all__ = ["AliasFinder"]
 
 #: numpy-2 module prefixes and their numpy-1 homes (numpy 1.x direction).
 _NUMPY2_TO_NUMPY1 = {
@@ -346,10 +344,10 @@ def _alias_torch_allowlist(patcher: Patcher) -> Callable[[ModuleType], None]:
 
 
 def _watch(name: str, callback: Callable[[ModuleType], None], patcher: Patcher) -> None:
-    from .. import _import_hooks
+    from .._engine import import_hooks
 
-    _import_hooks.when_imported(name, callback)
-    patcher.on_revert(lambda: _import_hooks.discard(name, callback))
+    import_hooks.when_imported(name, callback)
+    patcher.on_revert(lambda: import_hooks.discard(name, callback))
 
 
 # -- numpy 1.x: numpy 2's numpy.random pickles -------------------------------------------------
@@ -483,19 +481,3 @@ def apply(numpy: ModuleType, patcher: Patcher) -> None:
             patcher.on_revert(_unwatch(shim_name))
             _watch(shim_name, _fill_shim(patcher), patcher)
     _watch(_TORCH_UNPICKLER, _alias_torch_allowlist(patcher), patcher)
-
-
-PATCH = Patch(
-    name="numpy-core-names",
-    distribution="numpy",
-    requires=">=1.17",
-    tested=">=1.24,<=2.5.5",
-    targets=("numpy",),
-    probe=probe,
-    apply=apply,
-    description=(
-        "pickles naming numpy._core.* load under numpy 1.x, and numpy.core.* ones load without "
-        "warnings under numpy 2 (same objects; torch's weights-only allowlist takes both names); "
-        "numpy 2's Generator/RandomState/bit generator pickles load under numpy 1.x"
-    ),
-)

@@ -60,17 +60,16 @@ from __future__ import annotations
 
 import gc
 
-from .._patch import Patch
-from .._versions import installed_version
+from .._engine.versions import installed_version
 
-TYPE_CHECKING = False  # no ``typing`` import at run time: install() imports this module at start-up
+TYPE_CHECKING = False  # no ``typing`` import: this module loads inside its target's import
 if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any, Callable
 
-    from .._patching import Patcher
+    from .._engine.patching import Patcher
 
-__all__ = ["AFFECTED", "PATCH", "DictViewRef", "is_dict_view", "rebuild_dict_view"]
+__all__ = ["AFFECTED", "DictViewRef", "is_dict_view", "rebuild_dict_view"]
 
 #: module -> class -> attributes known to store a dict view (see the table above).
 AFFECTED: dict[str, dict[str, tuple[str, ...]]] = {
@@ -266,22 +265,7 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
             raise RuntimeError(
                 f"nuscenes-devkit {installed_version('nuscenes-devkit')}: "
                 f"{module.__name__}.{class_name} defines its own __getstate__/__setstate__; "
-                f"{PATCH.name} knows only classes that define neither (1.1.11, 1.2.0)"
+                f"nuscenes-dict-views knows only classes that define neither (1.1.11, 1.2.0)"
             )
         patcher.setattr(cls, "__getstate__", _getstate)
         patcher.setattr(cls, "__setstate__", _setstate)
-
-
-PATCH = Patch(
-    name="nuscenes-dict-views",
-    distribution="nuscenes-devkit",
-    requires="",
-    tested=">=1.1.11,<=1.2.0",
-    targets=tuple(AFFECTED),
-    probe=probe,
-    apply=apply,
-    description=(
-        "devkit objects storing dict views (DetectionConfig.class_names, "
-        "NuScenesPanopticEval.things/stuff) become picklable and deep-copyable"
-    ),
-)

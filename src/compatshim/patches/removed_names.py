@@ -14,9 +14,9 @@ Which versions
     that lack it; the patch itself gates nothing (``requires=""``).
 
 How it is detected
-    Target ``compatshim.aliases`` (always imported with this module, so it is
-    decided at ``install()``): a table module that is needed and that no
-    finder can find. Targets ``numpy`` and ``torch.distributed`` (when
+    Target ``compatshim`` (always imported, so it is decided at
+    ``install()``): a table module that is needed and that no finder can
+    find. Targets ``numpy`` and ``torch.distributed`` (when
     imported): a needed attribute the module does not have.
 
 The fix
@@ -37,18 +37,15 @@ from __future__ import annotations
 
 import sys
 
-from .._patch import Patch
-from ..aliases import table  # not ``from .. import aliases``: compatshim's __getattr__ is costly
-
 TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
 if TYPE_CHECKING:
     from types import ModuleType
 
-    from .._patching import Patcher
+    from .._engine.patching import Patcher
 
-__all__ = ["PATCH"]
+__all__ = ["apply", "probe"]
 
-_MODULES_TARGET = table.__name__.rpartition(".")[0]  # compatshim.aliases
+_MODULES_TARGET = "compatshim"  # always imported: module aliases are decided at install()
 
 
 def _finder() -> object | None:
@@ -100,19 +97,3 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
         from ..aliases.collectives import apply_weights_only
 
         apply_weights_only(module, patcher)
-
-
-PATCH = Patch(
-    name="removed-names",
-    distribution="compatshim",
-    requires="",  # each entry is gated by its own versions (compatshim.aliases.table)
-    tested="",
-    targets=(_MODULES_TARGET, *table.ATTRIBUTE_MODULES),
-    target_distributions={"numpy": "numpy", "torch.distributed": "torch"},  # see table
-    probe=probe,
-    apply=apply,
-    description=(
-        "removed or renamed names (pkg_resources, torch._six, np.row_stack, np.float, "
-        "dist.all_gather_single, ...) provided where missing; see compatshim.aliases.table"
-    ),
-)

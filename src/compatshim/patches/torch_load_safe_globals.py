@@ -82,16 +82,14 @@ The revert
 
 from __future__ import annotations
 
-from .._patch import Patch
-
 TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
 if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any, Callable
 
-    from .._patching import Patcher
+    from .._engine.patching import Patcher
 
-__all__ = ["PATCH", "CheckpointRefusedWarning"]
+__all__ = ["CheckpointRefusedWarning"]
 
 _NAME = "torch-load-safe-globals"
 _TRUE_VALUES = ("1", "y", "yes", "true")  # torch.serialization's own parsing
@@ -178,9 +176,9 @@ def _warn_refused(message: str) -> None:
 
 
 def _record(event: str, detail: str) -> None:
-    from .. import _decisions
+    from .._engine import decisions
 
-    _decisions.record(_NAME, event, detail)
+    decisions.record(_NAME, event, detail)
 
 
 def _retry(f: Any, start: int | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -416,7 +414,7 @@ def apply(torch: ModuleType, patcher: Patcher) -> None:
     from torch import serialization
 
     from .. import _settings
-    from .._versions import version_at_least
+    from .._engine.versions import version_at_least
 
     hardened = _settings.safe_load()
     # torch's own weights-only unpickler could run code from a crafted file before 2.6
@@ -429,19 +427,3 @@ def apply(torch: ModuleType, patcher: Patcher) -> None:
             continue  # already ours (installed twice by hand): wrapping again would nest
         replacement = wrapped.setdefault(id(original), _wrap(original, hardened, torch_checks))
         patcher.setattr(owner, "load", replacement)
-
-
-PATCH = Patch(
-    name=_NAME,
-    distribution="torch",
-    requires=">=2.1",
-    tested=">=2.1,<2.16",
-    targets=("torch",),
-    probe=probe,
-    apply=apply,
-    description=(
-        "a weights-only torch.load that torch refuses is read again by compatshim.checkpoint.load "
-        "(same weights-only guarantees, curated allowlist), so frameworks resume on torch 2.6+ "
-        "without weights_only=False; a refusal by both warns"
-    ),
-)

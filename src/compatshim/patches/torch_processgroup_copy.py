@@ -64,18 +64,16 @@ The revert
 
 from __future__ import annotations
 
-from .._patch import Patch
-from .._versions import installed_version
+from .._engine.versions import installed_version
 
-TYPE_CHECKING = False  # no ``typing`` import at run time: install() imports this module at start-up
+TYPE_CHECKING = False  # no ``typing`` import: this module loads inside its target's import
 if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-    from .._patching import Patcher
+    from .._engine.patching import Patcher
 
 __all__ = [
-    "PATCH",
     "ProcessGroupPickleError",  # noqa: F822 - made on first use by the module __getattr__
     "ProcessGroupUnavailableError",
     "UnboundProcessGroup",
@@ -90,7 +88,7 @@ def _pickle_error() -> type[Exception]:
     """``ProcessGroupPickleError``, a ``pickle.PicklingError``, made on first use.
 
     Its base lives in ``_pickle``, whose imports (functools, collections) would
-    double what ``install()`` costs at start-up; nothing is pickled before then.
+    add to the hook's cost inside ``import torch``; nothing is pickled before then.
     """
     made = globals().get("ProcessGroupPickleError")
     if made is None:
@@ -339,7 +337,7 @@ def _bare_group(cls: type) -> Any:
     )
 
 
-def _probe(module: ModuleType) -> bool:
+def probe(module: ModuleType) -> bool:
     import copy
     import pickle
 
@@ -360,25 +358,10 @@ def _probe(module: ModuleType) -> bool:
     return False
 
 
-def _apply(module: ModuleType, patcher: Patcher) -> None:
+def apply(module: ModuleType, patcher: Patcher) -> None:
     cls = _process_group_class(module)
     if cls is None:
         raise RuntimeError("torch.distributed is not available in this torch build")
     patcher.setattr(cls, "__deepcopy__", _share)
     patcher.setattr(cls, "__copy__", _share)
     patcher.setattr(cls, "__reduce_ex__", _reduce_group)
-
-
-PATCH = Patch(
-    name="torch-processgroup-copy",
-    distribution="torch",
-    requires=">=2.0",
-    tested=">=2.1,<=2.15.0",
-    targets=("torch.distributed",),
-    probe=_probe,
-    apply=_apply,
-    description=(
-        "copy.deepcopy shares ProcessGroups instead of failing; pickle/torch.save re-bind them "
-        "on load to the group with the same global ranks"
-    ),
-)

@@ -5,8 +5,8 @@ Cheap: versions come from installed metadata; no framework is imported.
 
 from __future__ import annotations
 
+from .._engine.versions import installed_version, version_at_least
 from .._records import DoctorRow
-from .._versions import installed_version, version_at_least
 
 
 def doctor_rows() -> list[DoctorRow]:

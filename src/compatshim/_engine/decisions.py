@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from _thread import allocate_lock
 
-from . import _settings
+from .. import _settings
 
 LOGGER = "compatshim"
 _KEEP_PER_PATCH = 8

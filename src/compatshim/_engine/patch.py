@@ -1,10 +1,9 @@
-"""How a patch declares itself: what it targets, which releases, how to probe, apply and revert.
+"""How a patch declares itself: what it targets, which releases, where its probe and fix live.
 
-Each patch module under :mod:`compatshim.patches` ends with one ``PATCH = Patch(...)``;
-that declaration is the only place the patch's name, targets and versions are
-written. This module depends on nothing else in compatshim (the registry
-imports the patches, never the other way round) and imports nothing at run
-time, because ``install()`` imports every patch module on the start-up path.
+The built-in declarations are the rows of :data:`compatshim.patches.CATALOGUE`;
+each row names its fix module, which is imported only when a target module is
+imported (or the doctor asks), so start-up cost does not grow with the
+catalogue. This module imports nothing at run time: it is on the start-up path.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Callable
 
-    from ._patching import Patcher
+    from .patching import Patcher
 
     Probe = Callable[[ModuleType], bool]
     Apply = Callable[[ModuleType, Patcher], None]
@@ -23,6 +22,9 @@ if TYPE_CHECKING:
 class Patch:
     """A declared fix for one upstream defect.
 
+    ``probe`` and ``apply`` are either given (a patch registered by hand) or
+    read from ``fix_module`` on first use: ``compatshim.patches.<name>`` with
+    dashes as underscores, which defines both at module level.
     ``probe(module)`` returns True while the defect is present in ``module``;
     ``apply(module, patcher)`` makes every change through ``patcher`` so that
     revert is exact. Both are called once per target module, after the module
@@ -41,11 +43,12 @@ class Patch:
     """
 
     __slots__ = (
-        "apply",
+        "_apply",
+        "_probe",
         "description",
         "distribution",
+        "fix_module",
         "name",
-        "probe",
         "requires",
         "target_distributions",
         "targets",
@@ -60,9 +63,9 @@ class Patch:
         requires: str,
         tested: str,
         targets: tuple[str, ...],
-        probe: Probe,
-        apply: Apply,
         description: str,
+        probe: Probe | None = None,
+        apply: Apply | None = None,
         target_distributions: dict[str, str] | None = None,
     ) -> None:
         if isinstance(targets, str) or not targets:
@@ -72,10 +75,31 @@ class Patch:
         self.requires = requires
         self.tested = tested
         self.targets = tuple(targets)
-        self.probe = probe
-        self.apply = apply
+        self._probe = probe
+        self._apply = apply
+        self.fix_module = "compatshim.patches." + name.replace("-", "_")
         self.description = description
         self.target_distributions = dict(target_distributions or {})
+
+    @property
+    def probe(self) -> Probe:
+        if self._probe is None:
+            self._load_fix()
+        assert self._probe is not None
+        return self._probe
+
+    @property
+    def apply(self) -> Apply:
+        if self._apply is None:
+            self._load_fix()
+        assert self._apply is not None
+        return self._apply
+
+    def _load_fix(self) -> None:
+        """Import the fix module (inside a hook, whose errors the registry reports)."""
+        # __import__ with a fromlist returns the submodule without importing importlib
+        module = __import__(self.fix_module, fromlist=("probe", "apply"))
+        self._probe, self._apply = module.probe, module.apply
 
     def distribution_for(self, target: str) -> str:
         return self.target_distributions.get(target, self.distribution)

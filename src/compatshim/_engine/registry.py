@@ -1,7 +1,8 @@
 """The patch registry: version-gated, probe-confirmed, reversible import-time patches.
 
-``install()`` imports the patch catalogue (small modules that import no
-framework) and arms post-import hooks; nothing else is imported. When a
+``install()`` reads the patch catalogue (one table of declarations,
+:data:`compatshim.patches.CATALOGUE`) and arms post-import hooks; no patch's
+code and no framework is imported. When a
 target module and its parent packages have finished importing, the hook reads
 the installed version from metadata, runs the patch's probe against the live
 module, applies the fix only when the defect is really there, and probes again
@@ -10,7 +11,7 @@ to confirm it.
 Promises, and how they are kept:
 
 - Nothing compatshim does inside a user's import raises into it: every step
-  of a hook is guarded, warnings go through :func:`_decisions.warn` (which
+  of a hook is guarded, warnings go through :func:`decisions.warn` (which
   cannot raise under ``-W error``), and a broken install warns once and stays
   disarmed.
 - Thread safety without deadlock: ``_lock`` guards only this module's tables
@@ -18,7 +19,7 @@ Promises, and how they are kept:
   claims its (patch, target) under the lock, works without it, and records the
   outcome under it again; if the patch was uninstalled meanwhile, the hook
   reverts its own change. ``uninstall()`` waits for hooks still working.
-- Exact revert: every change goes through a :class:`~compatshim._patching.Patcher`.
+- Exact revert: every change goes through a :class:`~compatshim._engine.patching.Patcher`.
 """
 
 from __future__ import annotations
@@ -26,28 +27,28 @@ from __future__ import annotations
 import sys
 from _thread import RLock, get_ident
 
-from . import _decisions, _import_hooks, _settings
-from ._patching import Patcher
+from .. import _settings
+from . import decisions, import_hooks
+from .patching import Patcher
 
 TYPE_CHECKING = False  # no ``typing`` import at run time: ``import compatshim.auto`` stays cheap
 if TYPE_CHECKING:
     from types import ModuleType
     from typing import Callable, Iterable
 
-    from ._patch import Patch
-    from ._records import PatchStatus, Position
+    from .._records import PatchStatus, Position
+    from .patch import Patch
 
 _WAIT_FOR_HOOKS_S = 30.0
-_IMPORT_RACE_S = 2.0  # how long to wait for another thread's import (_import_hooks.half_built)
+_IMPORT_RACE_S = 2.0  # how long to wait for another thread's import (import_hooks.half_built)
 
 
 class _State:
     """What the registry knows about one patch in this process."""
 
-    def __init__(self, name: str, patch: Patch | None, load_error: str | None = None) -> None:
-        self.name = name
+    def __init__(self, patch: Patch) -> None:
+        self.name = patch.name
         self.patch = patch
-        self.load_error = load_error
         self.armed = False
         self.generation = 0
         self.patcher = Patcher()
@@ -63,7 +64,7 @@ class _State:
 
     @property
     def targets(self) -> tuple[str, ...]:
-        return self.patch.targets if self.patch is not None else ()
+        return self.patch.targets
 
     def reset_outcomes(self) -> None:
         self.claimed.clear()
@@ -87,7 +88,7 @@ class _Outcome:
 
     def failed(self, error: str, exc: BaseException) -> _Outcome:
         self.error = error
-        self.race = _import_hooks.half_built(exc)
+        self.race = import_hooks.half_built(exc)
         return self
 
 
@@ -98,15 +99,14 @@ _loaded = False
 
 # -- the catalogue -----------------------------------------------------------------------------
 def _load() -> dict[str, _State]:
-    """Every catalogue patch as a state; a module that fails to import becomes a broken state."""
+    """Every catalogue patch as a state (a table of declarations: nothing else is imported)."""
     global _loaded
     if not _loaded:
-        from .patches import load_catalogue  # imported outside the lock: it imports modules
+        from ..patches import CATALOGUE
 
-        found = load_catalogue()
         with _lock:
-            for name, patch, error in found:
-                _states.setdefault(name, _State(name, patch, error))
+            for patch in CATALOGUE:
+                _states.setdefault(patch.name, _State(patch))
             _loaded = True
     return _states
 
@@ -117,7 +117,7 @@ def register(patch: Patch) -> None:
     with _lock:
         if patch.name in states and states[patch.name].patch is not patch:
             raise ValueError(f"a different patch named {patch.name!r} is already registered")
-        states.setdefault(patch.name, _State(patch.name, patch))
+        states.setdefault(patch.name, _State(patch))
 
 
 def unregister(name: str) -> None:
@@ -166,7 +166,7 @@ def _disabled_by_env(known: Iterable[str]) -> set[str]:
             disabled.add(name)
         if name != raw:
             what = f"taken as {name!r}" if name else "matches no patch; ignored"
-            _decisions.warn_once(
+            decisions.warn_once(
                 "registry",
                 f"env:{raw}",
                 f"compatshim: {_settings.DISABLE} entry {raw!r} {what}; known patches: "
@@ -186,7 +186,7 @@ def _dependencies_missing() -> str | None:
 # -- what a hook does --------------------------------------------------------------------------
 def _decide(patch: Patch, target: str, module: ModuleType, *, apply: bool = True) -> _Outcome:
     """Gate, probe, then (when ``apply``) apply and confirm, for one target. Never raises."""
-    from ._versions import installed_version, position
+    from .versions import installed_version, position
 
     outcome = _Outcome()
     distribution = patch.distribution_for(target)
@@ -202,7 +202,13 @@ def _decide(patch: Patch, target: str, module: ModuleType, *, apply: bool = True
     if outcome.position == "unsupported":
         return outcome
     try:
-        outcome.defect = bool(patch.probe(module))
+        probe = patch.probe  # the first use imports the patch's fix module
+    except Exception as exc:
+        return outcome.failed(
+            f"fix module {patch.fix_module} failed to load: {_describe(exc)}", exc
+        )
+    try:
+        outcome.defect = bool(probe(module))
     except Exception as exc:  # a probe that cannot decide leaves the module alone
         return outcome.failed(f"probe failed on {target}: {_describe(exc)}", exc)
     if not outcome.defect or not apply:
@@ -257,7 +263,7 @@ def _on_import(state: _State, target: str, module: ModuleType) -> None:
     """The hook: claim, decide without the lock, record. Runs inside the user's import."""
     patch = state.patch
     with _lock:
-        if patch is None or not state.armed or target in state.claimed:
+        if not state.armed or target in state.claimed:
             return
         state.claimed.add(target)
         state.workers.append(get_ident())
@@ -291,19 +297,19 @@ def _record(state: _State, target: str, outcome: _Outcome) -> None:
 
 def _report(name: str, target: str, outcome: _Outcome, *, applied: bool) -> None:
     if outcome.position == "unsupported":
-        _decisions.record(name, "left alone", f"{target}: older than the patch supports")
+        decisions.record(name, "left alone", f"{target}: older than the patch supports")
     elif outcome.error is not None:
-        _decisions.record(name, "failed", outcome.error)
-        _decisions.warn_once(
+        decisions.record(name, "failed", outcome.error)
+        decisions.warn_once(
             "registry", f"{name}:{outcome.error}", f"compatshim: patch {name!r} {outcome.error}"
         )
     elif outcome.defect is False:
-        _decisions.record(name, "defect absent", target)
+        decisions.record(name, "defect absent", target)
     elif outcome.patcher is not None and applied:
         note = "" if outcome.position == "tested" else f"; {outcome.version_note or 'untested'}"
-        _decisions.record(name, "applied", f"{target}, fixed={outcome.fixed}{note}")
+        decisions.record(name, "applied", f"{target}, fixed={outcome.fixed}{note}")
         if not outcome.fixed:
-            _decisions.warn_once(
+            decisions.warn_once(
                 "registry",
                 f"{name}:unfixed",
                 f"compatshim: patch {name!r} applied to {target} but its probe still finds "
@@ -325,7 +331,7 @@ def install(
     include_names, exclude_names = _names(include), _names(exclude)
     missing = _dependencies_missing()
     if missing is not None:
-        _decisions.warn_once(
+        decisions.warn_once(
             "registry",
             "dependencies",
             f"compatshim: a dependency is missing ({missing}); no patch is armed. "
@@ -341,9 +347,6 @@ def install(
         for state in selected:
             if state.name in excluded:
                 continue
-            if state.patch is None:
-                _decisions.record(state.name, "not armed", state.load_error or "")
-                continue
             armed.append(state.name)
             if state.armed:
                 continue
@@ -356,17 +359,10 @@ def install(
                     _on_import(state, target, module)
 
                 state.hooks[target] = hook
-                _import_hooks.register(target, hook)
+                import_hooks.register(target, hook)
                 to_settle.append(target)
-            _decisions.record(state.name, "armed", ", ".join(state.targets))
-    for state in selected:
-        if state.patch is None and state.name not in excluded:
-            _decisions.warn_once(
-                "registry",
-                f"load:{state.name}",
-                f"compatshim: patch {state.name!r} is unusable ({state.load_error}); not armed",
-            )
-    _import_hooks.settle(to_settle)
+            decisions.record(state.name, "armed", ", ".join(state.targets))
+    import_hooks.settle(to_settle)
     return armed
 
 
@@ -378,14 +374,14 @@ def uninstall(names: Iterable[str] | str | None = None) -> list[str]:
             if not state.armed:
                 continue
             for target, hook in state.hooks.items():
-                _import_hooks.discard(target, hook)
+                import_hooks.discard(target, hook)
             state.hooks.clear()
             state.armed = False
             state.generation += 1
             state.patcher.revert()
             state.reset_outcomes()
             undone.append(state.name)
-            _decisions.record(state.name, "uninstalled")
+            decisions.record(state.name, "uninstalled")
     _wait_for_hooks(undone)
     return undone
 
@@ -413,10 +409,10 @@ def probe_unarmed() -> None:
     for state in list(_load().values()):
         patch = state.patch
         with _lock:
-            if patch is None or state.armed:
+            if state.armed:
                 continue
         for target in patch.targets:
-            module = _import_hooks.ready(target)
+            module = import_hooks.ready(target)
             if module is None:
                 continue
             outcome = _settled(patch, target, module, apply=False)
@@ -434,15 +430,15 @@ def status() -> list[PatchStatus]:
         try:
             return _status()
         except (ImportError, AttributeError) as exc:  # see _settled: another thread's import
-            if _import_hooks.half_built(exc) is None or time.monotonic() > deadline:
+            if import_hooks.half_built(exc) is None or time.monotonic() > deadline:
                 raise
             time.sleep(0.01)
 
 
 def _status() -> list[PatchStatus]:
-    from ._records import PatchStatus
+    from .._records import PatchStatus
 
-    _import_hooks.run_due()
+    import_hooks.run_due()
     disabled = _disabled_by_env(_load())
     rows: list[PatchStatus] = []
     with _lock:
@@ -454,29 +450,9 @@ def _status() -> list[PatchStatus]:
 
 
 def _status_row(record: type[PatchStatus], state: _State, disabled: bool) -> PatchStatus:
-    from ._versions import installed_version, position
+    from .versions import installed_version, position
 
     patch = state.patch
-    if patch is None:
-        return record(
-            name=state.name,
-            description="",
-            distribution="",
-            installed_version=None,
-            requires="",
-            tested="",
-            range_position=None,
-            armed=False,
-            disabled=disabled,
-            targets=[],
-            targets_imported=[],
-            defect="not probed",
-            applied=False,
-            applied_targets=[],
-            fixed=None,
-            error=f"patch module failed to load: {state.load_error}",
-            decisions=_decisions.recent(state.name),
-        )
     distribution, version = _installed(patch)
     where, note = state.position, state.version_note
     if where is None and note is None:
@@ -507,14 +483,14 @@ def _status_row(record: type[PatchStatus], state: _State, disabled: bool) -> Pat
         fixed=(all(state.fixed.values()) if state.fixed else None),
         error=state.error,
         version_note=note,
-        decisions=_decisions.recent(state.name),
-        used=_decisions.used(state.name),
+        decisions=decisions.recent(state.name),
+        used=decisions.used(state.name),
     )
 
 
 def _installed(patch: Patch) -> tuple[str, str | None]:
     """The first of the patch's distributions that is installed, and its version."""
-    from ._versions import installed_version
+    from .versions import installed_version
 
     for name in patch.distributions():
         version = installed_version(name)
