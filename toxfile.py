@@ -1,4 +1,13 @@
-"""tox inline plugin: let uv find the same wheels and interpreters pip and pyenv know.
+"""tox inline plugin: the matrix envs come from matrix/*.txt; uv finds the wheels and
+interpreters pip and pyenv know.
+
+- The matrix. Every ``matrix/<env>.txt`` is a tox env of that name: tox.ini's
+  ``env_list`` and the ``matrix`` label are made here (``lint`` plus one env per
+  pin file), so a new release is one pin file. ``matrix/bench*.txt`` are the
+  bench envs' pins (their sections are in tox.ini) and stay out of the matrix.
+  The env's family is its name up to the first ``-`` (the ``[testenv]`` commands'
+  factor). A name ending in ``-2.X`` or ``-3.X`` is refused: tox would read it as
+  a Python version (``resume-lightning2.6.txt``, not ``resume-lightning-2.6.txt``).
 
 Two gaps between these machines and uv, closed here and nowhere else:
 
@@ -24,9 +33,49 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from tox.config.loader.memory import MemoryLoader
+from tox.config.types import EnvList
+from tox.plugin import impl
+from tox.report import HandledError
+
+if TYPE_CHECKING:
+    from tox.config.sets import CoreConfigSet
+    from tox.session.state import State
+
+MATRIX_LABEL = "matrix"
+ALSO_IN_MATRIX = ("lint",)  # envs of tox.ini's own that the matrix runs too
+NOT_MATRIX = "bench"  # matrix/bench*.txt: pins of the bench envs defined in tox.ini
+PYTHON_SUFFIX = re.compile(r"-([23]\.\d+)$")  # tox reads `-2.6` as "Python 2.6"
 PYENV_RELEASE = re.compile(r"^3\.(\d+)\.(\d+)$")  # CPython releases only: no -dev, t, envs
 LINK_DIR = Path(__file__).resolve().parent / ".tox" / ".pyenv-pythons"
+
+
+def matrix_envs(folder: Path) -> list[str]:
+    """One env per ``<env>.txt`` in ``folder`` (sorted), ``bench*.txt`` left out."""
+    envs = []
+    for pins in sorted(folder.glob("*.txt"), key=lambda path: path.stem):
+        if pins.name.startswith(NOT_MATRIX):
+            continue
+        clash = PYTHON_SUFFIX.search(pins.stem)
+        if clash:
+            fixed = pins.stem[: clash.start()] + clash[1]
+            raise HandledError(
+                f"{pins}: tox reads a name ending in '-{clash[1]}' as Python {clash[1]}; "
+                f"rename it {fixed}.txt"
+            )
+        envs.append(pins.stem)
+    return envs
+
+
+@impl
+def tox_add_core_config(core_conf: CoreConfigSet, state: State) -> None:
+    """``env_list`` and the ``matrix`` label: ``lint`` and each pin file's env (not in tox.ini)."""
+    envs = [*ALSO_IN_MATRIX, *matrix_envs(Path(core_conf["tox_root"]) / "matrix")]
+    core_conf.loaders.append(MemoryLoader(env_list=EnvList(envs)))
+    for env in envs:
+        state.conf.memory_seed_loaders[env].append(MemoryLoader(labels=[MATRIX_LABEL]))
 
 
 def _pip_find_links() -> list[str]:

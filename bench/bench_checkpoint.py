@@ -132,7 +132,8 @@ def main(repeats: int = 5) -> dict[str, float]:
     )
     print(
         "\nEach call in a fresh interpreter, contenders alternating; peak = RSS high-water mark "
-        "above the RSS just before the call."
+        "above the RSS just before the call. Shared machine: other jobs ran beside it (load "
+        "average below), so compare the ratios, not the milliseconds."
     )
     for child in folder.iterdir():
         child.unlink()

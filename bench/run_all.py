@@ -3,9 +3,10 @@
 Each benchmark runs in its own interpreter (they import different frameworks);
 inside each, contenders run side by side. A run replaces only the sections of
 the benchmarks it ran, so benchmarks that need another torch (``tox -e
-bench-torch2.13``) and the rest (``tox -e bench``) share one file. Each section
-records the date, machine and torch it was measured on, because ratios are only
-comparable on the same kind of machine.
+bench-torch2.13``, ``tox -e bench-lightning2.6``) and the rest (``tox -e bench``)
+share one file. Each section records the date, machine, torch and load average
+it was measured at, because ratios are only comparable on the same kind of
+machine and the machines are shared.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
 HEADER = """# Benchmark results
 
-Written by `python bench/run_all.py [bench_name ...]` (`tox -e bench`, `tox -e bench-torch2.13`);
-a run replaces only the sections of the benchmarks it ran.
+Written by `python bench/run_all.py [bench_name ...]` (`tox -e bench`, `tox -e bench-torch2.13`,
+`tox -e bench-lightning2.6`); a run replaces only the sections of the benchmarks it ran.
 
 Shared, noisy machines: every figure is a median over interleaved repeats, and the ratios
 (compatshim vs the alternative a user would pick, run side by side) are what to compare.
@@ -56,6 +57,7 @@ def machine() -> str:
 def run_one(name: str, where: str) -> tuple[str, bool]:
     """One benchmark's section (Markdown between markers) and whether it succeeded."""
     print(f"== {name}", flush=True)
+    before = os.getloadavg()[0]
     done = subprocess.run(
         [sys.executable, str(HERE / f"{name}.py")], capture_output=True, text=True, cwd=HERE
     )
@@ -69,7 +71,9 @@ def run_one(name: str, where: str) -> tuple[str, bool]:
         body = "\n".join(
             line for line in done.stdout.strip().splitlines() if not line.startswith("{")
         )
-    stamp = f"_{name}, {datetime.date.today().isoformat()}: {where}_"
+    # the machine is shared: the load average says how much else ran beside the benchmark
+    load = f"load average {before:.1f} at start, {os.getloadavg()[0]:.1f} at end"
+    stamp = f"_{name}, {datetime.date.today().isoformat()}: {where}; {load}_"
     section = f"<!-- bench:{name} -->\n{body}\n\n{stamp}\n<!-- /bench:{name} -->\n"
     return section, done.returncode == 0
 

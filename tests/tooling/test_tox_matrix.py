@@ -1,86 +1,122 @@
-"""tox.ini and matrix/*.txt agree: every pin file is an env, every env has a pin file and a family.
+"""A new release is one pin file: tox's own listing of the envs follows matrix/*.txt.
 
-A new release is one pin file plus its name in ``env_list`` and the ``matrix``
-label (tox 4 reads env names from tox.ini); this test says exactly which line is
-missing, so nothing else can drift: no orphan pin file, no env without pins, no
-family without a command, no ``ci`` env outside the matrix.
+toxfile.py makes ``env_list`` and the ``matrix`` label from the pin files; these
+tests ask tox itself (``tox l``), in this checkout and in a temporary copy with a
+pin file added, so they hold what tox will run, not a re-reading of tox.ini. The
+``ci`` label stays a hand-written list: every name in it must be an env.
 """
 
 from __future__ import annotations
 
 import configparser
-import re
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
-TOOLING_ENVS = {"lint", "gpu"}
 
 
-def _tox() -> configparser.ConfigParser:
+def _tox(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``tox`` run in ``root``, free of the variables of a tox env this test may run in."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("TOX_", "_TOX"))}
+    return subprocess.run(
+        [sys.executable, "-m", "tox", *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+def _envs(root: Path, *selection: str) -> list[str]:
+    done = _tox(root, "l", "--no-desc", *selection)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.split()
+
+
+def _copy(tmp_path: Path) -> Path:
+    """What tox needs to list the envs: tox.ini, toxfile.py and matrix/."""
+    for name in ("tox.ini", "toxfile.py"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "matrix", tmp_path / "matrix")
+    return tmp_path
+
+
+def _ini() -> configparser.ConfigParser:
     parser = configparser.ConfigParser(interpolation=None)
     parser.read(ROOT / "tox.ini")
     return parser
 
 
-def _names(value: str) -> list[str]:
-    return [n.strip() for n in re.split(r"[,\s]+", value) if n.strip()]
-
-
-def _labels(tox: configparser.ConfigParser) -> dict[str, list[str]]:
+def _labels() -> dict[str, list[str]]:
+    """tox.ini's own ``labels`` (the derived ``matrix`` label is not among them)."""
     out = {}
-    for line in tox["tox"]["labels"].strip().splitlines():
+    for line in _ini()["tox"].get("labels", "").strip().splitlines():
         name, _, value = line.partition("=")
-        out[name.strip()] = _names(value)
+        out[name.strip()] = [env.strip() for env in value.split(",") if env.strip()]
     return out
 
 
-def _pins(tox: configparser.ConfigParser, env: str) -> str:
-    """The pin file an env installs: its section's ``deps = -r`` or matrix/<env>.txt."""
-    section = f"testenv:{env}"
-    deps = tox[section].get("deps", "") if tox.has_section(section) else ""
-    found = re.search(r"-r\s*matrix/(\S+)", deps)
-    return found.group(1) if found else f"{env}.txt"
+@pytest.fixture(scope="module")
+def matrix() -> list[str]:
+    return _envs(ROOT, "-m", "matrix")
 
 
-def test_every_env_has_a_pin_file_and_every_pin_file_an_env() -> None:
-    tox = _tox()
-    envs = [e for e in _names(tox["tox"]["env_list"]) if e not in TOOLING_ENVS]
-    sections = [s.split(":", 1)[1] for s in tox.sections() if s.startswith("testenv:")]
-    used = {_pins(tox, env) for env in {*envs, *sections} if env not in TOOLING_ENVS}
-    missing = sorted(p for p in used if not (ROOT / "matrix" / p).is_file())
-    assert missing == [], f"envs without their pin file in matrix/: {missing}"
-    pin_files = {p.name for p in (ROOT / "matrix").glob("*.txt")}
-    orphans = sorted(pin_files - used)
-    assert orphans == [], (
-        f"pin files no env installs: {orphans}; add each name (without .txt) to env_list and "
-        "the matrix label in tox.ini"
-    )
+def test_the_matrix_is_lint_and_every_pin_file(matrix: list[str]) -> None:
+    pins = sorted(p.stem for p in (ROOT / "matrix").glob("*.txt") if not p.name.startswith("bench"))
+    assert matrix == ["lint", *pins]
+    assert _envs(ROOT, "-d") == matrix, "the default env_list is the matrix"
 
 
-def test_labels_cover_the_env_list() -> None:
-    tox = _tox()
-    envs = _names(tox["tox"]["env_list"])
-    labels = _labels(tox)
-    assert sorted(labels["matrix"]) == sorted(envs), "the matrix label must list every env"
-    assert set(labels["ci"]) <= set(envs), set(labels["ci"]) - set(envs)
-    assert len(set(envs)) == len(envs), "an env is listed twice"
+def test_a_new_pin_file_is_a_new_env_without_editing_tox_ini(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    (root / "matrix" / "core-torch9.9.txt").write_text("torch==9.9.0\n")
+    assert "core-torch9.9" in _envs(root, "-d")
+    assert "core-torch9.9" in _envs(root, "-m", "matrix")
+    deps = _tox(root, "config", "-e", "core-torch9.9", "-k", "deps")
+    assert "-r matrix/core-torch9.9.txt" in deps.stdout, deps.stdout + deps.stderr
+    assert (root / "tox.ini").read_bytes() == (ROOT / "tox.ini").read_bytes()
 
 
-def test_every_family_has_a_command_and_a_test_folder() -> None:
-    tox = _tox()
-    commands = tox["testenv"]["commands"]
+def test_a_name_tox_would_read_as_python_is_refused(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    (root / "matrix" / "resume-lightning-2.7.txt").write_text("lightning==2.7.0\n")
+    done = _tox(root, "l")
+    assert done.returncode != 0
+    assert "rename it resume-lightning2.7.txt" in done.stdout + done.stderr
+
+
+def test_ci_envs_are_matrix_envs(matrix: list[str]) -> None:
+    ci = _labels()["ci"]
+    assert len(set(ci)) == len(ci), "an env is listed twice in the ci label"
+    assert sorted(set(ci) - set(matrix)) == [], "ci names envs that have no pin file"
+    assert _envs(ROOT, "-m", "ci") == [env for env in matrix if env in ci]
+
+
+def test_tox_ini_lists_no_matrix_env() -> None:
+    """A hand-written env_list or matrix label would shadow the derived ones."""
+    ini = _ini()
+    assert not ini.has_option("tox", "env_list") and not ini.has_option("tox", "envlist")
+    assert "matrix" not in _labels()
+
+
+def test_bench_pin_files_belong_to_bench_envs() -> None:
+    ini = _ini()
+    used = {ini[s].get("deps", "").strip() for s in ini.sections() if s.startswith("testenv:bench")}
+    for pins in sorted((ROOT / "matrix").glob("bench*.txt")):
+        assert f"-r matrix/{pins.name}" in used, f"{pins.name}: no [testenv:bench*] installs it"
+
+
+def test_every_family_has_a_command_and_a_test_folder(matrix: list[str]) -> None:
+    commands = _ini()["testenv"]["commands"]
     families = {line.split(":", 1)[0].strip() for line in commands.strip().splitlines()}
-    for env in _names(tox["tox"]["env_list"]):
-        if env in TOOLING_ENVS:
-            continue
+    for env in (e for e in matrix if e != "lint"):
         family = env.split("-", 1)[0]
         assert family in families, f"{env}: no '{family}:' line under [testenv] commands"
         assert (ROOT / "tests" / family).is_dir(), f"{env}: no tests/{family}/"
-
-
-def test_python_factors_are_honest() -> None:
-    """``py3.X`` in a name is the Python the env runs on; nothing ends in a bare ``-2.X``."""
-    for env in _names(_tox()["tox"]["env_list"]):
-        assert not re.search(r"-[23]\.\d+$", env), (
-            f"{env}: tox reads a trailing -2.X as 'Python 2.X'"
-        )
