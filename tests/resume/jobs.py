@@ -20,8 +20,13 @@ def timeout_for(jobs: int) -> int:
     return jobs * JOB_TIMEOUT_S + 120
 
 
-def run_job(script: str, mode: str, folder: Path, *, compatshim: bool) -> dict[str, Any]:
+def run_job(
+    script: str, mode: str, folder: Path, *, compatshim: bool, hardened: bool = False
+) -> dict[str, Any]:
     """The job's ``RESULT`` record, plus its stderr; ``compatshim`` sets ``COMPATSHIM_AUTO=1``.
+
+    ``hardened`` adds ``COMPATSHIM_SAFE_LOAD=1``: every ``torch.load``, ``weights_only=False``
+    included, goes through compatshim's loader.
 
     Without it the job runs with no compatshim at all (not even imported); neither run
     ever loads with ``weights_only=False`` unless the framework itself passes it.
@@ -30,6 +35,8 @@ def run_job(script: str, mode: str, folder: Path, *, compatshim: bool) -> dict[s
     env["PYTHONWARNINGS"] = "default"
     if compatshim:
         env["COMPATSHIM_AUTO"] = "1"
+    if hardened:
+        env["COMPATSHIM_SAFE_LOAD"] = "1"
     try:
         done = subprocess.run(
             [sys.executable, str(HERE / script), mode, str(folder)],

@@ -10,7 +10,9 @@ Usage: ``python lightning_job.py MODE DIR`` with MODE one of
     for each kind, ``trainer.fit(model, ckpt_path=DIR/<kind>/step=4.ckpt)`` to
     step 8 and ``Model.load_from_checkpoint`` of it; reports per kind
     what loaded (or the error), the step training resumed at, the final
-    weights and the hyper-parameters with their types.
+    weights and the hyper-parameters with their types; then both paths on
+    ``poisoned.ckpt``: the error (or that it loaded) and whether the payload
+    ran (``MARKER``, removed again for the next run).
 
 Training is deterministic (no dropout, no shuffling) and each epoch is one
 batch, the same every epoch. That matters: resuming from an epoch-end
@@ -44,6 +46,16 @@ except ImportError:  # pragma: no cover - the test skips first
     raise
 
 HALF, STEPS = 4, 8
+
+
+class Payload:
+    """Unpickles as ``os.system("touch MARKER")``: what a poisoned checkpoint does."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> Any:
+        return (os.system, (f"touch {self.marker}",))
 
 
 def hyper_parameters(kind: str) -> Any:
@@ -175,6 +187,9 @@ def save(out: str) -> dict[str, Any]:
             raise FileNotFoundError(
                 f"no {checkpoint_path(out, kind)}: {os.listdir(os.path.join(out, kind))}"
             )
+    content = torch.load(checkpoint_path(out, "namespace"), weights_only=False)  # our own file
+    content["payload"] = Payload(os.path.join(out, "MARKER"))
+    torch.save(content, os.path.join(out, "poisoned.ckpt"))
     return {
         "reference": reference,
         "at_half": at_half,
@@ -192,6 +207,7 @@ def _attempt(step: Any) -> dict[str, Any]:
             "error_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
             "error": str(exc),
             "notes": list(getattr(exc, "__notes__", [])),
+            "refused": list(getattr(exc, "refused", ())),  # compatshim's refusals name them
             "traceback": traceback.format_exc()[-2000:],
         }
 
@@ -221,6 +237,23 @@ def resume(out: str) -> dict[str, Any]:
             }
 
         results[kind] = {"fit": _attempt(fit), "load_from_checkpoint": _attempt(load)}
+    poisoned, marker = os.path.join(out, "poisoned.ckpt"), os.path.join(out, "MARKER")
+
+    def fit_poisoned() -> dict[str, Any]:
+        trainer(out, STEPS).fit(Model(), data(), ckpt_path=poisoned)
+        return {"loaded": True}
+
+    def load_poisoned() -> dict[str, Any]:
+        Model.load_from_checkpoint(poisoned)
+        return {"loaded": True}
+
+    results["poisoned"] = {}
+    for step, call in (("fit", fit_poisoned), ("load_from_checkpoint", load_poisoned)):
+        outcome = _attempt(call)
+        outcome["payload_ran"] = os.path.exists(marker)
+        if outcome["payload_ran"]:
+            os.remove(marker)
+        results["poisoned"][step] = outcome
     return results
 
 

@@ -3,7 +3,11 @@
 ``trainer.fit(ckpt_path=...)`` and ``LightningModule.load_from_checkpoint`` on
 torch 2.6+: Lightning 2.3 and 2.6 call ``torch.load`` without ``weights_only``
 and break on their own hyper-parameters; 2.4 and 2.5 pass
-``weights_only=False`` and keep working (the patch must leave them alone).
+``weights_only=False`` and keep working (the patch must leave them alone), and
+so run any code a checkpoint holds. Hardened (``COMPATSHIM_SAFE_LOAD=1``), every
+release resumes its own clean checkpoints through compatshim's loader, and a
+poisoned copy (``poisoned.ckpt``: a payload beside Lightning's keys) is refused
+on both paths with the payload never run.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ pytest.importorskip("lightning.pytorch")  # not tests/lightning, a folder of thi
 from .jobs import release, run_job, timeout_for, torch_loads_weights_only_by_default
 
 SCRIPT = "lightning_job.py"
-pytestmark = pytest.mark.timeout(timeout_for(3))  # the first test runs the module fixture
+pytestmark = pytest.mark.timeout(timeout_for(4))  # the first test runs the module fixture
 KINDS = ("namespace", "fabric-attributedict", "attributedict")
 
 
@@ -35,6 +39,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "saved": saved,
         "plain": run_job(SCRIPT, "resume", folder, compatshim=False),
         "patched": run_job(SCRIPT, "resume", folder, compatshim=True),
+        "hardened": run_job(SCRIPT, "resume", folder, compatshim=True, hardened=True),
         "folder": folder,
     }
 
@@ -91,3 +96,27 @@ def test_omegaconf_hyper_parameters(runs: dict[str, Any]) -> None:
     assert patched["load_from_checkpoint"]["hp"]["type"] == "omegaconf.dictconfig.DictConfig"
     warned = runs["patched"]["compatshim_warnings"]
     assert not [w for w in warned if "omegaconf" in w], warned
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hardened_resumes_its_own_checkpoints(runs: dict[str, Any], kind: str) -> None:
+    """COMPATSHIM_SAFE_LOAD=1: Lightning 2.4/2.5's weights_only=False load goes through us too."""
+    _resumed_as_saved(runs, runs["hardened"], kind)
+    if "omegaconf" in runs["hardened"]:
+        for step in ("fit", "load_from_checkpoint"):
+            assert runs["hardened"]["omegaconf"][step]["ok"], runs["hardened"]["omegaconf"][step]
+
+
+@pytest.mark.parametrize("step", ["fit", "load_from_checkpoint"])
+def test_poisoned_checkpoint(runs: dict[str, Any], step: str) -> None:
+    """Hardened: refused, never run. Plain and armed: 2.4/2.5 run the payload (the gap)."""
+    hardened = runs["hardened"]["poisoned"][step]
+    assert not hardened["ok"] and not hardened["payload_ran"], hardened
+    assert hardened["error_type"] == "compatshim.checkpoint.errors.UnsafeCheckpointError"
+    assert hardened["refused"][0] in ("os.system", "posix.system"), hardened
+    for mode in ("plain", "patched"):
+        outcome = runs[mode]["poisoned"][step]
+        if lightning_breaks():  # torch's weights-only default refuses it (armed: after us)
+            assert not outcome["ok"] and not outcome["payload_ran"], (mode, outcome)
+        else:  # Lightning's own weights_only=False: the payload runs, armed or not
+            assert outcome["ok"] and outcome["payload_ran"], (mode, outcome)

@@ -6,30 +6,16 @@ written) and after epoch 3 is recorded.
 ``resume-plain FOLDER`` / ``resume-armed FOLDER``: a new Runner with
 ``load_from=epoch_2.pth, resume=True`` trains to epoch 3 through mmengine's own
 resume path (``Runner.load_or_resume`` -> ``CheckpointLoader`` -> plain
-``torch.load``); armed, ``compatshim.install(include=["torch-load-safe-globals"])``
-runs first and ``compatshim.uninstall`` after. The state right after the
-resume and at the end is recorded. One ``RESULT {json}`` line on stdout.
+``torch.load``); armed, ``jobs.job_main`` arms compatshim around it. The state
+right after the resume and at the end is recorded.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
-PATCH = "torch-load-safe-globals"
-STATES: dict[str, Any] = {}
-RETRIED: list[str] = []
-
-
-class _Keep(logging.Handler):
-    """compatshim logs each decision (a retried load among them) on its logger."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        RETRIED.append(record.getMessage())
+import jobs
 
 
 def _tensors(mapping: Any) -> Any:
@@ -61,7 +47,7 @@ def _state(runner: Any) -> dict[str, Any]:
     }
 
 
-def _runner(folder: Path, name: str, **extra: Any) -> Any:
+def _runner(folder: Path, name: str, states: dict[str, Any], **extra: Any) -> Any:
     import torch
     from mmengine.hooks import Hook
     from mmengine.model import BaseModel
@@ -85,10 +71,10 @@ def _runner(folder: Path, name: str, **extra: Any) -> Any:
         priority = "LOWEST"  # after CheckpointHook (VERY_LOW) has saved
 
         def before_train(self, runner: Any) -> None:
-            STATES["at_start"] = _state(runner)
+            states["at_start"] = _state(runner)
 
         def after_train_epoch(self, runner: Any) -> None:
-            STATES[f"after_epoch_{runner.epoch + 1}"] = _state(runner)
+            states[f"after_epoch_{runner.epoch + 1}"] = _state(runner)
 
     def collate(batch: Any) -> dict[str, Any]:
         xs, ys = zip(*batch)
@@ -118,48 +104,14 @@ def _runner(folder: Path, name: str, **extra: Any) -> Any:
     )
 
 
-def main() -> None:
-    mode, folder = sys.argv[1], Path(sys.argv[2])
-    logging.getLogger("compatshim").setLevel(logging.DEBUG)
-    logging.getLogger("compatshim").addHandler(_Keep())
-    result: dict[str, Any] = {"mode": mode}
-    installed: list[str] = []
-    try:
-        if mode == "save":
-            _runner(folder, "save").train()
-        else:
-            runner = _runner(
-                folder / mode, mode, load_from=str(folder / "epoch_2.pth"), resume=True
-            )
-            if mode == "resume-armed":
-                import compatshim
+def save(folder: Path, states: dict[str, Any]) -> None:
+    _runner(folder, "save", states).train()
 
-                installed = compatshim.install(include=[PATCH])
-            try:
-                runner.train()
-            finally:
-                if installed:
-                    import compatshim
 
-                    compatshim.uninstall(installed)
-        result["ok"] = True
-    except Exception as exc:
-        result.update(
-            ok=False,
-            error_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
-            error=str(exc)[:2000],
-            traceback=traceback.format_exc()[-4000:],
-        )
-    import torch
-
-    if installed:
-        result["restored"] = torch.load.__module__ == "torch.serialization"
-    result["installed"] = installed
-    result["states"] = STATES
-    result["retried"] = [line for line in RETRIED if "retried" in line]
-    result["compatshim_imported"] = "compatshim" in sys.modules
-    print("RESULT " + json.dumps(result))
+def resume(folder: Path, mode: str, states: dict[str, Any]) -> Any:
+    checkpoint = str(folder / "epoch_2.pth")
+    return _runner(folder / mode, mode, states, load_from=checkpoint, resume=True).train
 
 
 if __name__ == "__main__":
-    main()
+    jobs.job_main(save, resume)

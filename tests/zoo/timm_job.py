@@ -10,31 +10,18 @@ state. The state after epoch 1 and at the end is recorded.
 ``resume_checkpoint(model, path, optimizer, loss_scaler)`` gives the next
 epoch, ``load_checkpoint(model_ema.module, path, use_ema=True)`` the EMA
 weights, and (timm 1.0.26+) ``CheckpointSaver.load_state_dict_from_checkpoint``
-its history; then epoch 2 is trained. Armed, ``compatshim.install(include=
-["torch-load-safe-globals"])`` runs first and ``compatshim.uninstall`` after.
-One ``RESULT {json}`` line on stdout.
+its history; then epoch 2 is trained. Armed, ``jobs.job_main`` arms
+compatshim around the resume.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
-import sys
-import traceback
+import shutil
 from pathlib import Path
 from typing import Any
 
-PATCH = "torch-load-safe-globals"
-RETRIED: list[str] = []
-
-
-class _Keep(logging.Handler):
-    """compatshim logs each decision (a retried load among them) on its logger."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        RETRIED.append(record.getMessage())
-
+import jobs
 
 EPOCHS = 3
 RESUME_FROM = 1  # checkpoint-1.pth.tar: written after the second epoch
@@ -154,52 +141,18 @@ def _resume(run: dict[str, Any], path: Path, states: dict[str, Any]) -> int:
     return int(start)
 
 
-def main() -> None:
-    mode, folder = sys.argv[1], Path(sys.argv[2])
-    logging.getLogger("compatshim").setLevel(logging.DEBUG)
-    logging.getLogger("compatshim").addHandler(_Keep())
-    result: dict[str, Any] = {"mode": mode}
-    states: dict[str, Any] = {}
-    installed: list[str] = []
-    try:
-        if mode == "save":
-            _train(_setup(folder), 0, states)
-        else:
-            import shutil
+def save(folder: Path, states: dict[str, Any]) -> None:
+    _train(_setup(folder), 0, states)
 
-            target = folder / mode  # the saver's history lives next to the file it resumes from
-            target.mkdir()
-            path = target / f"checkpoint-{RESUME_FROM}.pth.tar"
-            shutil.copyfile(folder / path.name, path)
-            run = _setup(target)
-            if mode == "resume-armed":
-                import compatshim
 
-                installed = compatshim.install(include=[PATCH])
-            try:
-                _train(run, _resume(run, path, states), states)
-            finally:
-                if installed:
-                    import compatshim
-
-                    compatshim.uninstall(installed)
-        result["ok"] = True
-    except Exception as exc:
-        result.update(
-            ok=False,
-            error_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
-            error=str(exc)[:2000],
-            traceback=traceback.format_exc()[-4000:],
-        )
-    import torch
-
-    if installed:
-        result["restored"] = torch.load.__module__ == "torch.serialization"
-    result["installed"] = installed
-    result["states"] = states
-    result["retried"] = [line for line in RETRIED if "retried" in line]
-    print("RESULT " + json.dumps(result))
+def resume(folder: Path, mode: str, states: dict[str, Any]) -> Any:
+    target = folder / mode  # the saver's history lives next to the file it resumes from
+    target.mkdir()
+    path = target / f"checkpoint-{RESUME_FROM}.pth.tar"
+    shutil.copyfile(folder / path.name, path)
+    run = _setup(target)
+    return lambda: _train(run, _resume(run, path, states), states)
 
 
 if __name__ == "__main__":
-    main()
+    jobs.job_main(save, resume)
