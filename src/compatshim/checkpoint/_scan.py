@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._text import short
+from ._container import StorageDecl, declare_storage
 from ._machine import Machine, Source
-from ._tensors import STORAGE_DTYPES
+from .allowlist import STORAGE_DTYPES, covering, lookup, storage_type
 
 TENSOR_REBUILDS = frozenset(
     {
@@ -41,25 +42,6 @@ class Symbol:
         return f"<{self.name}>"
 
 
-@dataclass(frozen=True)
-class StorageDecl:
-    """A storage as a persistent id declares it: no data read."""
-
-    key: str
-    type_name: str
-    numel: int
-    location: str
-    view: tuple[Any, ...] | None = None
-
-    @property
-    def dtype(self) -> str:
-        return STORAGE_DTYPES.get(self.type_name, ("?", 0))[0]
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * STORAGE_DTYPES.get(self.type_name, ("?", 0))[1]
-
-
 @dataclass
 class ScanResult:
     globals: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -68,14 +50,16 @@ class ScanResult:
     persistent_kinds: collections.Counter[str] = field(default_factory=collections.Counter)
     reached: set[str] = field(default_factory=set)  # names reached through builtins.getattr
     protocol: int = 0
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # what load refuses whatever it allows
 
 
 class ScanMachine(Machine):
-    """Symbolic run; see the module docstring."""
+    """Symbolic run; see the module docstring. ``container``: "zip" or "legacy" where
+    storage ids are read (checked as ``load`` checks them), None for a plain pickle."""
 
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Source, container: str | None = None) -> None:
         super().__init__(source)
+        self.container = container
         self.found = ScanResult()
         self._symbols: dict[str, Symbol] = {}
 
@@ -100,6 +84,13 @@ class ScanMachine(Machine):
 
     def call(self, func: Any, args: tuple[Any, ...]) -> Any:
         name = func.name if type(func) is Symbol else f"<{type(func).__name__}>"
+        if type(func) is not Symbol or name.endswith(")"):
+            self.found.problems.append(f"call of {short(name)}: only globals may be called")
+        else:
+            module, _, attr = name.rpartition(".")
+            entry = covering(module, attr)
+            if entry is not None and entry.kind in ("constant", "method"):
+                self.found.problems.append(f"call of {name}: it may not be called")
         if name == "builtins.getattr":  # the one rule entry: what it reaches is judged as a name
             if len(args) == 2 and type(args[0]) is Symbol and type(args[1]) is str:
                 reached = f"{args[0].name}.{args[1]}"
@@ -141,21 +132,16 @@ class ScanMachine(Machine):
         else:
             kind = first if type(first) is str else short(first)
         self.found.persistent_kinds[kind] += 1
-        if kind != "storage" or len(pid) < 5 or type(pid[1]) is not Symbol:
+        if kind != "storage" or self.container is None:
             return Symbol(f"<persistent {kind}>")
-        type_name = pid[1].name.rpartition(".")[2]
-        key, location, numel = pid[2], pid[3], pid[4]
-        view = pid[5] if len(pid) > 5 else None
-        if type(key) is not str or type(numel) is not int or numel < 0:
-            self.found.problems.append(f"malformed storage id for key {short(key)}")
-            return Symbol("<bad storage>")
-        if type(location) is bytes:
-            location = location.decode("ascii", "replace")
-        decl = StorageDecl(key, type_name, numel, location if type(location) is str else "?", view)
-        known = self.found.storages.setdefault(key, decl)
-        if (known.type_name, known.numel) != (type_name, numel):
-            self.found.problems.append(f"storage {short(key)} declared twice with different sizes")
-        return decl
+        type_name = None
+        if len(pid) > 1 and type(pid[1]) is Symbol:
+            module, _, name = pid[1].name.rpartition(".")
+            entry = lookup(module, name)
+            if entry is None and name not in STORAGE_DTYPES:
+                return Symbol("<persistent storage>")  # an unknown global: judged by its name
+            type_name = storage_type(entry) if entry is not None else name
+        return declare_storage(self.found.storages, type_name, pid[2:], self.container == "legacy")
 
     def set_items(self, target: Any, pairs: list[Any]) -> None:
         if type(target) is dict:
@@ -175,9 +161,3 @@ def _called(name: str, suffix: str) -> str:
     """The name of a call's result; a result called again keeps its name (``f()()()`` would
     grow by two characters a call: quadratic text from a linear file)."""
     return name if name.endswith(")") else name + suffix
-
-
-def scan(source: Source) -> ScanResult:
-    machine = ScanMachine(source)
-    machine.run()
-    return machine.found
