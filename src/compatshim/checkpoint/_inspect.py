@@ -2,7 +2,7 @@
 
 The file is read by the same format reader as ``load`` (``_container``: the
 same checks of the zip directory, storage ids, legacy layout and safetensors
-header, the same error boundary), and the pickle run symbolically (``_scan``):
+header, the same error boundary), and the pickle run symbolically (``_container.ScanMachine``):
 nothing it names is imported or constructed, and no tensor data is read.
 Neither torch nor numpy is imported, which keeps it well under a second for any
 size of file.
@@ -19,6 +19,8 @@ from typing import IO, Any
 from . import _safetensors
 from ._container import (
     LEGACY_MAGIC,
+    ScanMachine,
+    ScanResult,
     ZipDirectory,
     describe_source,
     read,
@@ -27,7 +29,6 @@ from ._container import (
     sniff,
 )
 from ._machine import Source
-from ._scan import ScanMachine, ScanResult
 from .allowlist import covering, numpy_core
 from .errors import CheckpointError, UnsafeCheckpointError
 

@@ -33,6 +33,7 @@ from . import _safetensors, _tensors
 from ._container import (
     LEGACY_MAGIC,
     LOCATION,
+    ScanMachine,
     StorageDecl,
     ZipDirectory,
     declare_storage,
@@ -44,7 +45,6 @@ from ._container import (
 )
 from ._machine import Source
 from ._safe import Budget, SafeMachine, UserAllow, check_result
-from ._scan import ScanMachine
 from .allowlist import covering
 from .errors import CheckpointError, UnsafeCheckpointError
 from .process_allow import ProcessAllow, admits

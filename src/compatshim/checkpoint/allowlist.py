@@ -65,24 +65,16 @@ from __future__ import annotations
 
 import importlib
 import sys
+import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
 Kind = Literal[
     "constant", "constructor", "enum", "instance", "dict-subclass", "rebuild", "method", "rule"
 ]
-KINDS: tuple[str, ...] = (
-    "constant",
-    "constructor",
-    "enum",
-    "instance",
-    "dict-subclass",
-    "rebuild",
-    "method",
-    "rule",
-)
+KINDS: tuple[str, ...] = typing.get_args(Kind)
 ArgRule = Literal["method-of-listed-class"]
-ARG_RULES: tuple[str, ...] = ("method-of-listed-class",)
+ARG_RULES: tuple[str, ...] = typing.get_args(ArgRule)
 
 
 @dataclass(frozen=True)
