@@ -207,7 +207,7 @@ def test_error_messages_are_escaped(tmp_path: Path) -> None:
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("archive/data.pkl", data.getvalue())
     done = _cli(str(path))
-    assert done.returncode == 2 and "storage 0\\x1b[2K\\x0d  -> loadable" in done.stderr
+    assert done.returncode == 2 and "storage key '0\\\\x1b[2K\\\\r  -> loadable" in done.stderr
     for char in CONTROLS:
         assert char not in done.stderr
 
@@ -306,3 +306,65 @@ def test_getattr_reach_is_judged_by_the_rule(tmp_path: Path) -> None:
     with pytest.raises(UnsafeCheckpointError):
         load(path)
     assert not (tmp_path / "marker").exists()
+
+
+# ---------------------------------------------------------------- inspect and load agree
+def _storage_file(folder: Path, kind: bytes, rest: bytes, legacy_file: bool) -> Path:
+    from checkpoint.corpus import P2, STOP, legacy, n, t, torch_zip, u
+
+    pid = t(u("storage"), kind, u("0"), u("cpu"), n(1), *((rest,) if legacy_file else ())) + b"Q"
+    if legacy_file:
+        return legacy(folder / "l.pt", P2 + pid + STOP, ["0"], n_bytes(1) + b"\0" * 4)
+    return torch_zip(folder / "z.pt", P2 + pid + STOP, {"data/0": b"\0" * 4})
+
+
+def n_bytes(count: int) -> bytes:
+    return count.to_bytes(8, "little", signed=True)
+
+
+def _verdicts(path: Path) -> tuple[str, str]:
+    try:
+        loadable = inspect(path).loadable
+        seen = "loadable" if loadable else "refused"
+    except CheckpointError:
+        seen = "damaged"
+    try:
+        load(path)
+        done = "loadable"
+    except UnsafeCheckpointError:
+        done = "refused"
+    except CheckpointError:
+        done = "damaged"
+    return seen, done
+
+
+@pytest.mark.parametrize("legacy_file", [False, True], ids=["zip", "legacy"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        b"X\x0c\x00\x00\x00FloatStorage",  # the storage type as a plain string
+        b"ctorch\nfloat32\n",  # an allow-listed global that is no storage type
+        b"ctorch\nFloatStorage\n)R",  # a storage type called
+        b"cos\nsystem\n",  # a global off the allowlist
+        b"ctorch\nFloatStorage\n",  # the real thing
+    ],
+    ids=["string", "dtype", "called", "foreign", "ok"],
+)
+def test_inspect_and_load_give_the_same_verdict_on_storage_ids(
+    tmp_path: Path, kind: bytes, legacy_file: bool
+) -> None:
+    """One format reader: a verdict of ``inspect`` is the verdict of ``load``."""
+    seen, done = _verdicts(_storage_file(tmp_path, kind, b"N", legacy_file))
+    assert seen == done
+    assert (seen == "loadable") == kind.endswith(b"FloatStorage\n")
+
+
+@pytest.mark.parametrize(
+    "view",
+    [b"N", b"(X\x01\x00\x00\x001K\x00K\x01t", b"(X\x01\x00\x00\x001K\x00K\x09t", b"K\x05"],
+    ids=["none", "inside", "past-the-end", "not-a-tuple"],
+)
+def test_inspect_and_load_agree_on_legacy_views(tmp_path: Path, view: bytes) -> None:
+    seen, done = _verdicts(_storage_file(tmp_path, b"ctorch\nFloatStorage\n", view, True))
+    assert seen == done
+    assert (seen == "loadable") == (view in (b"N", b"(X\x01\x00\x00\x001K\x00K\x01t"))

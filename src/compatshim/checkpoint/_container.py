@@ -1,28 +1,112 @@
-"""What kind of file it is, and the zip directory read and checked before any record is used.
+"""The format reader ``load`` and ``inspect`` share, so they never judge a file differently.
 
-torch.save's zip format stores every record uncompressed under one folder
-(``archive/data.pkl``, ``archive/data/0`` ...). The directory is read with
-Python's ``zipfile`` (headers only) and refused when it has duplicate or
-escaping names, compressed records, records past the end of the file, or is a
-TorchScript archive (``constants.pkl`` / ``code/``), which ``torch.load``
-would hand to ``torch.jit.load``. Nothing here imports torch.
+:func:`read` opens the file and is the one error boundary: only
+:class:`CheckpointError` / :class:`UnsafeCheckpointError` leave it, naming the file.
+:func:`sniff` tells the container kind from the first bytes.
+
+zip
+    torch.save's zip format stores every record uncompressed under one folder
+    (``archive/data.pkl``, ``archive/data/0`` ...). The directory is read with
+    Python's ``zipfile`` (headers only) and refused when it has duplicate or
+    escaping names, compressed records, records past the end of the file, or is a
+    TorchScript archive (``constants.pkl`` / ``code/``), which ``torch.load``
+    would hand to ``torch.jit.load``.
+storage ids
+    every persistent id a pickle names is checked by :func:`declare_storage`
+    (fields, key, location, size, legacy view) against every other declaration
+    of its key; a zip storage's size is compared with its record.
+symbolic pass
+    :class:`ScanMachine`: what ``inspect`` reports, how ``load`` names every
+    refused global at once, and how the legacy reader learns storage sizes.
+legacy
+    :func:`read_legacy`: the header pickles (protocol, system info) are read as
+    plain values; the main pickle is run symbolically to learn every storage's
+    size; the key list must name exactly those; the size written before each
+    storage's bytes must match and fit in the bytes left.
+
+Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import os
+import re
 import zipfile
-from dataclasses import dataclass
-from typing import IO, Literal
+from dataclasses import dataclass, field
+from typing import IO, Any, Callable, Literal, TypeVar
 
+from .._text import short
 from . import _safetensors
+from ._machine import Machine, Source
+from ._tensors import REBUILDS
+from .allowlist import STORAGE_DTYPES, covering, lookup, storage_type
 from .errors import CheckpointError, UnsafeCheckpointError
+
+T = TypeVar("T")
 
 Container = Literal["zip", "legacy", "pickle", "torchscript", "tar", "safetensors", "other"]
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL = 1001
 _PICKLE_FIRST_BYTES = frozenset(b"\x80(}]).NIJKLFGSTUVXcdlt")
+_KEY = re.compile(r"[A-Za-z0-9_]{1,64}")
+LOCATION = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}(:\d{1,5})?")
+
+
+def describe_source(f: Any) -> str:
+    if isinstance(f, (str, os.PathLike)):
+        return os.fspath(f)  # type: ignore[return-value]
+    return str(getattr(f, "name", None) or f"<{type(f).__name__}>")
+
+
+def read(f: Any, reader: Callable[[IO[bytes], str, str | None], T], advice: str = "") -> T:
+    """``reader(file, what, path)`` on the path or seekable binary file ``f``; every error
+    but a missing path becomes CheckpointError / UnsafeCheckpointError naming ``what``
+    (``advice`` appended to a refusal)."""
+    what = describe_source(f)
+    if isinstance(f, (str, os.PathLike)):
+        with open(f, "rb") as file:
+            return _guarded(reader, file, what, os.fspath(f), advice)
+    if not all(hasattr(f, a) for a in ("read", "seek", "tell")):
+        raise TypeError("expected a path or a seekable binary file object")
+    return _guarded(reader, f, what, None, advice)
+
+
+def _guarded(
+    reader: Callable[[IO[bytes], str, str | None], T],
+    file: IO[bytes],
+    what: str,
+    path: str | None,
+    advice: str,
+) -> T:
+    try:
+        return reader(file, what, path)
+    except UnsafeCheckpointError as exc:
+        raise UnsafeCheckpointError(_prefixed(str(exc), what) + advice, exc.refused) from None
+    except CheckpointError as exc:
+        raise CheckpointError(_prefixed(str(exc), what)) from None
+    except RecursionError:
+        raise CheckpointError(f"{what}: nested too deeply to load") from None
+    except MemoryError:
+        raise CheckpointError(f"{what}: not enough memory for what the file holds") from None
+    except Exception as exc:
+        raise CheckpointError(
+            f"{what}: damaged or unsupported file ({type(exc).__name__}: {plain_text(exc)})"
+        ) from None
+
+
+def plain_text(exc: BaseException) -> str:
+    """An exception's message only when every argument is a short string: ``str(KeyError(x))``
+    is ``repr(x)``, and ``x`` may be a file value whose text is exponential in its size."""
+    if all(type(arg) is str for arg in exc.args):
+        return str(exc)[:300]
+    return "message not shown: it holds values from the file"
+
+
+def _prefixed(message: str, what: str) -> str:
+    return message if message.startswith(what) else f"{what}: {message}"
 
 
 def sniff(file: IO[bytes]) -> Container:
@@ -66,6 +150,16 @@ class ZipDirectory:
         if found is None:
             raise CheckpointError(f"{what}: the zip has no record {self.archive}/{name}")
         return found
+
+    def storage_record(self, decl: StorageDecl, what: str) -> Record:
+        """The record of a declared storage, holding exactly the bytes it declares."""
+        record = self.record(f"data/{decl.key}", what)
+        if record.size != decl.nbytes:
+            raise CheckpointError(
+                f"{what}: storage {decl.key} declares {decl.nbytes} bytes ({decl.numel} x "
+                f"{decl.dtype}), its record holds {record.size}"
+            )
+        return record
 
 
 def read_zip_directory(file: IO[bytes], what: str) -> ZipDirectory:
@@ -130,3 +224,268 @@ def refuse_torchscript(what: str) -> UnsafeCheckpointError:
         "does. Load it with torch.jit.load only if you trust it.",
         ("TorchScript archive",),
     )
+
+
+# --------------------------------------------------------------------------- storage ids
+
+
+@dataclass(frozen=True)
+class StorageDecl:
+    """A storage as a persistent id declares it (no data read); ``view`` is a legacy
+    ``(key, offset, size)`` in elements."""
+
+    key: str
+    type_name: str  # a STORAGE_DTYPES key
+    numel: int
+    location: str
+    view: tuple[str, int, int] | None = None
+
+    @property
+    def dtype(self) -> str:
+        return STORAGE_DTYPES[self.type_name][0]
+
+    @property
+    def item_size(self) -> int:
+        return STORAGE_DTYPES[self.type_name][1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.item_size
+
+
+def declare_storage(
+    declared: dict[str, StorageDecl], type_name: str | None, rest: tuple[Any, ...], legacy: bool
+) -> StorageDecl:
+    """``("storage", type, *rest)`` checked, and the same as every earlier id of its key.
+
+    zip: ``rest`` is (key, location, numel); legacy: (key, location, numel, view).
+    ``type_name`` is the storage type the id's global names through the allowlist.
+    """
+    fields = 4 if legacy else 3
+    if len(rest) != fields:
+        raise CheckpointError(f"a storage id has {len(rest) + 2} fields, not {fields + 2}")
+    key, location, numel = rest[:3]
+    if type(location) is bytes:
+        location = location.decode("ascii", "replace")
+    if type(key) is not str or not _KEY.fullmatch(key):
+        raise CheckpointError(f"storage key {short(key)} is malformed")
+    if type_name is None:
+        raise CheckpointError(f"storage {key} does not name a storage type")
+    if type(location) is not str or not LOCATION.fullmatch(location):
+        raise CheckpointError(f"storage {key}: location {short(location)} is not a device name")
+    if type(numel) is not int or numel < 0:
+        raise CheckpointError(f"storage {key}: size {short(numel)} is not a count")
+    view = rest[3] if legacy else None
+    if view is not None:
+        if type(view) is not tuple or len(view) != 3:
+            raise CheckpointError(f"storage {key}: legacy view is malformed")
+        view_key, offset, size = view
+        if type(view_key) is not str or type(offset) is not int or type(size) is not int:
+            raise CheckpointError(f"storage {key}: legacy view is malformed")
+        if offset < 0 or size < 0 or offset + size > numel:
+            raise CheckpointError(f"storage {key}: legacy view reaches past the storage")
+    decl = StorageDecl(key, type_name, numel, location, view)
+    known = declared.setdefault(key, decl)
+    if (known.type_name, known.numel) != (type_name, numel):
+        raise CheckpointError(f"storage {key} declared twice with different types or sizes")
+    return decl
+
+
+# --------------------------------------------------------------------------- legacy files
+
+
+@dataclass(frozen=True)
+class Legacy:
+    """A legacy file's layout: its main pickle, what it names, where each storage's bytes are."""
+
+    main: int
+    found: ScanResult  # of the main pickle
+    offsets: dict[str, int]
+
+
+def read_legacy(file: IO[bytes]) -> Legacy:
+    """The rest of a legacy file after its magic number (see the module docstring);
+    leaves the file at the main pickle."""
+    source = Source(file)
+    protocol = ScanMachine(source).run()
+    if type(protocol) is not int or protocol != LEGACY_PROTOCOL:
+        raise CheckpointError(f"legacy torch file with protocol version {short(protocol)}")
+    info = ScanMachine(source).run()
+    if type(info) is not dict or info.get("little_endian") is not True:
+        raise CheckpointError(
+            "legacy torch file written on a big-endian machine or without system info"
+        )
+    main = file.tell()
+    scanner = ScanMachine(source, "legacy")
+    scanner.run()
+    declared = scanner.found.storages
+    keys = ScanMachine(source).run()
+    if type(keys) is not list or not all(type(k) is str for k in keys):
+        raise CheckpointError("legacy storage key list is malformed")
+    if sorted(keys) != sorted(declared) or len(set(keys)) != len(keys):
+        raise CheckpointError(
+            "legacy storage key list does not match the storages the pickle names"
+        )
+    offsets: dict[str, int] = {}
+    position = file.tell()
+    for key in keys:
+        decl = declared[key]
+        header = int.from_bytes(source.read(8), "little", signed=True)
+        if header != decl.numel:
+            raise CheckpointError(
+                f"legacy storage {key}: the data section says {header} elements, "
+                f"the pickle declared {decl.numel}"
+            )
+        if decl.nbytes > source.remaining():
+            raise CheckpointError(
+                f"legacy storage {key}: declares {decl.nbytes} bytes, only "
+                f"{source.remaining()} bytes are left in the file"
+            )
+        offsets[key] = position + 8
+        position += 8 + decl.nbytes
+        file.seek(position)
+    file.seek(main)
+    return Legacy(main, scanner.found, offsets)
+
+
+# --------------------------------------------------------------------------- symbolic pass
+
+
+TENSOR_REBUILDS = frozenset(k for k in REBUILDS if "parameter" not in k)  # each makes a tensor
+
+
+class Symbol:
+    """A global, or the result of calling one, standing in for the real object."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+@dataclass
+class ScanResult:
+    globals: collections.Counter[str] = field(default_factory=collections.Counter)
+    storages: dict[str, StorageDecl] = field(default_factory=dict)
+    tensor_dtypes: collections.Counter[str] = field(default_factory=collections.Counter)
+    persistent_kinds: collections.Counter[str] = field(default_factory=collections.Counter)
+    reached: set[str] = field(default_factory=set)  # names reached through builtins.getattr
+    protocol: int = 0
+    problems: list[str] = field(default_factory=list)  # what load refuses whatever it allows
+
+
+class ScanMachine(Machine):
+    """Runs a pickle symbolically: it constructs nothing the file names. Globals become
+    :class:`Symbol` values, calls symbols of their result, BUILD does nothing. It records
+    every global with how often the pickle refers to it, every storage declared, every
+    tensor rebuild with its dtype, and what load refuses whatever it allows.
+    ``container``: "zip" or "legacy" where storage ids are read (checked by
+    :func:`declare_storage`, as ``load`` checks them), None for a plain pickle."""
+
+    def __init__(self, source: Source, container: str | None = None) -> None:
+        super().__init__(source)
+        self.container = container
+        self.found = ScanResult()
+        self._symbols: dict[str, Symbol] = {}
+
+    def run(self) -> Any:
+        value = super().run()
+        self.found.protocol = self.proto
+        return value
+
+    def find_global(self, module: str, name: str) -> Any:
+        qualname = f"{module}.{name}"
+        self.found.globals[qualname] += 1
+        symbol = self._symbols.get(qualname)
+        if symbol is None:
+            symbol = self._symbols[qualname] = Symbol(qualname)
+        return symbol
+
+    def _get(self, index: int) -> None:
+        super()._get(index)
+        top = self.stack[-1]
+        if type(top) is Symbol and self._symbols.get(top.name) is top:
+            self.found.globals[top.name] += 1
+
+    def call(self, func: Any, args: tuple[Any, ...]) -> Any:
+        name = func.name if type(func) is Symbol else f"<{type(func).__name__}>"
+        if type(func) is not Symbol or name.endswith(")"):
+            self.found.problems.append(f"call of {short(name)}: only globals may be called")
+        else:
+            module, _, attr = name.rpartition(".")
+            entry = covering(module, attr)
+            if entry is not None and entry.kind in ("constant", "method"):
+                self.found.problems.append(f"call of {name}: it may not be called")
+        if name == "builtins.getattr":  # the one rule entry: what it reaches is judged as a name
+            if len(args) == 2 and type(args[0]) is Symbol and type(args[1]) is str:
+                reached = f"{args[0].name}.{args[1]}"
+            else:
+                reached = "builtins.getattr(<anything but a class and a name>)"
+            self.found.globals[reached] += 1
+            self.found.reached.add(reached)
+            return Symbol(reached)
+        if name in TENSOR_REBUILDS:
+            self.found.tensor_dtypes[self._tensor_dtype(name, args)] += 1
+        elif name == "torch._tensor._rebuild_from_type_v2" and len(args) == 4:
+            inner = args[2] if type(args[2]) is tuple else ()
+            self.call(args[0], inner)
+        return Symbol(_called(name, "()"))
+
+    def _tensor_dtype(self, name: str, args: tuple[Any, ...]) -> str:
+        if name.endswith("_v3") and len(args) > 6 and type(args[6]) is Symbol:
+            return args[6].name.rpartition(".")[2]
+        if name.endswith("no_storage") and args and type(args[0]) is Symbol:
+            return args[0].name.rpartition(".")[2]
+        if args and type(args[0]) is StorageDecl:
+            return args[0].dtype
+        return "?"
+
+    def new_object(self, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        name = cls.name if type(cls) is Symbol else f"<{type(cls).__name__}>"
+        return Symbol(_called(name, ".__new__()"))
+
+    def build(self, inst: Any, state: Any) -> None:
+        return None
+
+    def persistent_load(self, pid: Any) -> Any:
+        if type(pid) is not tuple or not pid:
+            self.found.persistent_kinds["<not a tuple>"] += 1
+            return Symbol("<persistent id>")
+        first = pid[0]
+        if type(first) is bytes:
+            kind = first.decode("ascii", "replace")
+        else:
+            kind = first if type(first) is str else short(first)
+        self.found.persistent_kinds[kind] += 1
+        if kind != "storage" or self.container is None:
+            return Symbol(f"<persistent {kind}>")
+        type_name = None
+        if len(pid) > 1 and type(pid[1]) is Symbol:
+            module, _, name = pid[1].name.rpartition(".")
+            entry = lookup(module, name)
+            if entry is None and name not in STORAGE_DTYPES:
+                return Symbol("<persistent storage>")  # an unknown global: judged by its name
+            type_name = storage_type(entry) if entry is not None else name
+        return declare_storage(self.found.storages, type_name, pid[2:], self.container == "legacy")
+
+    def set_items(self, target: Any, pairs: list[Any]) -> None:
+        if type(target) is dict:
+            for index in range(0, len(pairs), 2):
+                with contextlib.suppress(TypeError):
+                    target[pairs[index]] = pairs[index + 1]
+
+    def append_items(self, target: Any, items: list[Any]) -> None:
+        if type(target) is list:
+            target.extend(items)
+
+    def add_items(self, target: Any, items: list[Any]) -> None:
+        return None
+
+
+def _called(name: str, suffix: str) -> str:
+    """The name of a call's result; a result called again keeps its name (``f()()()`` would
+    grow by two characters a call: quadratic text from a linear file)."""
+    return name if name.endswith(")") else name + suffix

@@ -1,34 +1,35 @@
 """``inspect``: what a checkpoint needs and holds, from its headers and pickle alone.
 
-The pickle is run symbolically (``_scan``): nothing it names is imported or
-constructed, and no tensor data is read (zip records are sized from the
-directory, legacy storages from their size headers); a safetensors file is
-its checked header alone (``_safetensors``). Neither torch nor numpy is
-imported, which keeps it well under a second for any size of file.
+The file is read by the same format reader as ``load`` (``_container``: the
+same checks of the zip directory, storage ids, legacy layout and safetensors
+header, the same error boundary), and the pickle run symbolically (``_container.ScanMachine``):
+nothing it names is imported or constructed, and no tensor data is read.
+Neither torch nor numpy is imported, which keeps it well under a second for any
+size of file.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
 import zipfile
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
-from .._text import short
 from . import _safetensors
 from ._container import (
     LEGACY_MAGIC,
-    LEGACY_PROTOCOL,
+    ScanMachine,
+    ScanResult,
     ZipDirectory,
+    describe_source,
+    read,
+    read_legacy,
     read_zip_directory,
     sniff,
 )
-from ._load import describe_source, plain_text
 from ._machine import Source
-from ._scan import ScanMachine, ScanResult
-from .allowlist import lookup
+from .allowlist import covering, numpy_core
 from .errors import CheckpointError, UnsafeCheckpointError
 
 # Well-known gadgets: globals that hand a pickle code execution, files or imports, and why.
@@ -184,15 +185,8 @@ GETATTR_ONLY = (
 
 def _use(name: str, count: int, reached: bool = False) -> GlobalUse:
     module, _, attr = name.rpartition(".")
-    entry = lookup(module, attr)
-    if entry is None and "." in module:  # Enum.MEMBER spelled as one global (protocol 4)
-        owner_module, _, owner = module.rpartition(".")
-        owner_entry = lookup(owner_module, owner)
-        if owner_entry is not None and owner_entry.kind == "enum":
-            entry = owner_entry
-    from .allowlist import _version_problem
-
-    note = "not on compatshim's allowlist" if entry is None else _version_problem(entry)
+    entry = covering(module, attr)
+    note = "not on compatshim's allowlist" if entry is None else entry.problem()
     if entry is not None and note is None:
         return GlobalUse(name, count, entry.qualname, entry.kind)
     reason = GETATTR_ONLY if reached else danger(name)
@@ -208,11 +202,9 @@ def _use(name: str, count: int, reached: bool = False) -> GlobalUse:
 
 
 def _numpy_major(names: list[str]) -> int | None:
-    if any(n.startswith("numpy._core.") for n in names):
-        return 2
-    if any(n.startswith("numpy.core.") for n in names):
-        return 1
-    return None
+    """The numpy major whose core module spelling the file's globals use (the newest seen)."""
+    majors = [core[0] for core in map(numpy_core, names) if core is not None]
+    return max(majors, default=None)
 
 
 def _torch_hint(directory: ZipDirectory | None, container: str) -> str | None:
@@ -234,10 +226,10 @@ def _record_text(archive: zipfile.ZipFile, directory: ZipDirectory, name: str) -
     return archive.read(record.name).decode("ascii", "replace").strip()
 
 
-def _scan(data: IO[bytes]) -> ScanResult:
-    machine = ScanMachine(Source(data))
-    machine.run()
-    return machine.found
+def _scan(data: IO[bytes], container: str | None) -> tuple[Any, ScanResult]:
+    machine = ScanMachine(Source(data), container)
+    value = machine.run()
+    return value, machine.found
 
 
 def _from_zip(file: IO[bytes], what: str) -> CheckpointInfo:
@@ -248,14 +240,9 @@ def _from_zip(file: IO[bytes], what: str) -> CheckpointInfo:
         refusals.append("TorchScript archive (torch.jit.save): never loaded")
     found = ScanResult()
     if "data.pkl" in directory.records and not directory.is_torchscript:
-        found = _scan(io.BytesIO(archive.read(directory.records["data.pkl"].name)))
-    for key, decl in found.storages.items():
-        record = directory.records.get(f"data/{key}")
-        if record is None or record.size != decl.nbytes:
-            held = "no record" if record is None else f"a record of {record.size} bytes"
-            raise CheckpointError(
-                f"{what}: storage {key} declares {decl.nbytes} bytes, the zip has {held}"
-            )
+        _, found = _scan(io.BytesIO(archive.read(directory.records["data.pkl"].name)), "zip")
+    for decl in found.storages.values():
+        directory.storage_record(decl, what)
     container = "torchscript" if directory.is_torchscript else "zip"
     writer = Writer(
         pickle_protocol=found.protocol or None,
@@ -271,37 +258,16 @@ def _from_zip(file: IO[bytes], what: str) -> CheckpointInfo:
 
 
 def _from_pickle(file: IO[bytes], what: str) -> CheckpointInfo:
-    source = Source(file)
-    first = ScanMachine(source)
-    value = first.run()
-    if type(value) is not int or value != LEGACY_MAGIC:
-        writer = Writer(
-            pickle_protocol=first.found.protocol or None,
-            numpy_major=_numpy_major(list(first.found.globals)),
-        )
-        return _info(what, "pickle", first.found, writer, [])
-    protocol = ScanMachine(source).run()
-    if protocol != LEGACY_PROTOCOL:
-        raise CheckpointError(f"{what}: legacy torch file with protocol {short(protocol)}")
-    ScanMachine(source).run()  # system info
-    found = _scan(file)
-    keys = ScanMachine(source).run()
-    if type(keys) is not list or sorted(map(str, keys)) != sorted(found.storages):
-        raise CheckpointError(f"{what}: legacy storage key list does not match the pickle")
-    position = file.tell()
-    for key in keys:
-        decl = found.storages[key]
-        file.seek(position)
-        header = int.from_bytes(source.read(8), "little", signed=True)
-        if header != decl.numel or decl.nbytes > source.remaining():
-            raise CheckpointError(f"{what}: legacy storage {key} does not fit the file")
-        position += 8 + decl.nbytes
+    value, found = _scan(file, None)
+    container = "pickle"
+    if type(value) is int and value == LEGACY_MAGIC:
+        found, container = read_legacy(file).found, "legacy"
     writer = Writer(
         pickle_protocol=found.protocol or None,
         numpy_major=_numpy_major(list(found.globals)),
-        torch=_torch_hint(None, "legacy"),
+        torch=_torch_hint(None, container),
     )
-    return _info(what, "legacy", found, writer, [])
+    return _info(what, container, found, writer, [])
 
 
 def _from_safetensors(file: IO[bytes], what: str) -> CheckpointInfo:
@@ -350,33 +316,20 @@ def _info(
 
 def inspect(f: Any) -> CheckpointInfo:
     """See the module docstring; raises CheckpointError for a damaged or unknown file."""
-    what = describe_source(f)
-    if isinstance(f, (str, os.PathLike)):
-        with open(f, "rb") as file:
-            return _guarded(file, what)
-    return _guarded(f, what)
-
-
-def _guarded(file: IO[bytes], what: str) -> CheckpointInfo:
     try:
-        kind = sniff(file)
-        if kind == "zip":
-            return _from_zip(file, what)
-        if kind == "pickle":
-            return _from_pickle(file, what)
-        if kind == "safetensors":
-            return _from_safetensors(file, what)
-        if kind == "tar":
-            raise CheckpointError(f"{what}: torch's tar format (torch < 0.4) is not supported")
-        raise CheckpointError(f"{what}: neither a torch zip file nor a pickle")
+        return read(f, _read)
     except UnsafeCheckpointError as exc:
-        return CheckpointInfo(what, "other", (), 0, 0, 0, {}, Writer(), (str(exc),))
-    except CheckpointError as exc:
-        message = str(exc)
-        raise CheckpointError(
-            message if message.startswith(what) else f"{what}: {message}"
-        ) from None
-    except (RecursionError, MemoryError, Exception) as exc:
-        raise CheckpointError(
-            f"{what}: damaged or unsupported file ({type(exc).__name__}: {plain_text(exc)})"
-        ) from None
+        return CheckpointInfo(describe_source(f), "other", (), 0, 0, 0, {}, Writer(), (str(exc),))
+
+
+def _read(file: IO[bytes], what: str, path: str | None) -> CheckpointInfo:
+    kind = sniff(file)
+    if kind == "zip":
+        return _from_zip(file, what)
+    if kind == "pickle":
+        return _from_pickle(file, what)
+    if kind == "safetensors":
+        return _from_safetensors(file, what)
+    if kind == "tar":
+        raise CheckpointError(f"{what}: torch's tar format (torch < 0.4) is not supported")
+    raise CheckpointError(f"{what}: neither a torch zip file nor a pickle")

@@ -138,9 +138,6 @@ class Machine:
         except Stop as stop:
             return stop.value
 
-    def position(self) -> int:
-        return self.source.file.tell()
-
     # ------------------------------------------------------------------ helpers
     def _pop(self) -> Any:
         if not self.stack:

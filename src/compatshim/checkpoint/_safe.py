@@ -30,11 +30,11 @@ from typing import Any, Callable, Iterable
 from .._text import short
 from . import _numpy, _objects, _omegaconf, _tensors
 from ._machine import MAX_NESTING, Machine, Source
-from .allowlist import Entry, lookup
+from .allowlist import Entry, enum_member, lookup, storage_type
 from .errors import CheckpointError, UnsafeCheckpointError
 
 Builder = Callable[[Any, Any], None]
-StorageGetter = Callable[[str, tuple[Any, ...]], Any]
+StorageGetter = Callable[["str | None", tuple[Any, ...]], Any]
 BUDGET_PER_BYTE = 8
 BUDGET_FLOOR = 1 << 25  # small files may still build a few MB (a metrics dict, an RNG state)
 
@@ -105,15 +105,8 @@ class Role:
 
 
 def harmless_value(entry: Entry, obj: Any) -> bool:
-    """A class or a non-callable may be returned as data; a function only if its entry says so."""
-    return isinstance(obj, type) or not callable(obj) or entry.value_ok
-
-
-def handler_key(entry: Entry) -> str:
-    """One key for the aliases of a global: numpy's two core names, pathlib._local."""
-    if entry.module.startswith(("numpy.core", "numpy._core")):
-        return f"numpy.{entry.name}"
-    return entry.qualname
+    """A class, a non-callable or a listed method may be returned as data; no other function."""
+    return isinstance(obj, type) or not callable(obj) or entry.kind == "method"
 
 
 def describe(value: Any) -> str:
@@ -214,14 +207,11 @@ class SafeMachine(Machine):
             self._roles[id(user)] = Role(f"{module}.{name}", "user", f"{module}.{name}", user)
             return user
         entry = lookup(module, name)
-        if entry is None and "." in name:  # an enum member spelled Class.MEMBER (protocol 4)
-            owner, _, member = name.partition(".")
-            owner_entry = lookup(module, owner)
-            if owner_entry is not None and owner_entry.kind == "enum":
-                cls = self._resolve_entry(owner_entry)
-                return _objects.enum_member_by_name(cls, member)
         if entry is None:
-            raise refused(f"{module}.{name}", "not on compatshim's allowlist")
+            member = enum_member(module, name)  # Class.MEMBER as one global (protocol 4)
+            if member is None:
+                raise refused(f"{module}.{name}", "not on compatshim's allowlist")
+            return _objects.enum_member_by_name(self._resolve_entry(member[0]), member[1])
         return self._resolve_entry(entry)
 
     def _resolve_entry(self, entry: Entry) -> Any:
@@ -230,7 +220,7 @@ class SafeMachine(Machine):
         except LookupError as exc:
             raise refused(entry.qualname, str(exc)) from None
         self._roles[id(obj)] = Role(
-            entry.qualname, entry.kind, handler_key(entry), obj, entry, harmless_value(entry, obj)
+            entry.qualname, entry.kind, entry.key, obj, entry, harmless_value(entry, obj)
         )
         return obj
 
@@ -283,41 +273,16 @@ class SafeMachine(Machine):
         return self._call_handler(role, func, args)
 
     def _call_handler(self, role: Role, func: Any, args: tuple[Any, ...]) -> Any:
-        key = role.key
-        if key not in HANDLED:
+        handler = HANDLERS.get(role.key)
+        if handler is None:
             raise UnsafeCheckpointError(f"{role.qualname} has no checked handler", (role.qualname,))
-        made = self._dispatch_handler(role, func, args)
+        made = handler(self, func, args)
         kind = type(made)
         if kind is tuple or kind is frozenset:
             self.hashable(made, self.nesting(made))
         return made
 
-    def _dispatch_handler(self, role: Role, func: Any, args: tuple[Any, ...]) -> Any:
-        key = role.key
-        rebuild = _tensors.REBUILDS.get(key)
-        if rebuild is not None:
-            return rebuild(self.tensors, args)
-        if key == "torch._tensor._rebuild_from_type_v2":
-            return _tensors.rebuild_from_type_v2(self.tensors, args, self._tensor_rebuild)
-        random = _numpy.RANDOM.get(key)
-        if random is not None:
-            return random(args, self.register_builder, self._random_made)
-        if key == "numpy._reconstruct":
-            return _numpy.reconstruct(func, args, self.register_builder)
-        if key == "numpy._frombuffer":
-            return _numpy.frombuffer(func, args)
-        if key == "numpy.scalar":
-            return _numpy.scalar(func, args)
-        if key == "numpy.dtype":
-            return _numpy.make_dtype(func, args, self.register_builder)
-        if key == "torch.Size":
-            return _tensors.make_size(func, args)
-        if key == "torch.device":
-            return _tensors.make_device(func, args)
-        if key == "copyreg._reconstructor":
-            return self._reconstructor(args)
-        if key == "torch.storage._load_from_bytes":
-            return self._storage_from_bytes(args)
+    def _construct(self, func: Any, args: tuple[Any, ...], key: str) -> Any:
         made = _objects.CONSTRUCTORS[key](func, args)
         if isinstance(made, collections.deque):
             self.register_dict(made)  # owned: APPENDS may fill it
@@ -477,29 +442,43 @@ class SafeMachine(Machine):
                 "a storage reference in a plain pickle refused (no storage records)",
                 ("persistent id 'storage'",),
             )
-        role = self.role_of(pid[1])
-        if role is None or role.key.rpartition(".")[2] not in _tensors.STORAGE_DTYPES:
-            raise CheckpointError(f"storage type {describe(pid[1])} is not a known storage type")
-        storage = self.storages(role.key.rpartition(".")[2], pid[2:])
+        storage = self.storages(storage_type(self.entry_of(pid[1])), pid[2:])
         return self.tensors.add_storage(storage)
 
 
-HANDLED = frozenset(
-    {
-        *_tensors.REBUILDS,
-        *_objects.CONSTRUCTORS,
-        *_numpy.RANDOM,
-        "torch._tensor._rebuild_from_type_v2",
-        "numpy._reconstruct",
-        "numpy._frombuffer",
-        "numpy.scalar",
-        "numpy.dtype",
-        "torch.Size",
-        "torch.device",
-        "copyreg._reconstructor",
-        "torch.storage._load_from_bytes",
-    }
-)
+Handler = Callable[[SafeMachine, Any, tuple[Any, ...]], Any]
+_NUMPY = "numpy._core.multiarray."  # Entry.key folds numpy's two core spellings into this one
+
+
+#: The one checked handler of each ``constructor`` / ``rebuild`` entry, by :attr:`Entry.key`.
+def _tensor(rebuild: _tensors.TensorRebuild) -> Handler:
+    return lambda m, f, a: rebuild(m.tensors, a)
+
+
+def _random(make: Callable[..., Any]) -> Handler:
+    return lambda m, f, a: make(a, m.register_builder, m._random_made)
+
+
+def _constructor(key: str) -> Handler:
+    return lambda m, f, a: m._construct(f, a, key)
+
+
+HANDLERS: dict[str, Handler] = {
+    **{key: _tensor(rebuild) for key, rebuild in _tensors.REBUILDS.items()},
+    **{key: _random(make) for key, make in _numpy.RANDOM.items()},
+    **{key: _constructor(key) for key in _objects.CONSTRUCTORS},
+    "torch._tensor._rebuild_from_type_v2": lambda m, f, a: _tensors.rebuild_from_type_v2(
+        m.tensors, a, m._tensor_rebuild
+    ),
+    _NUMPY + "_reconstruct": lambda m, f, a: _numpy.reconstruct(f, a, m.register_builder),
+    _NUMPY + "scalar": lambda m, f, a: _numpy.scalar(f, a),
+    "numpy._core.numeric._frombuffer": lambda m, f, a: _numpy.frombuffer(f, a),
+    "numpy.dtype": lambda m, f, a: _numpy.make_dtype(f, a, m.register_builder),
+    "torch.Size": lambda m, f, a: _tensors.make_size(f, a),
+    "torch.device": lambda m, f, a: _tensors.make_device(f, a),
+    "copyreg._reconstructor": lambda m, f, a: m._reconstructor(a),
+    "torch.storage._load_from_bytes": lambda m, f, a: m._storage_from_bytes(a),
+}
 
 
 def _user_build(inst: Any, state: Any) -> None:

@@ -232,8 +232,9 @@ def read_header(file: IO[bytes]) -> Header:
     return Header(tuple(entries), metadata, data_start, data_size)
 
 
-def _read(file: IO[bytes], size: int) -> bytearray:
-    """Exactly ``size`` bytes into one buffer (in chunks where the file has no ``readinto``)."""
+def read_exactly(file: IO[bytes], size: int) -> bytearray:
+    """Exactly ``size`` bytes into one buffer (in chunks where the file has no ``readinto``);
+    the legacy format's storages are read so too."""
     buffer = bytearray(size)
     view = memoryview(buffer)
     readinto = getattr(file, "readinto", None)
@@ -246,7 +247,7 @@ def _read(file: IO[bytes], size: int) -> bytearray:
             count = len(chunk)
             view[got : got + count] = chunk
         if not count:
-            raise CheckpointError("safetensors data section ends early")
+            raise CheckpointError("the data ends early")
         got += count
     return buffer
 
@@ -278,7 +279,7 @@ def load(
         whole = torch.UntypedStorage.from_file(path, False, header.data_start + header.data_size)
         data = whole[header.data_start :]
     elif header.data_size:
-        data = torch.frombuffer(_read(file, header.data_size), dtype=torch.uint8)
+        data = torch.frombuffer(read_exactly(file, header.data_size), dtype=torch.uint8)
         data = data.untyped_storage()
     else:
         data = torch.empty(0, dtype=torch.uint8).untyped_storage()

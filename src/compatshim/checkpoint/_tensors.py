@@ -20,23 +20,6 @@ MAX_DIMS = 64
 MAX_NUMEL = 2**62
 METADATA_KEYS = {"conj", "neg"}
 
-# storage type name (as torch.save writes it) -> (torch dtype attribute, item size)
-STORAGE_DTYPES: dict[str, tuple[str, int]] = {
-    "DoubleStorage": ("float64", 8),
-    "FloatStorage": ("float32", 4),
-    "HalfStorage": ("float16", 2),
-    "BFloat16Storage": ("bfloat16", 2),
-    "ComplexDoubleStorage": ("complex128", 16),
-    "ComplexFloatStorage": ("complex64", 8),
-    "LongStorage": ("int64", 8),
-    "IntStorage": ("int32", 4),
-    "ShortStorage": ("int16", 2),
-    "CharStorage": ("int8", 1),
-    "ByteStorage": ("uint8", 1),
-    "BoolStorage": ("bool", 1),
-    "UntypedStorage": ("uint8", 1),
-}
-
 
 def _torch() -> Any:
     import torch

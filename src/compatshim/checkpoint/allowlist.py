@@ -5,11 +5,7 @@ it means importing that module and calling that object. An :class:`Entry`
 says which ``module.name`` compatshim's loader accepts, for which releases of
 which distribution (``distribution=None``: the standard library, and then
 ``versions`` is a Python version range), what kind of object it is (which
-decides what the loader may do with it), why it cannot run code, and whether
-it is also safe under torch's *own* weights-only unpickler (``torch_safe``),
-which calls allowed callables with unchecked arguments and BUILDs any
-instance of an allowed type, so a loader that patches torch may register only
-those entries with ``torch.serialization.add_safe_globals``.
+decides what the loader may do with it) and why it cannot run code.
 
 Kinds (what compatshim's loader does with each; see ``_objects.py``):
 
@@ -46,9 +42,8 @@ Argument rules (:attr:`Entry.args`, for ``rule`` entries):
     dunder, a default, a name not listed, a staticmethod or property) is
     refused, so plain ``getattr`` stays out.
 
-:attr:`Entry.value_ok` says an object may appear in the loaded result as a
-value (a harmless class or constant, a listed method); every other global
-only serves to build the result.
+Classes, non-callable constants and ``method`` rows may appear in the loaded
+result as values; every other global only serves to build the result.
 
 omegaconf containers (2.1-2.4) are ``instance`` entries that the loader
 builds through ``_omegaconf.py`` instead (never omegaconf's ``__setstate__``):
@@ -70,24 +65,16 @@ from __future__ import annotations
 
 import importlib
 import sys
+import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
 Kind = Literal[
     "constant", "constructor", "enum", "instance", "dict-subclass", "rebuild", "method", "rule"
 ]
-KINDS: tuple[str, ...] = (
-    "constant",
-    "constructor",
-    "enum",
-    "instance",
-    "dict-subclass",
-    "rebuild",
-    "method",
-    "rule",
-)
+KINDS: tuple[str, ...] = typing.get_args(Kind)
 ArgRule = Literal["method-of-listed-class"]
-ARG_RULES: tuple[str, ...] = ("method-of-listed-class",)
+ARG_RULES: tuple[str, ...] = typing.get_args(ArgRule)
 
 
 @dataclass(frozen=True)
@@ -100,16 +87,23 @@ class Entry:
     versions: str
     kind: Kind
     reason: str
-    torch_safe: bool
     importable: bool = True
     args: ArgRule | None = None
     """For ``rule`` entries: the argument rule every call must pass (see the module doc)."""
-    value_ok: bool = False
-    """May appear in the loaded result as a value (harmless classes, constants, listed methods)."""
 
     @property
     def qualname(self) -> str:
         return f"{self.module}.{self.name}"
+
+    @property
+    def key(self) -> str:
+        """One name for a global's aliases (numpy's two core spellings): what handlers use."""
+        core = numpy_core(self.module)
+        return self.qualname if core is None else f"numpy._core{core[1]}.{self.name}"
+
+    def problem(self) -> str | None:
+        """Why this entry does not apply to the installed release, or None."""
+        return _version_problem(self)
 
     def applies(self) -> bool:
         """Whether the installed distribution (or Python) is inside :attr:`versions`."""
@@ -216,13 +210,22 @@ def numpy_major() -> int | None:
         return None
 
 
+NUMPY_CORES = {"numpy.core": 1, "numpy._core": 2}  # numpy 2 renamed numpy.core
+
+
+def numpy_core(module: str) -> tuple[int, str] | None:
+    """``(numpy major, rest)`` for a module under either core spelling, else None."""
+    for core, major in NUMPY_CORES.items():
+        if module == core or module.startswith(core + "."):
+            return major, module[len(core) :]
+    return None
+
+
 def _candidate_modules(module: str) -> tuple[str, ...]:
     """Where to look for ``module`` here: numpy's core renamed in 2.0, pathlib split in 3.13."""
-    for old in ("numpy.core", "numpy._core"):
-        if module == old or module.startswith(old + "."):
-            rest = module[len(old) :]
-            running = "numpy._core" if (numpy_major() or 0) >= 2 else "numpy.core"
-            return (running + rest,)
+    core = numpy_core(module)
+    if core is not None:
+        return (("numpy._core" if (numpy_major() or 0) >= 2 else "numpy.core") + core[1],)
     if module == "pathlib._local" and sys.version_info < (3, 13):
         return ("pathlib",)
     return (module,)
@@ -247,16 +250,12 @@ _DS = ">=0.10,<1"  # checked against the source of deepspeed 0.10.0 and 0.16.4
 _MMENGINE = ">=0.9,<0.11"  # Runner resume tested on 0.9.1, 0.10.4, 0.10.7 (tests/zoo)
 
 
-def _std(
-    module: str, name: str, kind: Kind, reason: str, torch_safe: bool, value_ok: bool = False
-) -> Entry:
-    return Entry(module, name, None, "", kind, reason, torch_safe, value_ok=value_ok)
+def _std(module: str, name: str, kind: Kind, reason: str) -> Entry:
+    return Entry(module, name, None, "", kind, reason)
 
 
-def _torch(
-    name: str, kind: Kind, reason: str, module: str = "torch", value_ok: bool = False
-) -> Entry:
-    return Entry(module, name, "torch", _TORCH, kind, reason, torch_safe=True, value_ok=value_ok)
+def _torch(name: str, kind: Kind, reason: str, module: str = "torch") -> Entry:
+    return Entry(module, name, "torch", _TORCH, kind, reason)
 
 
 _TORCH_DTYPES = [
@@ -289,21 +288,22 @@ _TORCH_DTYPES = [
     "int",
     "long",
 ]
-_STORAGE_TYPES = [
-    "DoubleStorage",
-    "FloatStorage",
-    "HalfStorage",
-    "BFloat16Storage",
-    "ComplexDoubleStorage",
-    "ComplexFloatStorage",
-    "LongStorage",
-    "IntStorage",
-    "ShortStorage",
-    "CharStorage",
-    "ByteStorage",
-    "BoolStorage",
-    "UntypedStorage",
-]
+# storage type name (as torch.save writes it) -> (torch dtype attribute, item size)
+STORAGE_DTYPES: dict[str, tuple[str, int]] = {
+    "DoubleStorage": ("float64", 8),
+    "FloatStorage": ("float32", 4),
+    "HalfStorage": ("float16", 2),
+    "BFloat16Storage": ("bfloat16", 2),
+    "ComplexDoubleStorage": ("complex128", 16),
+    "ComplexFloatStorage": ("complex64", 8),
+    "LongStorage": ("int64", 8),
+    "IntStorage": ("int32", 4),
+    "ShortStorage": ("int16", 2),
+    "CharStorage": ("int8", 1),
+    "ByteStorage": ("uint8", 1),
+    "BoolStorage": ("bool", 1),
+    "UntypedStorage": ("uint8", 1),
+}
 _NUMPY_DTYPE_CLASSES = [
     "BoolDType",
     "Int8DType",
@@ -360,23 +360,21 @@ def _build_table() -> tuple[Entry, ...]:
     e: list[Entry] = []
     # ---- standard library
     e += [
-        _std("builtins", "set", "constructor", "set(list) of already-built items", True),
-        _std("builtins", "frozenset", "constructor", "frozenset(list) of built items", True),
-        _std("builtins", "slice", "constructor", "slice of ints or None", True),
-        _std("builtins", "complex", "constructor", "complex(float, float) only", True),
+        _std("builtins", "set", "constructor", "set(list) of already-built items"),
+        _std("builtins", "frozenset", "constructor", "frozenset(list) of built items"),
+        _std("builtins", "slice", "constructor", "slice of ints or None"),
+        _std("builtins", "complex", "constructor", "complex(float, float) only"),
         _std(
             "builtins",
             "bytearray",
             "constructor",
             "bytearray(bytes) or (str, 'latin-1') only; never bytearray(n)",
-            False,
         ),
         _std(
             "builtins",
             "bytes",
             "constructor",
             "bytes() only, as protocols 0-2 write b'' (empty numpy arrays); never bytes(n)",
-            False,
         ),
     ]
     for name in ("object", "list", "dict", "int", "float", "str", "tuple", "bool"):
@@ -386,8 +384,6 @@ def _build_table() -> tuple[Entry, ...]:
                 name,
                 "constant",
                 "a builtin type used as a value (defaultdict factory, copyreg base); never called",
-                False,
-                value_ok=True,
             )
         )
     e += [
@@ -396,26 +392,23 @@ def _build_table() -> tuple[Entry, ...]:
             "encode",
             "rebuild",
             "(str, 'latin1') -> bytes, as protocol 2 writes bytes",
-            False,
         ),
         _std(
             "copyreg",
             "_reconstructor",
             "rebuild",
             "protocol 0/1 object: (allowed class, object or dict, None) -> empty instance",
-            False,
         ),
-        _std("collections", "OrderedDict", "constructor", "empty or from (key, value) pairs", True),
-        _std("collections", "Counter", "constructor", "from a dict of counts", True),
+        _std("collections", "OrderedDict", "constructor", "empty or from (key, value) pairs"),
+        _std("collections", "Counter", "constructor", "from a dict of counts"),
         _std(
             "collections",
             "defaultdict",
             "constructor",
             "factory must be a builtin container/number type; torch would accept any callable",
-            False,
         ),
-        _std("collections", "deque", "constructor", "deque(list, maxlen int or None)", True),
-        _std("argparse", "Namespace", "instance", "plain attribute holder, no __setstate__", True),
+        _std("collections", "deque", "constructor", "deque(list, maxlen int or None)"),
+        _std("argparse", "Namespace", "instance", "plain attribute holder, no __setstate__"),
         Entry(
             "builtins",
             "getattr",
@@ -423,20 +416,17 @@ def _build_table() -> tuple[Entry, ...]:
             "",
             "rule",
             "never called: only getattr(<class from this table>, <its 'method' row>) is read",
-            torch_safe=False,
             args="method-of-listed-class",
         ),
     ]
     for name in ("datetime", "date", "time", "timedelta", "timezone"):
-        e.append(
-            _std("datetime", name, "constructor", "C type built from checked bytes/ints", True)
-        )
+        e.append(_std("datetime", name, "constructor", "C type built from checked bytes/ints"))
     for name in _PATH_CLASSES:
         reason = "path from str parts; a WindowsPath off Windows comes back as PureWindowsPath"
-        e.append(_std("pathlib", name, "constructor", reason, True))
-        e.append(_std("pathlib._local", name, "constructor", reason + " (Python 3.13 name)", True))
+        e.append(_std("pathlib", name, "constructor", reason))
+        e.append(_std("pathlib._local", name, "constructor", reason + " (Python 3.13 name)"))
     # ---- numpy, under both the 1.x and 2.x module names
-    for core in ("numpy.core", "numpy._core"):
+    for core in NUMPY_CORES:
         e += [
             Entry(
                 f"{core}.multiarray",
@@ -445,7 +435,6 @@ def _build_table() -> tuple[Entry, ...]:
                 _NUMPY,
                 "rebuild",
                 "plain ndarray only (no subclass, no object dtype), data length checked first",
-                torch_safe=False,
             ),
             Entry(
                 f"{core}.multiarray",
@@ -454,7 +443,6 @@ def _build_table() -> tuple[Entry, ...]:
                 _NUMPY,
                 "rebuild",
                 "numpy scalar from a non-object dtype and exactly itemsize bytes",
-                torch_safe=False,
             ),
             Entry(
                 f"{core}.numeric",
@@ -463,7 +451,6 @@ def _build_table() -> tuple[Entry, ...]:
                 _NUMPY,
                 "rebuild",
                 "protocol-5 array: non-object dtype, buffer length checked before use",
-                torch_safe=False,
             ),
         ]
     e += [
@@ -474,7 +461,6 @@ def _build_table() -> tuple[Entry, ...]:
             _NUMPY,
             "constant",
             "the ndarray type as _reconstruct's argument; never called",
-            False,
         ),
         Entry(
             "numpy",
@@ -483,7 +469,6 @@ def _build_table() -> tuple[Entry, ...]:
             _NUMPY,
             "constructor",
             "simple (non-object, non-structured) dtypes; state checked before __setstate__",
-            False,
         ),
     ]
     for module, name in _NUMPY_RANDOM_CLASSES:
@@ -495,7 +480,6 @@ def _build_table() -> tuple[Entry, ...]:
                 _NUMPY,
                 "constant",
                 "a numpy.random class as a ctor's argument, checked by identity; never called",
-                False,
             )
         )
     for module, name in _NUMPY_RANDOM_CTORS:
@@ -508,7 +492,6 @@ def _build_table() -> tuple[Entry, ...]:
                 "rebuild",
                 "re-implemented: only numpy's five bit generators (by name or class), "
                 "every state field checked (numpy's own calls any class or callable given)",
-                False,
             )
         )
     for name in _NUMPY_DTYPE_CLASSES:
@@ -520,18 +503,16 @@ def _build_table() -> tuple[Entry, ...]:
                 ">=1.25",
                 "constant",
                 "a dtype class as a value; never called",
-                False,
-                value_ok=True,
             )
         )
     # ---- torch
     for name in _TORCH_DTYPES:
-        e.append(_torch(name, "constant", "a torch.dtype value", value_ok=True))
-    for name in _STORAGE_TYPES:
+        e.append(_torch(name, "constant", "a torch.dtype value"))
+    for name in STORAGE_DTYPES:
         e.append(_torch(name, "constant", "a storage type naming a dtype in persistent ids"))
     e.append(_torch("UntypedStorage", "constant", "untyped storage type", module="torch.storage"))
     for name in ("contiguous_format", "channels_last", "channels_last_3d", "preserve_format"):
-        e.append(_torch(name, "constant", "a torch.memory_format value", value_ok=True))
+        e.append(_torch(name, "constant", "a torch.memory_format value"))
     e += [
         _torch("Size", "constructor", "torch.Size of non-negative ints"),
         _torch("device", "constructor", "torch.device(str[, int])"),
@@ -561,7 +542,6 @@ def _build_table() -> tuple[Entry, ...]:
             ">=2.2",
             "rebuild",
             "re-implemented: as _rebuild_tensor_v2, dtype given (no storage type for it)",
-            torch_safe=True,
         )
     )
     e.append(
@@ -580,7 +560,6 @@ def _build_table() -> tuple[Entry, ...]:
             _TORCH,
             "rebuild",
             "a storage pickled with plain pickle: its bytes are loaded by this same loader",
-            torch_safe=False,
         )
     )
     # ---- frameworks
@@ -598,7 +577,6 @@ def _build_table() -> tuple[Entry, ...]:
                 versions,
                 "dict-subclass",
                 "dict subclass with attribute access only; filled via dict.__setitem__",
-                torch_safe=True,
             )
         )
     for module, name, kind, versions in (
@@ -616,7 +594,7 @@ def _build_table() -> tuple[Entry, ...]:
             else "plain class with numeric attributes, no __setstate__"
         )
         e.append(
-            Entry(module, name, "deepspeed", versions, kind, reason, torch_safe=kind != "enum")  # type: ignore[arg-type]
+            Entry(module, name, "deepspeed", versions, kind, reason)  # type: ignore[arg-type]
         )
     # ---- omegaconf (Hydra / Lightning hyper-parameters); built by _omegaconf.py, never by
     # omegaconf's __setstate__; checked against the source of 2.1.2, 2.2.3, 2.3.0 and 2.4.0
@@ -638,9 +616,9 @@ def _build_table() -> tuple[Entry, ...]:
             "state checked field by field into a fresh __dict__; strings pass the "
             "interpolation policy (_omegaconf.py)"
         )
-        e.append(Entry(module, name, "omegaconf", versions, "instance", reason, torch_safe=False))
+        e.append(Entry(module, name, "omegaconf", versions, "instance", reason))
     for name in ("Any", "Dict", "List"):
-        e.append(_std("typing", name, "constant", "a type annotation in omegaconf metadata", False))
+        e.append(_std("typing", name, "constant", "a type annotation in omegaconf metadata"))
     # mmengine's MessageHub state (Runner checkpoints: mmdet, mmseg, mmpretrain, mmdet3d, ...)
     e.append(
         Entry(
@@ -651,7 +629,6 @@ def _build_table() -> tuple[Entry, ...]:
             "instance",
             "log history: numpy arrays and ints; its __setstate__ (writes a class-wide dict) is "
             "never called, so not torch-safe",
-            torch_safe=False,
         )
     )
     for name in ("min", "max", "current", "mean"):
@@ -663,15 +640,13 @@ def _build_table() -> tuple[Entry, ...]:
                 _MMENGINE,
                 "method",
                 "a statistics method HistoryBuffer pickles in its state; returned, never called",
-                torch_safe=False,
-                value_ok=True,
             )
         )
     return tuple(e)
 
 
 ENTRIES: tuple[Entry, ...] = _build_table()
-_INDEX: dict[tuple[str, str], Entry] = {(x.module, x.name): x for x in ENTRIES}
+_INDEX: dict[str, Entry] = {x.qualname: x for x in ENTRIES}
 
 
 def entries() -> tuple[Entry, ...]:
@@ -680,38 +655,28 @@ def entries() -> tuple[Entry, ...]:
 
 
 def lookup(module: str, name: str) -> Entry | None:
-    """The entry for ``module.name`` (as the pickle names it), or None.
-
-    A ``method`` row ``module.Class.function`` is also found from a dotted
-    name split at its last dot (``("module.Class", "function")``).
-    """
-    found = _INDEX.get((module, name))
-    if found is None and "." in module:
-        owner_module, _, owner = module.rpartition(".")
-        found = _INDEX.get((owner_module, f"{owner}.{name}"))
-        if found is not None and found.kind != "method":
-            return None
-    return found
+    """The entry for ``module.name``, or None, however the pickle splits a dotted name
+    (``("module", "Class.function")`` or ``("module.Class", "function")``): what is
+    imported is always the entry's own ``module`` and ``name``."""
+    return _INDEX.get(f"{module}.{name}")
 
 
-def torch_safe_globals() -> list[Any]:
-    """Objects safe under torch's own weights-only semantics that resolve here without importing.
+def enum_member(module: str, name: str) -> tuple[Entry, str] | None:
+    """``Enum.MEMBER`` named as one global (protocol 4): the enum's entry and the member name."""
+    owner, _, member = f"{module}.{name}".rpartition(".")
+    entry = _INDEX.get(owner)
+    return (entry, member) if entry is not None and entry.kind == "enum" else None
 
-    For ``torch.serialization.add_safe_globals``: only entries with ``torch_safe``,
-    only modules already imported (registering must not import frameworks).
-    """
-    found: list[Any] = []
-    seen: set[int] = set()
-    for entry in ENTRIES:
-        if not entry.torch_safe or entry.kind == "rebuild":
-            continue
-        if not any(m in sys.modules for m in _candidate_modules(entry.module)):
-            continue
-        try:
-            obj = entry.resolve()
-        except LookupError:
-            continue
-        if id(obj) not in seen:
-            seen.add(id(obj))
-            found.append(obj)
-    return found
+
+def covering(module: str, name: str) -> Entry | None:
+    """The entry that admits ``module.name``: its own row, or its enum's for a member."""
+    entry = lookup(module, name)
+    if entry is None:
+        member = enum_member(module, name)
+        entry = member[0] if member is not None else None
+    return entry
+
+
+def storage_type(entry: Entry | None) -> str | None:
+    """The storage type (a :data:`STORAGE_DTYPES` key) an entry names, or None."""
+    return entry.name if entry is not None and entry.name in STORAGE_DTYPES else None

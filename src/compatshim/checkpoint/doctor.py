@@ -15,11 +15,9 @@ def doctor_rows() -> list[DoctorRow]:
     from .allowlist import entries
 
     torch = installed_version("torch")
-    table = entries()
-    torch_safe = sum(1 for entry in table if entry.torch_safe)
     detail = (
-        f"compatshim.checkpoint.load/inspect: {len(table)} allow-listed globals "
-        f"({torch_safe} also safe for torch's own unpickler), the same on every torch"
+        f"compatshim.checkpoint.load/inspect: {len(entries())} allow-listed globals, "
+        "the same on every torch"
     )
     if torch is not None and not version_at_least(torch, "2.6"):
         detail += (

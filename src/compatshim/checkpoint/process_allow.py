@@ -36,7 +36,7 @@ from typing import Any, Iterable
 from .. import _settings
 from .._engine import decisions
 from ._safe import _MISSING, _UNRESOLVED, UserAllow
-from .allowlist import lookup
+from .allowlist import covering
 
 GROUP = "compatshim.allow"
 MAX_FILE_BYTES = 1 << 20
@@ -125,10 +125,7 @@ class ProcessAllow(UserAllow):
 
 
 def _curated(module: str, name: str) -> bool:
-    entry = lookup(module, name)
-    if entry is None and "." in name:  # an enum member spelled Class.MEMBER
-        owner = lookup(module, name.partition(".")[0])
-        return owner is not None and owner.kind == "enum"
+    entry = covering(module, name)
     return entry is not None and entry.applies()
 
 
