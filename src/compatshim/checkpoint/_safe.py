@@ -25,7 +25,7 @@ import enum
 import importlib
 import itertools
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Container, Iterable
 
 from .._text import short
 from . import _numpy, _objects, _omegaconf, _tensors
@@ -125,7 +125,7 @@ class UserAllow:
         resolvers: set[str] = set()
         for item in items:
             if isinstance(item, str) and item.startswith(_omegaconf.RESOLVER_PREFIX):
-                resolvers.add(item[len(_omegaconf.RESOLVER_PREFIX) :])
+                resolvers.add(_omegaconf.resolver_name(item))  # TypeError: not a plain name
             elif isinstance(item, str):
                 module, _, name = item.rpartition(".")
                 if not module:
@@ -141,7 +141,7 @@ class UserAllow:
                     f"allow= takes classes, functions, 'module.name' strings or "
                     f"(object, 'module.name') pairs, got {type(item).__name__}"
                 )
-        self.resolvers = frozenset(resolvers)
+        self.resolvers: Container[str] = frozenset(resolvers)  # omegaconf resolvers kept
 
     def resolve(self, module: str, name: str) -> Any:
         found = self.named.get((module, name), _MISSING)
