@@ -373,6 +373,7 @@ class ScanResult:
     tensor_dtypes: collections.Counter[str] = field(default_factory=collections.Counter)
     persistent_kinds: collections.Counter[str] = field(default_factory=collections.Counter)
     reached: set[str] = field(default_factory=set)  # names reached through builtins.getattr
+    split: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (module, name)
     protocol: int = 0
     problems: list[str] = field(default_factory=list)  # what load refuses whatever it allows
 
@@ -399,6 +400,7 @@ class ScanMachine(Machine):
     def find_global(self, module: str, name: str) -> Any:
         qualname = f"{module}.{name}"
         self.found.globals[qualname] += 1
+        self.found.split.setdefault(qualname, (module, name))  # as load looks it up
         symbol = self._symbols.get(qualname)
         if symbol is None:
             symbol = self._symbols[qualname] = Symbol(qualname)

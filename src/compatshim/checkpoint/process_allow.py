@@ -120,16 +120,20 @@ def find(module: str, name: str) -> Any:
 
     Sources are read in order and only as far as needed: entry points last.
     """
-    if module == RESOLVER:  # a pickle may spell anything as a module: resolvers are no global
-        return _MISSING
-    entry = declared(module, name)
-    return _MISSING if entry is None else entry[0]
+    hit = declared(module, name)
+    return _MISSING if hit is None else hit[0]
 
 
 def declared(module: str, name: str) -> tuple[Any, Allowed] | None:
-    """The first process-wide entry for the key ``(module, name)``: (object, entry), or None."""
+    """The first process-wide entry for the global ``module.name``: (object, entry), or None."""
+    if module == RESOLVER:  # a pickle may spell anything as a module: resolvers are no global
+        return None
+    return _first((module, name))
+
+
+def _first(key: Key) -> tuple[Any, Allowed] | None:
     for source in _sources():
-        hit = source.get((module, name))
+        hit = source.get(key)
         if hit is not None:
             return hit
     return None
@@ -142,7 +146,7 @@ def admits(module: str, name: str) -> bool:
 
 def admits_resolver(name: str) -> bool:
     """Whether a process-wide ``omegaconf-resolver:NAME`` entry names ``name`` (never "")."""
-    return bool(name) and declared(RESOLVER, name) is not None
+    return bool(name) and _first((RESOLVER, name)) is not None
 
 
 class Resolvers:
