@@ -540,6 +540,12 @@ def check_result(
         on_path.add(id(node))
         frames.append([node, iter(_children(node)), 0])
 
+    if type(value) not in _LEAVES and id(value) in forbidden:  # the result itself, too
+        raise UnsafeCheckpointError(
+            f"{what}: is {forbidden[id(value)]}; it may only be called while loading (a caller "
+            "that later calls it would run code)",
+            (forbidden[id(value)],),
+        )
     enter(value)
     while frames:
         frame = frames[-1]
