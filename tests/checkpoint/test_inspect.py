@@ -368,3 +368,165 @@ def test_inspect_and_load_agree_on_legacy_views(tmp_path: Path, view: bytes) -> 
     seen, done = _verdicts(_storage_file(tmp_path, b"ctorch\nFloatStorage\n", view, True))
     assert seen == done
     assert (seen == "loadable") == (view in (b"N", b"(X\x01\x00\x00\x001K\x00K\x01t"))
+
+
+# ------------------------------------------------- process-wide entries: inspect agrees with load
+class Outer:
+    class Inner:  # pickled as GLOBAL "checkpoint.test_inspect" "Outer.Inner"
+        def __init__(self, n: int = 1) -> None:
+            self.n = n
+
+        def __eq__(self, other: object) -> bool:
+            return type(other) is type(self) and other.n == self.n
+
+
+@pytest.fixture
+def process_wide(monkeypatch: pytest.MonkeyPatch) -> Any:
+    from compatshim.checkpoint import process_allow
+
+    for name in ("COMPATSHIM_ALLOW", "COMPATSHIM_ALLOW_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    process_allow._reset()
+    yield process_allow
+    process_allow._reset()
+
+
+def _entry_point(folder: Path, monkeypatch: pytest.MonkeyPatch, listed: str) -> None:
+    """An installed distribution whose ``compatshim.allow`` entry point lists ``listed``."""
+    import importlib
+
+    module = "compatshim_test_inspect_entries"
+    (folder / f"{module}.py").write_text(f"ENTRIES = [{listed}]\n")
+    info = folder / "compatshim_test_inspect-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: compatshim-test-inspect\n")
+    (info / "entry_points.txt").write_text(f"[compatshim.allow]\nours = {module}:ENTRIES\n")
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    importlib.invalidate_caches()
+
+
+def _agree(path: Path) -> bool:
+    seen, done = _verdicts(path)
+    assert seen == done, (seen, done)
+    return seen == "loadable"
+
+
+def test_every_line_inspect_prints_allows_the_global(
+    tmp_path: Path, process_wide: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each process-wide line ``compatshim inspect`` prints, applied as printed, makes
+    inspect and load both accept the file; before, both refuse it."""
+    import compatshim
+
+    path = tmp_path / "box.pt"
+    torch.save({"box": Box(3)}, path)
+    assert not _agree(path)
+    (use,) = [g for g in inspect(path).globals if not g.covered]
+    code, env, line, entry_point = use.allow_everywhere
+    printed = _cli(str(path)).stdout
+    assert all(f"        {text}" in printed for text in use.allow_everywhere)
+
+    eval(code.replace('"..."', '"the test"'), {"compatshim": compatshim})
+    assert _agree(path) and load(path) == {"box": Box(3)}
+    (allowed,) = [g for g in inspect(path).globals if g.name == use.name]
+    assert allowed.covered and allowed.allowed_by == "compatshim.checkpoint.allow (the test)"
+    from compatshim.checkpoint.report import render
+
+    shown = render(inspect(path))  # the CLI's text, in this process (code entries live here)
+    assert "Box x1: allowed process-wide by compatshim.checkpoint.allow (the test)" in shown
+    assert shown.endswith("-> loadable by compatshim.checkpoint.load")
+    process_wide._reset()
+
+    name, _, value = env.partition("=")
+    monkeypatch.setenv(name, value)
+    assert _agree(path)
+    monkeypatch.delenv(name)
+    process_wide._reset()
+
+    listing = tmp_path / "allow.txt"
+    listing.write_text(line.partition("   (")[0].replace("# reason", "# our boxes") + "\n")
+    monkeypatch.setenv("COMPATSHIM_ALLOW_FILE", str(listing))
+    assert _agree(path)
+    (allowed,) = [g for g in inspect(path).globals if g.name == use.name]
+    assert allowed.allowed_by == f"{listing}:1 (our boxes)"
+    monkeypatch.delenv("COMPATSHIM_ALLOW_FILE")
+    process_wide._reset()
+
+    assert entry_point.startswith("[compatshim.allow] entry point returning ")
+    _entry_point(tmp_path, monkeypatch, entry_point.rpartition(" returning ")[2][1:-1])
+    assert _agree(path)
+
+
+def test_the_cli_verdict_follows_process_wide_entries(
+    tmp_path: Path, process_wide: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "box.pt"
+    torch.save({"box": Box(3)}, path)
+    assert _cli(str(path)).returncode == 1
+    monkeypatch.setenv("COMPATSHIM_ALLOW", "checkpoint.helpers.Box")
+    done = _cli(str(path))
+    assert done.returncode == 0 and "loadable by compatshim.checkpoint.load" in done.stdout
+    found = json.loads(_cli(str(path), "--json").stdout)
+    assert found["loadable"] and found["unknown"] == []
+    (box,) = [g for g in found["globals"] if g["name"] == "checkpoint.helpers.Box"]
+    assert box["allowed_by"] == "COMPATSHIM_ALLOW (listed in COMPATSHIM_ALLOW)"
+
+
+def test_a_nested_class_is_judged_by_the_split_the_pickle_writes(
+    tmp_path: Path, process_wide: Any
+) -> None:
+    """Protocol 4 writes ``Outer.Inner`` as module + ``Outer.Inner`` (2 and 3 reach it
+    through getattr, refused): no string names it, the object does; inspect says so and
+    agrees with load either way."""
+    import compatshim
+
+    path = tmp_path / "nested.pt"
+    torch.save({"x": Outer.Inner(2)}, path, pickle_protocol=4)
+    (use,) = [g for g in inspect(path).globals if not g.covered]
+    assert use.name == "checkpoint.test_inspect.Outer.Inner"
+    assert use.allow is None and use.allow_everywhere == () and use.dangerous is None
+    assert "a nested name: allow the object itself" in _cli(str(path)).stdout
+    compatshim.checkpoint.allow("checkpoint.test_inspect.Outer.Inner", reason="a string")
+    assert not _agree(path)  # the string splits at its last dot: another global
+    compatshim.checkpoint.allow(Outer.Inner, reason="the object")
+    assert _agree(path) and load(path) == {"x": Outer.Inner(2)}
+
+
+def test_process_wide_entries_never_open_getattr(tmp_path: Path, process_wide: Any) -> None:
+    """A name reached through ``builtins.getattr`` is judged by the allowlist alone."""
+    from pathlib import Path as P
+
+    import compatshim
+
+    class Writes:
+        def __reduce__(self) -> Any:
+            return (P.write_text, (tmp_path / "marker", "ran"))
+
+    path = tmp_path / "evil.pt"
+    torch.save({"x": Writes()}, path)
+    compatshim.checkpoint.allow("pathlib.Path.write_text", reason="an attacker's hope")
+    assert not _agree(path)
+    (use,) = [g for g in inspect(path).globals if g.name == "pathlib.Path.write_text"]
+    assert use.allowed_by is None and not use.covered
+    assert not (tmp_path / "marker").exists()
+
+
+@pytest.mark.parametrize("source", ["code", "environment", "file"])
+def test_a_global_allowed_from_each_source_is_judged_alike(
+    source: str, tmp_path: Path, process_wide: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A protocol-4 pickle (STACK_GLOBAL): the same verdict before and after each source."""
+    import compatshim
+
+    path = tmp_path / "f.pkl"
+    path.write_bytes(_stack_global_pickle(("fractions", "Fraction")))
+    assert not _agree(path)
+    if source == "code":
+        compatshim.checkpoint.allow("fractions.Fraction", reason="ratios")
+    elif source == "environment":
+        monkeypatch.setenv("COMPATSHIM_ALLOW", "fractions.Fraction")
+    else:
+        (tmp_path / "a.txt").write_text("fractions.Fraction\n")
+        monkeypatch.setenv("COMPATSHIM_ALLOW_FILE", str(tmp_path / "a.txt"))
+    assert _agree(path)

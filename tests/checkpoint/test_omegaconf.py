@@ -228,7 +228,10 @@ def test_resolvers_are_refused_naming_key_and_resolver(
         load(path)
     message = str(refused.value)
     assert f"deep[0].{case}" in message
-    assert "omegaconf-resolver:" in message
+    if case.startswith("computed"):  # no entry can allow a name known only when read
+        assert "computed" in message and "omegaconf-resolver:" not in message
+    else:
+        assert "omegaconf-resolver:" in message
     assert not marker.exists()
 
 
@@ -255,6 +258,159 @@ def test_allowed_resolver_loads_and_runs_only_when_read(
     assert not marker.exists()  # loading never resolves anything
     assert loaded.two == 2
     assert marker.exists()
+
+
+# --------------------------------------------------------------------------- process-wide resolvers
+
+
+@pytest.fixture
+def process_wide(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    from compatshim.checkpoint import process_allow
+
+    for name in ("COMPATSHIM_ALLOW", "COMPATSHIM_ALLOW_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    process_allow._reset()
+    yield
+    process_allow._reset()
+
+
+def _two_resolvers(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A file calling a user resolver (eval) and one that reads the environment (oc.env)."""
+    cfg = OmegaConf.create({"two": "${eval:'1+1'}", "home": "${oc.env:COMPATSHIM_TEST_HOME}"})
+    return save(cfg, tmp_path)
+
+
+def test_a_resolver_allowed_in_code_is_kept_and_others_stay_refused(
+    tmp_path: pathlib.Path, marker: pathlib.Path, process_wide: None
+) -> None:
+    """The file names eval and oc.env; only the allowed one is admitted, for every load."""
+    import compatshim.checkpoint as ckpt
+
+    path = _two_resolvers(tmp_path)
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        load(path)
+    assert refused.value.refused == ("omegaconf-resolver:eval",)
+    assert "compatshim.checkpoint.allow('omegaconf-resolver:eval'" in str(refused.value)
+    assert "COMPATSHIM_ALLOW=omegaconf-resolver:eval" in str(refused.value)
+    ckpt.allow("omegaconf-resolver:eval", reason="our configs compute with it")
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        load(path)  # the resolver named in the file but not allowed stays refused
+    assert refused.value.refused == ("omegaconf-resolver:oc.env",)
+    assert not marker.exists()
+    loaded = load(path, allow=["omegaconf-resolver:oc.env"])["hparams"]  # with the call's
+    assert not marker.exists()  # loading resolves nothing
+    assert loaded.two == 2 and marker.exists()
+    (entry,) = ckpt.allowed()
+    assert (entry.qualname, entry.reason) == (
+        "omegaconf-resolver:eval",
+        "our configs compute with it",
+    )
+    ckpt.disallow("omegaconf-resolver:eval")
+    with pytest.raises(UnsafeCheckpointError, match="'eval'"):
+        load(path, allow=["omegaconf-resolver:oc.env"])
+
+
+def test_resolvers_from_the_environment_and_a_file(
+    tmp_path: pathlib.Path,
+    marker: pathlib.Path,
+    process_wide: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COMPATSHIM_TEST_HOME", "/home/test")
+    path = _two_resolvers(tmp_path)
+    monkeypatch.setenv("COMPATSHIM_ALLOW", "omegaconf-resolver:eval")
+    with pytest.raises(UnsafeCheckpointError, match=r"'oc\.env'"):
+        load(path)
+    listing = tmp_path / "allow.txt"
+    listing.write_text("omegaconf-resolver:oc.env  # our launcher sets it\n")
+    monkeypatch.setenv("COMPATSHIM_ALLOW_FILE", str(listing))
+    loaded = load(path)["hparams"]
+    assert loaded.home == "/home/test" and loaded.two == 2
+    import compatshim.checkpoint as ckpt
+
+    sources = {e.qualname: (e.reason, e.source) for e in ckpt.allowed()}
+    assert sources == {
+        "omegaconf-resolver:eval": ("listed in COMPATSHIM_ALLOW", "COMPATSHIM_ALLOW"),
+        "omegaconf-resolver:oc.env": ("our launcher sets it", f"{listing}:1"),
+    }
+
+
+@pytest.mark.parametrize(
+    "entry", ["omegaconf-resolver:", "omegaconf-resolver:${x}", "omegaconf-resolver:a b"]
+)
+def test_a_computed_or_malformed_resolver_name_is_never_an_entry(
+    entry: str, tmp_path: pathlib.Path, process_wide: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import compatshim.checkpoint as ckpt
+
+    with pytest.raises(TypeError, match="resolver"):
+        ckpt.allow(entry, reason="tries to open computed names")
+    with pytest.raises(TypeError, match="resolver"):
+        load(save(OmegaConf.create({"a": 1}), tmp_path), allow=[entry])
+    monkeypatch.setenv("COMPATSHIM_ALLOW", f"omegaconf-resolver:eval,{entry}")
+    computed = save(OmegaConf.create({"which": "eval", "x": "${${which}:1}"}), tmp_path, "c.pt")
+    with pytest.raises(UnsafeCheckpointError, match="computed"):
+        load(computed)  # refused before any process-wide source is read
+    hostile = save(OmegaConf.create({"x": "${eval:1}"}), tmp_path)
+    with pytest.warns(RuntimeWarning, match="COMPATSHIM_ALLOW.*ignored"):
+        refused = pytest.raises(UnsafeCheckpointError, match="'eval'")  # the variable is ignored
+        with refused:
+            load(hostile)
+
+
+def test_a_computed_resolver_name_stays_refused_whatever_is_allowed(
+    tmp_path: pathlib.Path, marker: pathlib.Path, process_wide: None
+) -> None:
+    import compatshim.checkpoint as ckpt
+
+    ckpt.allow("omegaconf-resolver:eval", reason="trusted")
+    path = save(OmegaConf.create({"which": "eval", "x": "${${which}:1}"}), tmp_path)
+    with pytest.raises(UnsafeCheckpointError, match="computed") as refused:
+        load(path, allow=["omegaconf-resolver:eval"])
+    assert "allow(" not in str(refused.value).partition(". allow=[...]")[0]  # no advice to allow
+    assert check_text("${${which}:1}", frozenset({"", "eval"})) == ""
+
+
+def test_a_resolver_entry_names_no_global(tmp_path: pathlib.Path, process_wide: None) -> None:
+    """A pickle may spell any module: ``omegaconf-resolver:`` + ``eval`` stays no global."""
+    import compatshim.checkpoint as ckpt
+
+    ckpt.allow("omegaconf-resolver:eval", reason="trusted")
+    path = tmp_path / "g.pkl"
+    path.write_bytes(b"\x80\x02comegaconf-resolver:\neval\nq\x00.")
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        load(path)
+    assert refused.value.refused == ("omegaconf-resolver:.eval",)
+
+
+def test_the_patched_torch_load_honours_process_wide_resolvers(
+    tmp_path: pathlib.Path, marker: pathlib.Path, process_wide: None
+) -> None:
+    """Frameworks call torch.load, which has no allow=: armed, it keeps the allowed resolver."""
+    import compatshim
+    import compatshim.checkpoint as ckpt
+
+    path = save(OmegaConf.create({"two": "${eval:'1+1'}"}), tmp_path)
+    compatshim.install(include=["torch-load-safe-globals"])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # CheckpointRefusedWarning
+            with pytest.raises(pickle.UnpicklingError) as refused:
+                torch.load(path)
+        text = str(refused.value) + " ".join(getattr(refused.value, "__notes__", []))
+        if torch_weights_only_by_default():
+            assert "compatshim.checkpoint.allow('omegaconf-resolver:eval'" in text
+        ckpt.allow("omegaconf-resolver:eval", reason="trusted")
+        loaded = torch.load(path)["hparams"]
+    finally:
+        compatshim.uninstall(["torch-load-safe-globals"])
+    assert type(loaded) is DictConfig and not marker.exists()
+    assert loaded.two == 2
+
+
+def torch_weights_only_by_default() -> bool:
+    major, minor = (int(p) for p in torch.__version__.split(".")[:2])
+    return (major, minor) >= (2, 6)
 
 
 def test_reading_an_accepted_file_runs_nothing(

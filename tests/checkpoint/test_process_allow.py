@@ -108,7 +108,8 @@ def distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[st
     """An installed distribution declaring ``compatshim.allow`` entry points (one broken)."""
     module = "compatshim_test_allow_entries"
     (tmp_path / f"{module}.py").write_text(
-        'ENTRIES = ["fractions.Fraction", ("decimal.Decimal", "money in its checkpoints")]\n'
+        'ENTRIES = ["fractions.Fraction", ("decimal.Decimal", "money in its checkpoints"),\n'
+        '           ("omegaconf-resolver:oc.env", "its launcher sets the variables")]\n'
         "def more():\n"
         '    return ["uuid.UUID"]\n'
     )
@@ -135,7 +136,12 @@ def test_entry_points_load_at_the_first_load_that_needs_them(distribution: str) 
     assert loaded == [fractions.Fraction(1, 3), decimal.Decimal("1.5")]
     assert distribution in sys.modules
     reasons = {e.qualname: (e.reason, e.source) for e in checkpoint.allowed()}
-    assert set(reasons) == {"fractions.Fraction", "decimal.Decimal", "uuid.UUID"}
+    assert set(reasons) == {
+        "fractions.Fraction",
+        "decimal.Decimal",
+        "uuid.UUID",
+        "omegaconf-resolver:oc.env",
+    }
     assert reasons["decimal.Decimal"] == (
         "money in its checkpoints",
         f"entry point listed = {distribution}:ENTRIES",
@@ -143,6 +149,23 @@ def test_entry_points_load_at_the_first_load_that_needs_them(distribution: str) 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the broken entry point is reported once
         _refused(torch.nn.Linear)  # a global nothing allows: every source consulted again
+
+
+def test_entry_points_can_keep_a_resolver(
+    distribution: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    omegaconf = pytest.importorskip("omegaconf")
+    monkeypatch.setenv("COMPATSHIM_TEST_HOME", "/home/test")
+    cfg = omegaconf.OmegaConf.create(
+        {"home": "${oc.env:COMPATSHIM_TEST_HOME}", "n": "${oc.select:x,1}"}
+    )
+    plain = omegaconf.OmegaConf.create({"n": "${oc.select:x,1}"})
+    assert checkpoint.load(_saved(plain)).n == 1  # safe resolvers: no source is read
+    assert distribution not in sys.modules
+    with pytest.warns(RuntimeWarning, match="broken"):
+        assert checkpoint.load(_saved(cfg)).home == "/home/test"
+    with pytest.raises(checkpoint.UnsafeCheckpointError, match="'eval'"):
+        checkpoint.load(_saved(omegaconf.OmegaConf.create({"x": "${eval:1}"})))
 
 
 def test_an_entry_never_replaces_the_allowlists_handling() -> None:

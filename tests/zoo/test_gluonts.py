@@ -16,14 +16,18 @@ then ``PyTorchPredictor.serialize`` / ``deserialize`` (``torch.load`` of
 and of the same types. A copy of the serialized predictor whose state file
 carries a payload is refused and the payload never runs.
 
-GluonTS 0.16 stays refused armed and hardened, by design for now: allowing
-``functools.partial`` lets a file return a callable bound to arguments that no
-check saw, run whenever the application calls it (the issue's "live callables
-returned as data"), and ``getattr(object, '__new__')`` is a dunder the
-``method-of-listed-class`` rule refuses. Loading it safely takes an argument
-rule "``partial(object.__new__, <listed class>, **plain data)`` called at once
-with no arguments" (it then stands for NEWOBJ of a listed class) and an
-``instance`` row for each distribution output; the tests pin today's refusal.
+GluonTS 0.16 loads armed and hardened: the shape is read by the allowlist's
+``new-of-listed-class`` rule (``_partial.py``) as NEWOBJ of ``StudentTOutput``
+(an ``instance`` row for GluonTS 0.16): no partial is made, its function must
+be ``object.__new__`` (the ``builtins.object.__new__`` row, read through
+``getattr``), the class a plain-instance row, keyword arguments and the
+instance's state plain data, and it is never a value of the result. Why no
+gadget: the file chooses nothing that runs (the function is fixed, the class
+already on the table, ``object.__new__`` ignores the keywords, and no class or
+function can land in the state to shadow a method); the attacks are in
+tests/checkpoint/test_partial.py. Here the hyper-parameters GluonTS reads back
+armed and hardened equal those of a plain ``weights_only=False`` load, and a
+copy of the checkpoint carrying a payload stays refused.
 """
 
 from __future__ import annotations
@@ -106,19 +110,45 @@ estimator = DeepAREstimator(
 trained = {}
 
 
+def hparams(value):  # hyper-parameters as plain text: types and attributes, every level
+    if isinstance(value, dict):
+        return [type(value).__name__, {k: hparams(v) for k, v in value.items()}]
+    if isinstance(value, (list, tuple)):
+        return [type(value).__name__, [hparams(v) for v in value]]
+    if hasattr(value, "__dict__") and not isinstance(value, type):
+        return [f"{type(value).__module__}.{type(value).__qualname__}", hparams(vars(value))]
+    return [type(value).__name__, repr(value)]
+
+
 def train():
     out = estimator.train_model(data)  # writes the checkpoint and reads the best one back
     trained["predictor"] = out.predictor
     best = out.trainer.checkpoint_callback.best_model_path
+    trained["best"] = best
     saved = torch.load(best, map_location="cpu", weights_only=False)  # our own file
     return {"best": os.path.basename(best), "global_step": saved["global_step"],
             "has_hparams": "hyper_parameters" in saved,
+            "hparams_unsafe": hparams(saved.get("hyper_parameters")),
+            "hparams_read_back": hparams(dict(out.trained_net.hparams)),
             "weights_from_checkpoint": digest(out.trained_net.state_dict())
                                        == digest(saved["state_dict"])}
 
 
+def load_best():  # the best checkpoint read back by torch.load, as GluonTS 0.16 calls it
+    loaded = torch.load(trained["best"], map_location="cpu")
+    return {"hparams": hparams(loaded.get("hyper_parameters"))}
+
+
 result["train"] = attempt(train)
 if result["train"]["ok"]:
+    result["load_best"] = attempt(load_best)
+    poisoned_ckpt = os.path.join(folder, "poisoned.ckpt")
+    checkpoint = torch.load(trained["best"], map_location="cpu", weights_only=False)
+    checkpoint["hyper_parameters"]["payload"] = Payload()
+    torch.save(checkpoint, poisoned_ckpt)
+    result["poisoned_ckpt"] = attempt(
+        lambda: {"loaded": torch.load(poisoned_ckpt, map_location="cpu", weights_only=True)
+                 is not None})
     predictor = trained["predictor"]
     where = os.path.join(folder, "predictor")
     os.makedirs(where)
@@ -172,23 +202,41 @@ def test_gluonts_trains_and_reloads_its_own_files(runs: dict[str, Any], mode: st
     result = runs[mode]
     assert result["hardened"] is {"plain": None, "armed": False, "hardened": True}[mode]
     train = result["train"]
-    if partial_in_hparams() and (mode != "plain" or torch_loads_weights_only_by_default()):
-        # the refusal pinned in the module docstring: functools.partial, named
+    if mode == "plain" and partial_in_hparams() and torch_loads_weights_only_by_default():
+        # what users see: torch's weights-only default refuses functools.partial
         assert not train["ok"] and "functools.partial" in train["error"], train
-        assert train["error_type"].endswith(("UnpicklingError", "UnsafeCheckpointError"))
+        assert train["error_type"].endswith("UnpicklingError")
         return
     assert train["ok"], (train, result["stderr"][-3000:])
     assert train["weights_from_checkpoint"] and train["global_step"] in (2, 4)  # the best epoch
     assert train["has_hparams"] is partial_in_hparams()
+    if partial_in_hparams():  # the same hyper-parameters as the plain unsafe load, same types
+        assert result["load_best"] == {"ok": True, "hparams": train["hparams_unsafe"]}
+        head = train["hparams_unsafe"][1]["model_kwargs"][1]["distr_output"]
+        assert head[0] == "gluonts.torch.distributions.studentT.StudentTOutput", head
+        assert train["hparams_read_back"] == train["hparams_unsafe"]
     loaded = result["deserialize"]
     assert loaded["ok"], loaded
     assert loaded == {"ok": True, **result["saved"]}  # exact weights; settings, same types
 
 
+def test_poisoned_checkpoint_is_refused(runs: dict[str, Any]) -> None:
+    """The training checkpoint with a payload in its hyper-parameters: refused armed and
+    hardened, naming the payload, and never run."""
+    for mode in ("armed", "hardened"):
+        result = runs[mode]
+        if "poisoned_ckpt" not in result:
+            continue
+        poisoned = result["poisoned_ckpt"]
+        assert not poisoned["ok"], mode
+        assert set(poisoned["refused"]) & {"os.system", "posix.system"}, (mode, poisoned)
+        assert not result["marker"], mode
+
+
 def test_poisoned_predictor_state_is_refused(runs: dict[str, Any]) -> None:
     """GluonTS passes ``weights_only=True`` here: refused in every mode, never run."""
     for mode, result in runs.items():
-        if "poisoned" not in result:  # 0.16: train_model refused before a predictor existed
+        if "poisoned" not in result:  # plain torch 2.6+ with 0.16: train_model refused
             continue
         poisoned = result["poisoned"]
         assert not poisoned["ok"], mode

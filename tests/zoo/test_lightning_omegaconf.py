@@ -187,6 +187,50 @@ def test_hostile_interpolations_stay_refused(
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("source", ["code", "environment"])
+def test_a_resolver_allowed_process_wide_loads_armed(
+    source: str,
+    tmp_path: pathlib.Path,
+    marker: pathlib.Path,
+    armed: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``load_from_checkpoint`` calls torch.load, which has no allow=: a process-wide
+    ``omegaconf-resolver:eval`` entry keeps the trusted resolver, and only that one."""
+    from compatshim.checkpoint import process_allow
+
+    if not plain_torch_refuses():
+        pytest.skip("Lightning passes weights_only=False here: armed mode leaves the load alone")
+    monkeypatch.delenv("COMPATSHIM_ALLOW_FILE", raising=False)
+    monkeypatch.setenv("COMPATSHIM_TEST_SECRET", "s3cret")
+    process_allow._reset()
+    cfg = hydra_cfg()
+    path, _ = fit_and_save(tmp_path, cfg)
+    checkpoint = torch.load(path, weights_only=False)  # our own file: rewrite its config
+    checkpoint["hyper_parameters"]["cfg"].optim.name = "${eval:7}"
+    torch.save(checkpoint, path)
+    checkpoint["hyper_parameters"]["cfg"].data.root = "${oc.env:COMPATSHIM_TEST_SECRET}"
+    both = tmp_path / "both.ckpt"
+    torch.save(checkpoint, both)
+    try:
+        if source == "code":
+            compatshim.checkpoint.allow("omegaconf-resolver:eval", reason="our configs use it")
+        else:
+            monkeypatch.setenv("COMPATSHIM_ALLOW", "omegaconf-resolver:eval")
+        loaded = Model.load_from_checkpoint(path)
+        assert loaded.hparams.cfg.optim.name == 7 and marker.exists()
+        marker.unlink()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # CheckpointRefusedWarning
+            with pytest.raises(pickle.UnpicklingError) as refused:
+                Model.load_from_checkpoint(both)  # a resolver named but not allowed
+        notes = " ".join(getattr(refused.value, "__notes__", [])) + str(refused.value)
+        assert "'oc.env'" in notes and "data.root" in notes
+        assert not marker.exists()
+    finally:
+        process_allow._reset()
+
+
 def test_a_config_composed_by_hydra_resumes_armed(tmp_path: pathlib.Path, armed: None) -> None:
     """Where hydra-core is installed (it pins omegaconf < 2.4): its own ``compose`` output."""
     hydra = pytest.importorskip("hydra")

@@ -373,8 +373,14 @@ class ScanResult:
     tensor_dtypes: collections.Counter[str] = field(default_factory=collections.Counter)
     persistent_kinds: collections.Counter[str] = field(default_factory=collections.Counter)
     reached: set[str] = field(default_factory=set)  # names reached through builtins.getattr
+    split: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (module, name)
     protocol: int = 0
     problems: list[str] = field(default_factory=list)  # what load refuses whatever it allows
+
+
+# results of a call that load may call in turn, under the rule of their global (its
+# arguments are checked by load, not here): functools.partial(object.__new__, cls, ...)()
+CALLED_RESULTS = frozenset({"functools.partial()"})
 
 
 class ScanMachine(Machine):
@@ -399,6 +405,7 @@ class ScanMachine(Machine):
     def find_global(self, module: str, name: str) -> Any:
         qualname = f"{module}.{name}"
         self.found.globals[qualname] += 1
+        self.found.split.setdefault(qualname, (module, name))  # as load looks it up
         symbol = self._symbols.get(qualname)
         if symbol is None:
             symbol = self._symbols[qualname] = Symbol(qualname)
@@ -412,13 +419,17 @@ class ScanMachine(Machine):
 
     def call(self, func: Any, args: tuple[Any, ...]) -> Any:
         name = func.name if type(func) is Symbol else f"<{type(func).__name__}>"
-        if type(func) is not Symbol or name.endswith(")"):
+        if type(func) is not Symbol or (name.endswith(")") and name not in CALLED_RESULTS):
             self.found.problems.append(f"call of {short(name)}: only globals may be called")
         else:
             module, _, attr = name.rpartition(".")
             entry = covering(module, attr)
             if entry is not None and entry.kind in ("constant", "method"):
                 self.found.problems.append(f"call of {name}: it may not be called")
+        if name == "functools.partial" and not (
+            len(args) == 1 and type(args[0]) is Symbol and args[0].name == "builtins.object.__new__"
+        ):  # its rule (load also checks the partial's state, which this scan does not)
+            self.found.problems.append("functools.partial of anything but object.__new__")
         if name == "builtins.getattr":  # the one rule entry: what it reaches is judged as a name
             if len(args) == 2 and type(args[0]) is Symbol and type(args[1]) is str:
                 reached = f"{args[0].name}.{args[1]}"

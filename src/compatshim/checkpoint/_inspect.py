@@ -6,6 +6,16 @@ header, the same error boundary), and the pickle run symbolically (``_container.
 nothing it names is imported or constructed, and no tensor data is read.
 Neither torch nor numpy is imported, which keeps it well under a second for any
 size of file.
+
+A global off compatshim's allowlist (or on it for other releases) is judged as
+``load`` judges it: covered when a process-wide entry names it
+(``process_allow.py``: ``compatshim.checkpoint.allow``, ``COMPATSHIM_ALLOW``,
+``COMPATSHIM_ALLOW_FILE``, the ``compatshim.allow`` entry points; read only for
+such a global), looked up with the module/name split the pickle itself writes.
+Names reached through ``builtins.getattr`` are judged by the allowlist alone,
+as ``load`` judges them. The one difference: a process-wide string entry is
+taken at its word (nothing is imported here), where ``load`` imports it and
+refuses a name that does not exist.
 """
 
 from __future__ import annotations
@@ -93,11 +103,45 @@ def danger(name: str) -> str | None:
     return None
 
 
-def allow_code(name: str) -> str | None:
-    """The one line that admits ``name`` for one call; None where no module can define it."""
-    if not all(part.isidentifier() for part in name.split(".")) or "." not in name:
+def allow_code(name: str, split: tuple[str, str] | None = None) -> str | None:
+    """The one line that admits ``name`` for one call; None where a string cannot name it.
+
+    ``split``: the ``(module, name)`` the pickle writes (default: at the last dot). A
+    string entry is split at its last dot, so it names a global whose name holds no dot
+    (not a nested class: allow that as an object); every part a Python identifier.
+    """
+    module, attr = split if split is not None else name.rpartition(".")[::2]
+    if not module or "." in attr or f"{module}.{attr}" != name:
+        return None
+    if not all(part.isidentifier() for part in name.split(".")):
         return None
     return f"compatshim.checkpoint.load(path, allow=[{json.dumps(name)}])"
+
+
+def process_lines(name: str, split: tuple[str, str] | None = None) -> tuple[str, ...]:
+    """The lines that admit ``name`` for every load in the process (torch.load too), one a
+    source: code, ``COMPATSHIM_ALLOW``, ``COMPATSHIM_ALLOW_FILE``, an entry point. Empty
+    where a string cannot name it; the environment, file and entry point forms only for
+    names those sources accept (ASCII ``module.name``)."""
+    if allow_code(name, split) is None:
+        return ()
+    from .. import _settings
+
+    quoted = json.dumps(name)
+    lines = [f'compatshim.checkpoint.allow({quoted}, reason="...")']
+    try:
+        _settings.qualnames(name, "name")
+    except _settings.SettingError:
+        return tuple(lines)
+    return (
+        *lines,
+        f"{_settings.ALLOW}={name}",
+        f"{name}  # reason   (a line of the file {_settings.ALLOW_FILE} names)",
+        f"[{GROUP}] entry point returning [{quoted}]",
+    )
+
+
+GROUP = "compatshim.allow"  # process_allow.GROUP, without importing it here
 
 
 @dataclass(frozen=True)
@@ -106,7 +150,10 @@ class GlobalUse:
 
     For a global not covered: ``dangerous`` says why it is a known gadget, else ``allow``
     is the code that would admit it for one call (None for a name that is not a dotted
-    Python name, which nothing can define).
+    Python name, which nothing can define) and ``allow_everywhere`` the lines that admit
+    it for every load in the process, one a source. ``allowed_by`` names the
+    process-wide entry (source and reason) that admits a global the allowlist does not
+    cover here, as it admits it for ``load``.
     """
 
     name: str
@@ -116,10 +163,12 @@ class GlobalUse:
     note: str | None = None
     dangerous: str | None = None
     allow: str | None = None
+    allowed_by: str | None = None
+    allow_everywhere: tuple[str, ...] = ()
 
     @property
     def covered(self) -> bool:
-        return self.entry is not None and self.note is None
+        return (self.entry is not None and self.note is None) or self.allowed_by is not None
 
 
 @dataclass(frozen=True)
@@ -183,13 +232,17 @@ GETATTR_ONLY = (
 )
 
 
-def _use(name: str, count: int, reached: bool = False) -> GlobalUse:
+def _use(
+    name: str, count: int, reached: bool = False, split: tuple[str, str] | None = None
+) -> GlobalUse:
     module, _, attr = name.rpartition(".")
     entry = covering(module, attr)
     note = "not on compatshim's allowlist" if entry is None else entry.problem()
     if entry is not None and note is None:
         return GlobalUse(name, count, entry.qualname, entry.kind)
+    allowed_by = None if reached else _process_wide(split or (module, attr))
     reason = GETATTR_ONLY if reached else danger(name)
+    plain = reason is None and allowed_by is None
     return GlobalUse(
         name,
         count,
@@ -197,8 +250,18 @@ def _use(name: str, count: int, reached: bool = False) -> GlobalUse:
         None if entry is None else entry.kind,
         note,
         dangerous=reason,
-        allow=None if reason else allow_code(name),
+        allow=allow_code(name, split) if plain else None,
+        allowed_by=allowed_by,
+        allow_everywhere=process_lines(name, split) if plain else (),
     )
+
+
+def _process_wide(split: tuple[str, str]) -> str | None:
+    """``source (reason)`` of the process-wide entry ``load`` would admit ``split`` by."""
+    from . import process_allow  # imports neither torch nor numpy
+
+    hit = process_allow.declared(*split)
+    return None if hit is None else f"{hit[1].source} ({hit[1].reason})"
 
 
 def _numpy_major(names: list[str]) -> int | None:
@@ -299,7 +362,8 @@ def _info(
         elif container == "pickle":
             refusals.append("storage references in a plain pickle")
     uses = tuple(
-        _use(name, count, name in found.reached) for name, count in sorted(found.globals.items())
+        _use(name, count, name in found.reached, found.split.get(name))
+        for name, count in sorted(found.globals.items())
     )
     return CheckpointInfo(
         path=what,

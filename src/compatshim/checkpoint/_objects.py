@@ -268,7 +268,8 @@ def set_instance_dict(inst: Any, state: Any, what: str) -> None:
 
 
 def method_of_listed_class(args: tuple[Any, ...], entry_of: Callable[[Any], Entry | None]) -> Entry:
-    """``getattr(cls, name)``, read and not called: the ``method`` row ``Class.name`` of the table.
+    """``getattr(cls, name)``, read and not called: the ``method`` (or ``constant``) row
+    ``Class.name`` of the table.
 
     ``entry_of`` gives the allowlist entry an object was resolved from in
     this load (None: not from the table). The row's function is checked to be
@@ -279,15 +280,20 @@ def method_of_listed_class(args: tuple[Any, ...], entry_of: Callable[[Any], Entr
         raise _getattr_refused(args, "exactly (class, name), name a short str, is accepted")
     owner, name = args
     owner_entry = entry_of(owner)
-    if owner_entry is None or owner_entry.kind not in ("instance", "dict-subclass"):
+    if owner_entry is None or not isinstance(owner, type) or owner_entry.kind == "rule":
         raise _getattr_refused(args, "only on a class from compatshim's allowlist")
     row = lookup(owner_entry.module, f"{owner_entry.name}.{name}")
-    if row is None or row.kind != "method" or not row.applies():
+    method = row is not None and row.kind == "method"
+    if method and owner_entry.kind not in ("instance", "dict-subclass"):
+        row = None
+    if row is None or row.kind not in ("method", "constant") or not row.applies():
         raise _getattr_refused(args, f"{owner_entry.qualname}.{short(name)} is not a listed method")
     try:
         found = row.resolve()
-        if class_function(owner, name) is not found:
+        if method and class_function(owner, name) is not found:
             raise LookupError("another function than the listed one")
+        if not method and vars(owner).get(name) is not found:  # the class's own, as stored
+            raise LookupError("another attribute than the listed one")
     except LookupError as exc:
         raise _getattr_refused(args, str(exc)) from None
     return row

@@ -39,8 +39,13 @@ Interpolation policy (:func:`check_text`)
     text or build interpolations from runtime strings (``"$" + "{oc.env:X}"``
     becomes an ``oc.env`` call), ``oc.coerce`` (2.4) imports a module by name,
     and user resolvers (``eval``) run anything. ``allow=["omegaconf-resolver:NAME"]``
-    keeps a named resolver. A resolver name computed by an interpolation
-    (``${${x}:...}``) is refused; ``\\${`` before the first interpolation is
+    keeps a named resolver for one ``load`` call; the same entry given process-wide
+    (``compatshim.checkpoint.allow``, ``COMPATSHIM_ALLOW``, ``COMPATSHIM_ALLOW_FILE``,
+    the ``compatshim.allow`` entry points: ``process_allow.py``) keeps it for every
+    load in the process, ``torch.load`` included; those sources are read only when a
+    config calls a resolver outside :data:`SAFE_RESOLVERS`. A resolver name computed
+    by an interpolation (``${${x}:...}``) is refused whatever is allowed; NAME must
+    be a plain resolver name (``eval``, ``oc.env``). ``\\${`` before the first interpolation is
     plain text (omegaconf's escape); after one, every ``${`` is treated as live.
     The scan reads each ``${`` once, without regular expressions or recursion:
     work is linear in the string's length.
@@ -53,14 +58,15 @@ import importlib
 import pathlib
 import typing
 from collections import defaultdict
-from typing import Any, Callable
+from typing import Any, Callable, Container
 
+from .. import _settings
 from .._text import short
 from .errors import CheckpointError, UnsafeCheckpointError
 
 MAX_DEPTH = 100  # omegaconf recurses per level (to_container, merge): keep well below 1000
 SAFE_RESOLVERS = frozenset({"oc.select", "oc.dict.keys"})
-RESOLVER_PREFIX = "omegaconf-resolver:"
+RESOLVER_PREFIX = _settings.RESOLVER_PREFIX  # "omegaconf-resolver:NAME" in allow= and allow()
 
 _DICT = "omegaconf.dictconfig.DictConfig"
 _LIST = "omegaconf.listconfig.ListConfig"
@@ -106,12 +112,23 @@ def unsafe(message: str, what: str) -> UnsafeCheckpointError:
     return UnsafeCheckpointError(message, (what,))
 
 
+def resolver_name(entry: str) -> str:
+    """NAME of an ``"omegaconf-resolver:NAME"`` entry; TypeError unless NAME is a plain name."""
+    try:
+        name = _settings.resolver_name(entry, "allow entry")
+    except _settings.SettingError as exc:
+        raise TypeError(str(exc)) from None
+    if name is None:
+        raise TypeError(f"allow= entry {entry[:80]!r} is not '{RESOLVER_PREFIX}NAME'")
+    return name
+
+
 class Builder:
     """The omegaconf objects of one load: made empty, built once from checked state."""
 
-    def __init__(self, role_of: RoleOf, resolvers: frozenset[str]) -> None:
+    def __init__(self, role_of: RoleOf, resolvers: Container[str]) -> None:
         self.role_of = role_of
-        self.resolvers = SAFE_RESOLVERS | resolvers
+        self.resolvers = resolvers  # beside SAFE_RESOLVERS; asked only about other names
         self.made: dict[int, tuple[Any, str]] = {}  # id -> (object, qualname)
         self.built: set[int] = set()
         self.meta_owner: dict[int, int] = {}
@@ -348,12 +365,22 @@ class Builder:
         if name is None:
             return
         where = path_of(node) + (f" (a key {short(text)})" if key else "")
-        resolver = "a resolver whose name is computed" if name == "" else f"resolver {name!r}"
+        if name == "":
+            raise unsafe(
+                f"omegaconf value at {where} calls a resolver whose name is computed by an "
+                "interpolation: refused, whatever is allowed (the name is known only when the "
+                "config is read, so no allow entry can vouch for it)",
+                RESOLVER_PREFIX,
+            )
+        entry = f"{RESOLVER_PREFIX}{name}"
         raise unsafe(
-            f"omegaconf value at {where} calls {resolver}: refused, it could run code or read "
-            "the environment when the config is read. Load with "
-            f"allow=['{RESOLVER_PREFIX}{name or 'NAME'}'] if you trust it",
-            f"{RESOLVER_PREFIX}{name}",
+            f"omegaconf value at {where} calls resolver {name!r}: refused, it could run code or "
+            f"read the environment when the config is read. If you trust it: allow=['{entry}'] "
+            "for one compatshim.checkpoint.load call, or for every load in the process "
+            f"(torch.load too) compatshim.checkpoint.allow('{entry}', reason=\"...\") in code, "
+            f"{_settings.ALLOW}={entry} in its environment, or a line '{entry}  # reason' in "
+            f"the file {_settings.ALLOW_FILE} names",
+            entry,
         )
 
 
@@ -400,8 +427,9 @@ _HEAD_STOP = frozenset("\\{}():'\" \t")
 _WS = " \t"
 
 
-def check_text(text: str, allowed: frozenset[str]) -> str | None:
-    """The first resolver in ``text`` outside ``allowed`` ("" for a computed name), or None.
+def check_text(text: str, allowed: Container[str]) -> str | None:
+    """The first resolver in ``text`` outside :data:`SAFE_RESOLVERS` and ``allowed`` ("" for a
+    computed name, never allowed), or None.
 
     Examines every ``${`` (after omegaconf's top-level ``\\${`` escapes) on its own,
     so an error in following the nesting can never hide a resolver call.
@@ -419,7 +447,9 @@ def check_text(text: str, allowed: frozenset[str]) -> str | None:
             live = backslashes % 2 == 0
         if live:
             name = _resolver_at(text, position)
-            if name is not None and name not in allowed:
+            if name is not None and (
+                name == "" or (name not in SAFE_RESOLVERS and name not in allowed)
+            ):
                 return name
         position = text.find("${", position + 2)
     return None

@@ -25,10 +25,10 @@ import enum
 import importlib
 import itertools
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Container, Iterable
 
 from .._text import short
-from . import _numpy, _objects, _omegaconf, _tensors
+from . import _numpy, _objects, _omegaconf, _partial, _tensors
 from ._machine import MAX_NESTING, Machine, Source
 from .allowlist import Entry, enum_member, lookup, storage_type
 from .errors import CheckpointError, UnsafeCheckpointError
@@ -97,7 +97,7 @@ class Role:
     """What a resolved global is to the loader: its name, kind and handler key."""
 
     qualname: str
-    kind: str  # an allowlist kind, or "user" for the call's allow=
+    kind: str  # an allowlist kind, "user" for the call's allow=, "partial" (_partial.py)
     key: str
     obj: Any
     entry: Entry | None = None
@@ -105,7 +105,10 @@ class Role:
 
 
 def harmless_value(entry: Entry, obj: Any) -> bool:
-    """A class, a non-callable or a listed method may be returned as data; no other function."""
+    """A class, a non-callable or a listed method may be returned as data; no other function,
+    and no rule global (``functools.partial`` is a class)."""
+    if entry.kind == "rule":
+        return False
     return isinstance(obj, type) or not callable(obj) or entry.kind == "method"
 
 
@@ -125,7 +128,7 @@ class UserAllow:
         resolvers: set[str] = set()
         for item in items:
             if isinstance(item, str) and item.startswith(_omegaconf.RESOLVER_PREFIX):
-                resolvers.add(item[len(_omegaconf.RESOLVER_PREFIX) :])
+                resolvers.add(_omegaconf.resolver_name(item))  # TypeError: not a plain name
             elif isinstance(item, str):
                 module, _, name = item.rpartition(".")
                 if not module:
@@ -141,7 +144,7 @@ class UserAllow:
                     f"allow= takes classes, functions, 'module.name' strings or "
                     f"(object, 'module.name') pairs, got {type(item).__name__}"
                 )
-        self.resolvers = frozenset(resolvers)
+        self.resolvers: Container[str] = frozenset(resolvers)  # omegaconf resolvers kept
 
     def resolve(self, module: str, name: str) -> Any:
         found = self.named.get((module, name), _MISSING)
@@ -262,6 +265,10 @@ class SafeMachine(Machine):
             return self._call_user(func, args)
         if kind in ("constant", "method"):
             raise UnsafeCheckpointError(f"{role.qualname} may not be called", (role.qualname,))
+        if kind == "rule" and role.entry is not None and role.entry.args == _partial.RULE:
+            return self._partial(role, args)
+        if kind == "partial":
+            return self.new_object(_partial.call(func, args), (), {}, func)
         if kind == "rule" and role.entry is not None and role.entry.args is not None:
             return self._resolve_entry(_objects.RULES[role.entry.args](args, self.entry_of))
         if kind == "enum":
@@ -291,6 +298,15 @@ class SafeMachine(Machine):
         ):
             self.register_dict(made)
             self.register_builder(made, lambda o, s: _objects.set_instance_dict(o, s, key))
+        return made
+
+    def _partial(self, role: Role, args: tuple[Any, ...]) -> Any:
+        """``functools.partial(object.__new__)``: a stand-in, never a value (``_partial.py``)."""
+        made = _partial.start(args, self.role_of)
+        self._roles[id(made)] = Role(role.qualname, "partial", role.key, made, role.entry, False)
+        self.register_builder(
+            made, lambda o, s: _partial.build(o, s, self.role_of, self.budget.charge)
+        )
         return made
 
     def _tensor_rebuild(self, func: Any) -> _tensors.TensorRebuild | None:
@@ -338,7 +354,10 @@ class SafeMachine(Machine):
             raise CheckpointError("a pickled storage holds something else than a storage")
         return self.tensors.add_storage(storage)
 
-    def new_object(self, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def new_object(
+        self, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any], partial: Any = None
+    ) -> Any:
+        """NEWOBJ; ``partial``: made by ``_partial``'s rule (checked plain state)."""
         self.budget.charge(weight(args) + len(kwargs), "NEWOBJ")
         role = self.role_of(cls)
         kind = role.kind if role is not None else None
@@ -364,6 +383,9 @@ class SafeMachine(Machine):
                     f"{role.qualname} has its own __new__: refused", (role.qualname,)
                 )
             made = object.__new__(cls)
+        if partial is not None:
+            self.register_builder(made, _partial.instance_builder(partial, self.budget.charge))
+            return made
         self.register_builder(made, lambda o, s: _objects.set_instance_dict(o, s, role.qualname))
         return made
 
@@ -518,6 +540,12 @@ def check_result(
         on_path.add(id(node))
         frames.append([node, iter(_children(node)), 0])
 
+    if type(value) not in _LEAVES and id(value) in forbidden:  # the result itself, too
+        raise UnsafeCheckpointError(
+            f"{what}: is {forbidden[id(value)]}; it may only be called while loading (a caller "
+            "that later calls it would run code)",
+            (forbidden[id(value)],),
+        )
     enter(value)
     while frames:
         frame = frames[-1]

@@ -10,7 +10,8 @@ decides what the loader may do with it) and why it cannot run code.
 Kinds (what compatshim's loader does with each; see ``_objects.py``):
 
 ``constant``
-    pushed as a value, never called (dtypes, storage types, factory types).
+    pushed as a value, never called (dtypes, storage types, factory types). A
+    ``Class.attribute`` name is ``vars(Class)["attribute"]`` (no descriptor runs).
 ``constructor``
     called with arguments the loader checks first (``set``, ``datetime``, ...).
 ``enum``
@@ -37,13 +38,32 @@ Argument rules (:attr:`Entry.args`, for ``rule`` entries):
 
 ``method-of-listed-class``
     ``getattr(cls, name)`` with exactly two arguments: ``cls`` a class this
-    load resolved from this table, and ``Class.name`` a ``method`` row here
-    that applies to the installed release. Anything else (a module, a
-    dunder, a default, a name not listed, a staticmethod or property) is
-    refused, so plain ``getattr`` stays out.
+    load resolved from this table, and ``Class.name`` a row here that applies
+    to the installed release: a ``method`` row of an ``instance`` or
+    ``dict-subclass`` class, or a ``constant`` row (``builtins.object.__new__``,
+    the one there is), checked to be ``vars(cls)[name]``. Anything else (a
+    module, another dunder, a default, a name not listed, a staticmethod or
+    property) is refused, so plain ``getattr`` stays out.
+``new-of-listed-class``
+    ``functools.partial``, as pickle protocols 2-3 write an object whose class
+    defines ``__getnewargs_ex__`` (GluonTS's ``@validated`` classes):
+    ``partial(object.__new__, cls, **kwargs)()``. The loader never makes a
+    partial (``_partial.py``): ``partial(f)`` must have ``f`` the
+    ``builtins.object.__new__`` row's object; its state must be exactly
+    ``(f, (cls,), kwargs or None, None or {})`` with ``cls`` an ``instance``
+    class this load resolved from this table (not one of omegaconf's, which
+    ``_omegaconf.py`` builds) and no other positional argument; it must be
+    called once, after its state and with no arguments, and then stands for
+    NEWOBJ of ``cls`` (``object.__new__`` ignores ``kwargs``, as here). The
+    instance's state is a dict of plain names, plus ``__init_args__`` (the
+    constructor arguments ``@validated`` records, the same names as
+    ``kwargs``); ``kwargs`` and every value are plain data (None, bool, int,
+    float, str, bytes, and lists, tuples, dicts of them): no class or function
+    can shadow a method. The partial is never a value of the result.
 
 Classes, non-callable constants and ``method`` rows may appear in the loaded
-result as values; every other global only serves to build the result.
+result as values; every other global only serves to build the result, and
+``rule`` globals never appear (``functools.partial`` is a class).
 
 omegaconf containers (2.1-2.4) are ``instance`` entries that the loader
 builds through ``_omegaconf.py`` instead (never omegaconf's ``__setstate__``):
@@ -73,7 +93,7 @@ Kind = Literal[
     "constant", "constructor", "enum", "instance", "dict-subclass", "rebuild", "method", "rule"
 ]
 KINDS: tuple[str, ...] = typing.get_args(Kind)
-ArgRule = Literal["method-of-listed-class"]
+ArgRule = Literal["method-of-listed-class", "new-of-listed-class"]
 ARG_RULES: tuple[str, ...] = typing.get_args(ArgRule)
 
 
@@ -141,14 +161,20 @@ _MISSING = object()
 
 
 def _member(entry: Entry, module: Any) -> Any:
-    """``module.name``; for a ``method`` row ``Class.function``, ``vars(Class)["function"]``."""
-    if entry.kind != "method":
+    """``module.name``; for a ``method`` row ``Class.function``, ``vars(Class)["function"]``
+    (a plain function of the class); for another ``Class.attribute`` row,
+    ``vars(Class)["attribute"]`` as stored (no descriptor runs)."""
+    owner_name, dotted, name = entry.name.partition(".")
+    if not dotted:
         return vars(module).get(entry.name, _MISSING)
-    owner_name, _, name = entry.name.partition(".")
     owner = vars(module).get(owner_name, _MISSING)
     if owner is _MISSING:
         return _MISSING
-    return class_function(owner, name)
+    if entry.kind == "method":
+        return class_function(owner, name)
+    if not isinstance(owner, type) or "." in name:
+        return _MISSING
+    return vars(owner).get(name, _MISSING)
 
 
 def class_function(owner: Any, name: str) -> Any:
@@ -418,6 +444,21 @@ def _build_table() -> tuple[Entry, ...]:
             "never called: only getattr(<class from this table>, <its 'method' row>) is read",
             args="method-of-listed-class",
         ),
+        _std(
+            "builtins",
+            "object.__new__",
+            "constant",
+            "getattr(object, '__new__'): only as functools.partial's function; never called",
+        ),
+        Entry(
+            "functools",
+            "partial",
+            None,
+            "",
+            "rule",
+            "never made: partial(object.__new__, <instance class>, **plain data)() is NEWOBJ",
+            args="new-of-listed-class",
+        ),
     ]
     for name in ("datetime", "date", "time", "timedelta", "timezone"):
         e.append(_std("datetime", name, "constructor", "C type built from checked bytes/ints"))
@@ -642,6 +683,19 @@ def _build_table() -> tuple[Entry, ...]:
                 "a statistics method HistoryBuffer pickles in its state; returned, never called",
             )
         )
+    # GluonTS 0.16 Lightning checkpoints: hyper-parameters hold the distribution head, pickled
+    # as functools.partial(object.__new__, StudentTOutput, beta=...)() (read from a real
+    # 0.16.2 file; 0.17 saves weights only). State: plain data only (new-of-listed-class).
+    e.append(
+        Entry(
+            "gluonts.torch.distributions.studentT",
+            "StudentTOutput",
+            "gluonts",
+            ">=0.16,<0.17",
+            "instance",
+            "DeepAR's default head: beta float and __init_args__; no __setstate__ or __new__",
+        )
+    )
     return tuple(e)
 
 

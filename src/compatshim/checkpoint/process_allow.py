@@ -17,6 +17,13 @@ entry points
     An entry is a ``"module.name"`` string, a ``("module.name", "reason")``
     pair, or a class/function.
 
+Every source also takes ``omegaconf-resolver:NAME`` (``NAME`` a plain resolver
+name such as ``eval``): loaded omegaconf configs may keep ``${NAME:...}``
+interpolations, as ``allow=["omegaconf-resolver:NAME"]`` lets one call
+(``_omegaconf.py``; a resolver name computed by an interpolation is refused
+whatever is allowed). These are consulted only when a config calls a resolver
+outside omegaconf's safe ones, and never name a global.
+
 They are consulted only for a global that neither the call's ``allow=`` nor
 compatshim's allowlist admits: a load that needs none of them never reads the
 file or the entry points, and a string names a module that is imported only
@@ -31,7 +38,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from .. import _settings
 from .._engine import decisions
@@ -40,8 +47,9 @@ from .allowlist import covering
 
 GROUP = "compatshim.allow"
 MAX_FILE_BYTES = 1 << 20
+RESOLVER = _settings.RESOLVER_PREFIX  # the key (RESOLVER, NAME) holds a resolver entry
 
-Key = tuple[str, str]
+Key = tuple[str, str]  # (module, name), or (RESOLVER, resolver name)
 
 
 @dataclass(frozen=True)
@@ -67,21 +75,35 @@ def allow(*globals: Any, reason: str) -> None:
     """
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError("allow() needs a reason: why these globals are trusted")
-    named = UserAllow(globals).named  # the same items, and the same errors, as allow=
+    found = _keyed(UserAllow(globals))  # the same items, and the same errors, as allow=
     with _lock:
-        for key, obj in named.items():
+        for key, obj in found.items():
             _code[key] = (
                 obj,
-                Allowed(".".join(key), reason.strip(), "compatshim.checkpoint.allow"),
+                Allowed(_qualname(key), reason.strip(), "compatshim.checkpoint.allow"),
             )
 
 
 def disallow(*globals: Any) -> None:
     """Undo :func:`allow` for ``globals`` (entries from other sources stay)."""
-    named = UserAllow(globals).named
+    found = _keyed(UserAllow(globals))
     with _lock:
-        for key in named:
+        for key in found:
             _code.pop(key, None)
+
+
+def _keyed(items: UserAllow) -> dict[Key, Any]:
+    """The globals and resolvers of parsed entries, by key (a resolver's object: None)."""
+    found: dict[Key, Any] = dict(items.named)
+    resolvers = items.resolvers
+    assert isinstance(resolvers, frozenset)  # a parsed list's (ProcessAllow's is lazy)
+    for name in sorted(resolvers):
+        found[(RESOLVER, name)] = None
+    return found
+
+
+def _qualname(key: Key) -> str:
+    return key[0] + key[1] if key[0] == RESOLVER else ".".join(key)
 
 
 def allowed() -> list[Allowed]:
@@ -98,11 +120,23 @@ def find(module: str, name: str) -> Any:
 
     Sources are read in order and only as far as needed: entry points last.
     """
+    hit = declared(module, name)
+    return _MISSING if hit is None else hit[0]
+
+
+def declared(module: str, name: str) -> tuple[Any, Allowed] | None:
+    """The first process-wide entry for the global ``module.name``: (object, entry), or None."""
+    if module == RESOLVER:  # a pickle may spell anything as a module: resolvers are no global
+        return None
+    return _first((module, name))
+
+
+def _first(key: Key) -> tuple[Any, Allowed] | None:
     for source in _sources():
-        hit = source.get((module, name))
+        hit = source.get(key)
         if hit is not None:
-            return hit[0]
-    return _MISSING
+            return hit
+    return None
 
 
 def admits(module: str, name: str) -> bool:
@@ -110,8 +144,32 @@ def admits(module: str, name: str) -> bool:
     return find(module, name) is not _MISSING
 
 
+def admits_resolver(name: str) -> bool:
+    """Whether a process-wide ``omegaconf-resolver:NAME`` entry names ``name`` (never "")."""
+    return bool(name) and _first((RESOLVER, name)) is not None
+
+
+class Resolvers:
+    """The omegaconf resolvers one load keeps: its ``allow=`` ones, then process-wide ones
+    (the sources read only when a config calls a resolver outside the safe ones)."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+
+    def __contains__(self, name: object) -> bool:
+        return type(name) is str and (name in self.call or admits_resolver(name))
+
+    def __iter__(self) -> Iterator[str]:  # Container needs only __contains__; for repr/debug
+        return iter(self.call)
+
+
 class ProcessAllow(UserAllow):
-    """A call's ``allow=``, then, for globals off the allowlist, the process-wide entries."""
+    """A call's ``allow=``, then, for globals off the allowlist, the process-wide entries;
+    for omegaconf resolvers, the call's then the process-wide ones."""
+
+    def __init__(self, items: Iterable[Any]) -> None:
+        super().__init__(items)
+        self.resolvers = Resolvers(self.resolvers)
 
     def resolve(self, module: str, name: str) -> Any:
         found = super().resolve(module, name)
@@ -139,11 +197,16 @@ def _sources() -> Iterable[dict[Key, tuple[Any, Allowed]]]:
 
 
 def _strings(names: Iterable[tuple[str, str, str]]) -> dict[Key, tuple[Any, Allowed]]:
-    """``(qualname, reason, source)`` triples as entries (strings: resolved when needed)."""
+    """``(qualname, reason, source)`` triples (checked by ``_settings.qualnames``) as entries
+    (strings: resolved when needed; a resolver entry holds no object)."""
     out: dict[Key, tuple[Any, Allowed]] = {}
     for qualname, reason, source in names:
-        module, _, name = qualname.rpartition(".")
-        out.setdefault((module, name), (_UNRESOLVED, Allowed(qualname, reason, source)))
+        if qualname.startswith(RESOLVER):
+            key, obj = (RESOLVER, qualname[len(RESOLVER) :]), None
+        else:
+            module, _, name = qualname.rpartition(".")
+            key, obj = (module, name), _UNRESOLVED
+        out.setdefault(key, (obj, Allowed(qualname, reason, source)))
     return out
 
 
@@ -251,8 +314,8 @@ def _entry_point_items(value: Any, source: str) -> dict[Key, tuple[Any, Allowed]
             item, reason = item
         if isinstance(item, str):
             _settings.qualnames(item, source)
-        for key, obj in UserAllow([item]).named.items():
-            out[key] = (obj, Allowed(".".join(key), reason, source))
+        for key, obj in _keyed(UserAllow([item])).items():
+            out[key] = (obj, Allowed(_qualname(key), reason, source))
     return out
 
 

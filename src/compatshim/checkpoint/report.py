@@ -81,6 +81,12 @@ def _global_lines(info: CheckpointInfo) -> list[str]:
     lines = []
     for use in info.globals:
         name = printable(use.name)
+        if use.allowed_by is not None:
+            lines.append(
+                f"    {name} x{use.count}: allowed process-wide by "
+                f"{printable(use.allowed_by, 2 * MAX_SHOWN)}"
+            )
+            continue
         if use.covered:
             lines.append(f"    {name} x{use.count}: covered by {use.kind} entry")
             continue
@@ -89,9 +95,13 @@ def _global_lines(info: CheckpointInfo) -> list[str]:
             lines.append(f"      known dangerous: {use.dangerous}")
         elif use.allow:
             lines.append(f"      to allow it for one call: {printable(use.allow, 2 * MAX_SHOWN)}")
+            lines.append("      for every load in the process (torch.load too), one of:")
+            for line in use.allow_everywhere:
+                lines.append(f"        {printable(line, 2 * MAX_SHOWN)}")
+        elif "." in use.name and all(p.isidentifier() for p in use.name.split(".")):
             lines.append(
-                "      for every load in the process (torch.load too): "
-                f"COMPATSHIM_ALLOW={printable(use.name, 2 * MAX_SHOWN)}"
+                "      a nested name: allow the object itself (allow=[Outer.Inner] or "
+                "compatshim.checkpoint.allow(Outer.Inner, reason=...)), not a string"
             )
         else:
             lines.append("      not a Python name: no module defines it, nothing can allow it")
