@@ -185,7 +185,8 @@ def child(mode: str, folder: Path, kind: str) -> dict[str, object]:
 
 
 def main() -> dict[str, float]:
-    import deepspeed
+    from importlib.metadata import version
+
     import torch
 
     folder = Path(tempfile.mkdtemp(prefix="bench_deepspeed_resume_"))
@@ -250,7 +251,7 @@ def main() -> dict[str, float]:
             label = ""
     n = ROUNDS * RESUMES
     print(
-        f"## Hardened mode on a DeepSpeed {deepspeed.__version__} resume vs its own unsafe load "
+        f"## Hardened mode on a DeepSpeed {version('deepspeed')} resume vs its own unsafe load "
         f"(torch {torch.__version__}, CPU accelerator, medians of {n} resumes in {ROUNDS} "
         "interpreters each)\n"
     )
