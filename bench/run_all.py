@@ -2,11 +2,12 @@
 
 Each benchmark runs in its own interpreter (they import different frameworks);
 inside each, contenders run side by side. A run replaces only the sections of
-the benchmarks it ran, so benchmarks that need another torch (``tox -e
-bench-torch2.13``, ``tox -e bench-lightning2.6``) and the rest (``tox -e bench``)
-share one file. Each section records the date, machine, torch and load average
-it was measured at, because ratios are only comparable on the same kind of
-machine and the machines are shared.
+the benchmarks it ran, so benchmarks that need another torch or a framework
+(``tox -e bench-torch2.13``, ``tox -e bench-lightning2.6``, ``tox -e
+bench-deepspeed0.19``) and the rest (``tox -e bench``) share one file. Each
+section records the date, machine, torch and load average it was measured at,
+because ratios are only comparable on the same kind of machine and the machines
+are shared.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ RESULTS = HERE / "RESULTS.md"
 HEADER = """# Benchmark results
 
 Written by `python bench/run_all.py [bench_name ...]` (`tox -e bench`, `tox -e bench-torch2.13`,
-`tox -e bench-lightning2.6`); a run replaces only the sections of the benchmarks it ran.
+`tox -e bench-lightning2.6`, `tox -e bench-deepspeed0.19`); a run replaces only the sections of
+the benchmarks it ran.
 
 Shared, noisy machines: every figure is a median over interleaved repeats, and the ratios
 (compatshim vs the alternative a user would pick, run side by side) are what to compare.
