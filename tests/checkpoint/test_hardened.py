@@ -28,6 +28,7 @@ BOOT = (
     "if 'compatshim.auto' not in sys.modules:\n"
     "    site.addsitedir(sys.argv[1])\n"
     "sys.argv = sys.argv[2:]\n"
+    "sys.path.insert(0, __import__('os').path.dirname(sys.argv[0]))\n"
     "runpy.run_path(sys.argv[0], run_name='__main__')\n"
 )
 

@@ -27,6 +27,8 @@ torch = pytest.importorskip("torch")
 
 from checkpoint.test_hardened import TIMEOUT_S, run_child  # noqa: E402
 
+from .child_kit import write_child  # noqa: E402
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT_S + 60)]
 
 CHILD = r"""
@@ -37,13 +39,9 @@ os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=por
                   RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", CROSS_RANK="0", CROSS_SIZE="1")
 import torch
 import deepspeed
+from child_kit import Payload
 
 marker = os.path.join(folder, "MARKER")
-
-
-class Payload:
-    def __reduce__(self):
-        return (os.system, (f"touch {marker}",))
 
 
 torch.manual_seed(0)
@@ -66,7 +64,7 @@ result["files"] = sorted(os.listdir(os.path.join(folder, "clean")))
 shutil.copytree(os.path.join(folder, "clean"), os.path.join(folder, "poisoned"))
 states = os.path.join(folder, "poisoned", "mp_rank_00_model_states.pt")
 content = torch.load(states, weights_only=False)
-content["payload"] = Payload()
+content["payload"] = Payload(marker)
 torch.save(content, states)
 
 with torch.no_grad():
@@ -96,8 +94,7 @@ def _free_port() -> str:
 
 
 def _run(tmp_path: Path, engine: str, safe_load: str) -> dict[str, Any]:
-    script = tmp_path / "ds_child.py"
-    script.write_text(CHILD)
+    script = write_child(tmp_path, "ds_child.py", CHILD)
     folder = tmp_path / "ckpt"
     folder.mkdir()
     return run_child(script, str(folder), engine, _free_port(), COMPATSHIM_SAFE_LOAD=safe_load)

@@ -33,7 +33,6 @@ copy of the checkpoint carrying a payload stays refused.
 from __future__ import annotations
 
 from importlib.metadata import version
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,14 +40,15 @@ import pytest
 pytest.importorskip("gluonts.torch")
 torch = pytest.importorskip("torch")
 
-from checkpoint.test_hardened import TIMEOUT_S, run_child  # noqa: E402
+from checkpoint.test_hardened import TIMEOUT_S  # noqa: E402
 
+from .child_kit import MODES, run_modes  # noqa: E402
 from .jobs import torch_loads_weights_only_by_default  # noqa: E402
 
 pytestmark = pytest.mark.timeout(3 * TIMEOUT_S + 60)
 
 CHILD = r"""
-import hashlib, json, logging, os, shutil, sys, warnings
+import json, logging, os, shutil, sys, warnings
 
 import numpy as np
 import pandas as pd
@@ -57,23 +57,12 @@ import gluonts
 from gluonts.dataset.common import ListDataset
 from gluonts.torch.model.deepar import DeepAREstimator
 from gluonts.torch.model.predictor import PyTorchPredictor
+from child_kit import Payload, digest
 
 warnings.simplefilter("ignore")
 folder = sys.argv[1]
 marker = os.path.join(folder, "MARKER")
 
-
-class Payload:
-    def __reduce__(self):
-        return (os.system, (f"touch {marker}",))
-
-
-def digest(tensors):
-    out = {}
-    for key, value in tensors.items():
-        data = value.detach().cpu().contiguous().numpy().tobytes()
-        out[key] = [str(value.dtype), list(value.shape), hashlib.sha256(data).hexdigest()]
-    return out
 
 
 def settings(predictor):
@@ -144,7 +133,7 @@ if result["train"]["ok"]:
     result["load_best"] = attempt(load_best)
     poisoned_ckpt = os.path.join(folder, "poisoned.ckpt")
     checkpoint = torch.load(trained["best"], map_location="cpu", weights_only=False)
-    checkpoint["hyper_parameters"]["payload"] = Payload()
+    checkpoint["hyper_parameters"]["payload"] = Payload(marker)
     torch.save(checkpoint, poisoned_ckpt)
     result["poisoned_ckpt"] = attempt(
         lambda: {"loaded": torch.load(poisoned_ckpt, map_location="cpu", weights_only=True)
@@ -165,18 +154,12 @@ if result["train"]["ok"]:
     shutil.copytree(where, poisoned)
     state_file = os.path.join(poisoned, "prediction-net-state.pt")
     state = torch.load(state_file, weights_only=True)
-    state["payload"] = Payload()
+    state["payload"] = Payload(marker)
     torch.save(state, state_file)
     result["poisoned"] = attempt(lambda: {"loaded": deserialize(poisoned) is not None})
 result["marker"] = os.path.exists(marker)
 print("RESULT " + json.dumps(result))
 """
-
-MODES = {
-    "plain": {"COMPATSHIM_AUTO": "0", "COMPATSHIM_SAFE_LOAD": "0"},
-    "armed": {"COMPATSHIM_SAFE_LOAD": "0"},
-    "hardened": {},
-}
 
 
 def partial_in_hparams() -> bool:
@@ -187,14 +170,7 @@ def partial_in_hparams() -> bool:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    folder: Path = tmp_path_factory.mktemp("gluonts")
-    script = folder / "gluonts_child.py"
-    script.write_text(CHILD)
-    found = {}
-    for mode, env in MODES.items():
-        (folder / mode).mkdir()
-        found[mode] = run_child(script, str(folder / mode), **env)
-    return found
+    return run_modes(tmp_path_factory.mktemp("gluonts"), "gluonts_child.py", CHILD)
 
 
 @pytest.mark.parametrize("mode", list(MODES))

@@ -20,7 +20,6 @@ release's own ``weights_only`` decides (detected from SB3's source).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,39 +27,26 @@ import pytest
 pytest.importorskip("stable_baselines3")
 torch = pytest.importorskip("torch")
 
-from checkpoint.test_hardened import TIMEOUT_S, run_child  # noqa: E402
+from checkpoint.test_hardened import TIMEOUT_S  # noqa: E402
 
+from .child_kit import MODES, run_modes  # noqa: E402
 from .jobs import torch_loads_weights_only_by_default  # noqa: E402
 
 pytestmark = pytest.mark.timeout(3 * TIMEOUT_S + 60)
 
 CHILD = r"""
-import hashlib, inspect, io, json, os, sys, zipfile
+import inspect, io, json, os, sys, zipfile
 
 import torch
 import stable_baselines3
 from stable_baselines3 import PPO
 from stable_baselines3.common import save_util
 from stable_baselines3.common.env_util import make_vec_env
+from child_kit import Payload, digest
 
 folder = sys.argv[1]
 marker = os.path.join(folder, "MARKER")
 
-
-class Payload:
-    def __reduce__(self):
-        return (os.system, (f"touch {marker}",))
-
-
-def digest(value):
-    if isinstance(value, torch.Tensor):
-        data = value.detach().cpu().contiguous().numpy().tobytes()
-        return [str(value.dtype), list(value.shape), hashlib.sha256(data).hexdigest()]
-    if isinstance(value, dict):
-        return {str(k): digest(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [digest(v) for v in value]
-    return value
 
 
 HPARAMS = ("learning_rate", "gamma", "gae_lambda", "n_steps", "batch_size", "n_epochs",
@@ -117,7 +103,7 @@ with zipfile.ZipFile(path) as src, zipfile.ZipFile(poisoned, "w") as dst:
         data = src.read(name)
         if name == "policy.pth":
             content = torch.load(io.BytesIO(data), weights_only=True)
-            content["payload"] = Payload()
+            content["payload"] = Payload(marker)
             buffer = io.BytesIO()
             torch.save(content, buffer)
             data = buffer.getvalue()
@@ -127,23 +113,10 @@ result["marker"] = os.path.exists(marker)
 print("RESULT " + json.dumps(result))
 """
 
-MODES = {
-    "plain": {"COMPATSHIM_AUTO": "0", "COMPATSHIM_SAFE_LOAD": "0"},
-    "armed": {"COMPATSHIM_SAFE_LOAD": "0"},
-    "hardened": {},
-}
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    folder: Path = tmp_path_factory.mktemp("sb3")
-    script = folder / "sb3_child.py"
-    script.write_text(CHILD)
-    found = {}
-    for mode, env in MODES.items():
-        (folder / mode).mkdir()
-        found[mode] = run_child(script, str(folder / mode), **env)
-    return found
+    return run_modes(tmp_path_factory.mktemp("sb3"), "sb3_child.py", CHILD)
 
 
 def _resumed_as_saved(result: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import jobs
+from child_kit import digest
 
 EPOCHS = 3
 RESUME_FROM = 1  # checkpoint-1.pth.tar: written after the second epoch
@@ -56,22 +57,6 @@ def _args(model: str) -> argparse.Namespace:
     )
 
 
-def _flat(tensors: Any) -> Any:
-    """Tensors as digests of their exact bytes (resnet10t's state is 5M numbers)."""
-    import hashlib
-
-    import torch
-
-    if isinstance(tensors, torch.Tensor):
-        data = tensors.detach().cpu().contiguous().numpy().tobytes()
-        return [str(tensors.dtype), list(tensors.shape), hashlib.sha256(data).hexdigest()]
-    if isinstance(tensors, dict):
-        return {str(k): _flat(v) for k, v in tensors.items()}
-    if isinstance(tensors, (list, tuple)):
-        return [_flat(v) for v in tensors]
-    return tensors
-
-
 def _setup(folder: Path) -> dict[str, Any]:
     import timm
     import torch
@@ -97,10 +82,10 @@ def _setup(folder: Path) -> dict[str, Any]:
 def _state(run: dict[str, Any], epoch: int) -> dict[str, Any]:
     return {
         "epoch": epoch,
-        "weights": _flat(run["model"].state_dict()),
-        "optimizer": _flat(run["optimizer"].state_dict()),
-        "ema": _flat(run["ema"].module.state_dict()),
-        "scaler": _flat(run["scaler"].state_dict()),
+        "weights": digest(run["model"].state_dict()),
+        "optimizer": digest(run["optimizer"].state_dict()),
+        "ema": digest(run["ema"].module.state_dict()),
+        "scaler": digest(run["scaler"].state_dict()),
         "best": [run["saver"].best_epoch, run["saver"].best_metric],
     }
 
