@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import functools
 import importlib
 import itertools
 from dataclasses import dataclass
@@ -178,7 +179,10 @@ class SafeMachine(Machine):
         self.load_nested = load_nested
         self._roles: dict[int, Role] = {}
         self._cache: dict[tuple[str, str], Any] = {}
-        self._builders: dict[int, tuple[Any, Builder]] = {}
+        # objects this load made that BUILD may give state, and how (two dicts by id: no
+        # extra tuple per object for the garbage collector to walk)
+        self._created: dict[int, Any] = {}
+        self._builders: dict[int, Builder] = {}
         self._dicts: dict[int, Any] = {}  # owned dict subclasses and deques
         self._random_made = [0]  # numpy.random work units (_numpy.MAX_RANDOM_OBJECTS)
         self._omegaconf: _omegaconf.Builder | None = None
@@ -226,7 +230,7 @@ class SafeMachine(Machine):
 
     def created(self) -> dict[int, Any]:
         """Objects this load made and may have given state (walked by :func:`check_result`)."""
-        return self._builders
+        return self._created
 
     def forbidden_values(self) -> dict[int, str]:
         """``id -> name`` of the resolved globals that must not come back as values."""
@@ -243,21 +247,24 @@ class SafeMachine(Machine):
 
     # ------------------------------------------------------------------ registration
     def register_builder(self, obj: Any, builder: Builder) -> None:
-        self._builders[id(obj)] = (obj, builder)
+        self._created[id(obj)] = obj
+        self._builders[id(obj)] = builder
 
     def register_dict(self, obj: Any) -> None:
         self._dicts[id(obj)] = obj
 
     # ------------------------------------------------------------------ calls
     def call(self, func: Any, args: tuple[Any, ...]) -> Any:
-        role = self.role_of(func)
-        if role is None:
+        role = self._roles.get(id(func))
+        if role is None or role.obj is not func:
             raise UnsafeCheckpointError(
                 f"call of {describe(func)} refused: only allow-listed globals may be called",
                 (f"call {describe(func)}",),
             )
         self.budget.charge(weight(args), role.qualname)
         kind = role.kind
+        if kind == "rebuild" or kind == "constructor":  # the common case first
+            return self._call_handler(role, func, args)
         if kind == "user":
             return self._call_user(func, args)
         if kind in ("constant", "method"):
@@ -290,7 +297,7 @@ class SafeMachine(Machine):
             made, (collections.OrderedDict, collections.Counter, collections.defaultdict)
         ):
             self.register_dict(made)
-            self.register_builder(made, lambda o, s: _objects.set_instance_dict(o, s, key))
+            self.register_builder(made, _instance_builder(key))
         return made
 
     def _tensor_rebuild(self, func: Any) -> _tensors.TensorRebuild | None:
@@ -364,7 +371,7 @@ class SafeMachine(Machine):
                     f"{role.qualname} has its own __new__: refused", (role.qualname,)
                 )
             made = object.__new__(cls)
-        self.register_builder(made, lambda o, s: _objects.set_instance_dict(o, s, role.qualname))
+        self.register_builder(made, _instance_builder(role.qualname))
         return made
 
     def _new_omegaconf(self, cls: Any, key: str) -> Any:
@@ -377,14 +384,13 @@ class SafeMachine(Machine):
     # ------------------------------------------------------------------ state
     def build(self, inst: Any, state: Any) -> None:
         self.budget.charge(weight(state), "BUILD")
-        registered = self._builders.get(id(inst))
-        if registered is None or registered[0] is not inst:
+        if self._created.get(id(inst)) is not inst:
             raise UnsafeCheckpointError(
                 f"BUILD on {describe(inst)} refused: state is set only on objects this file "
                 "created, of allowed types",
                 (f"BUILD {describe(inst)}",),
             )
-        registered[1](inst, state)
+        self._builders[id(inst)](inst, state)
 
     def set_items(self, target: Any, pairs: list[Any]) -> None:
         if type(target) is dict:
@@ -479,6 +485,12 @@ HANDLERS: dict[str, Handler] = {
     "copyreg._reconstructor": lambda m, f, a: m._reconstructor(a),
     "torch.storage._load_from_bytes": lambda m, f, a: m._storage_from_bytes(a),
 }
+
+
+@functools.cache
+def _instance_builder(what: str) -> Builder:
+    """BUILD for plain instances named ``what`` (one function per name, not per object)."""
+    return lambda inst, state: _objects.set_instance_dict(inst, state, what)
 
 
 def _user_build(inst: Any, state: Any) -> None:
