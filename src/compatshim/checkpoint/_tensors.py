@@ -10,6 +10,7 @@ bytes the file holds; hooks must be empty; attribute state is plain names only.
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Any, Callable
 
 from .._text import short
@@ -102,6 +103,7 @@ def _hooks_empty(hooks: Any, what: str) -> None:
         )
 
 
+@functools.cache
 def _item_size(dtype: Any) -> int:
     return int(_torch().empty((), dtype=dtype).element_size())
 
