@@ -245,10 +245,11 @@ class Loader:
         return self._run(Source(io.BytesIO(data)), storages)
 
     def _run(self, source: Source, storages: Any) -> Any:
+        tensors = _tensors.Tensors()
         machine = SafeMachine(
             source,
             allow=self.allow,
-            tensors=_tensors.Tensors(),
+            tensors=tensors,
             storages=storages,
             budget=self.budget,
             load_nested=self._nested,
@@ -258,7 +259,8 @@ class Loader:
             value = machine.run()
         except UnsafeCheckpointError as exc:
             raise self._every_refusal(source, start, exc) from None
-        check_result(value, "the loaded object", machine.forbidden_values(), machine.created())
+        forbidden = machine.forbidden_values()
+        check_result(value, "the loaded object", forbidden, machine.created(), tensors.bare())
         return value
 
     def _nested(self, data: bytes) -> Any:

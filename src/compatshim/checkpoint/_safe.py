@@ -511,15 +511,19 @@ def check_result(
     what: str,
     forbidden: dict[int, str] | None = None,
     created: dict[int, Any] | None = None,
+    bare: dict[int, Any] | None = None,
     limit: int = MAX_NESTING,
 ) -> None:
     """Refuse a result nested deeper than ``limit`` along any path, or holding a forbidden value.
 
     Depth is the longest path (post-order, each object measured once), so references that
     skip ahead through the memo cannot hide a deep chain; a cycle is not a path. Iterative.
+    ``bare``: objects known to hold nothing to walk (tensors this load made without Python
+    attributes), counted as one level without being entered.
     """
     forbidden = forbidden or {}
     created = created or {}
+    bare = bare or {}
     height: dict[int, int] = {}
     on_path: set[int] = set()
     frames: list[list[Any]] = []  # [object, iterator over its children, tallest child]
@@ -544,6 +548,10 @@ def check_result(
                     "loading (a caller that later calls it would run code)",
                     (forbidden[key],),
                 )
+            if key in bare and key not in created:
+                if frame[2] < 1:
+                    frame[2] = 1
+                continue
             if not (kind in _CONTAINERS or key in created or _is_plain_instance(child)):
                 continue
             known = height.get(key)
