@@ -6,8 +6,9 @@ subclass implements: ``find_global``, ``call`` (REDUCE / INST / OBJ),
 ``new_object`` (NEWOBJ / NEWOBJ_EX), ``build`` (BUILD), ``persistent_load``, and
 the container mutations ``set_items``, ``append_items``, ``add_items``.
 
-Bounds that hold whatever the bytes: every length is checked against the bytes
-left before anything is read or allocated; mark nesting is bounded; the machine
+Bounds that hold whatever the bytes: a length over ``SMALL_READ`` (64 KiB) is
+checked against the bytes left before anything is read or allocated, a shorter
+one when its read comes back short; mark nesting is bounded; the machine
 is iterative (no Python recursion per level of nesting); tuples and frozensets
 (the containers ``hash`` recurses into, in C, without a recursion check) are
 refused beyond ``MAX_NESTING`` levels *when they are built*, so no value the file
@@ -39,7 +40,8 @@ _F64 = struct.Struct(">d")
 
 
 class Source:
-    """Bounded reads from a seekable binary file: a length is checked before it is read."""
+    """Bounded reads from a seekable binary file: a long read is checked before it is made,
+    a short one (at most ``SMALL_READ`` bytes, however large the file says) after."""
 
     def __init__(self, file: IO[bytes]) -> None:
         self.file = file
