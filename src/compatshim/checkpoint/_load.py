@@ -66,10 +66,10 @@ def restorer(map_location: Any) -> Restore:
     default_restore_location: Any = serialization.default_restore_location
 
     def to(storage: Any, location: str) -> Any:
-        if not LOCATION.fullmatch(location):
-            raise CheckpointError(f"storage location {location[:40]!r} is not a device name")
         if location == "cpu" and storage.device.type == "cpu":
             return storage
+        if not LOCATION.fullmatch(location):
+            raise CheckpointError(f"storage location {location[:40]!r} is not a device name")
         return default_restore_location(storage, location)
 
     if map_location is None:
@@ -126,11 +126,12 @@ class ZipStorages:
         dtype = getattr(torch, decl.dtype)
         self.directory.storage_record(decl, self.what)
         name = f"data/{decl.key}"
+        nbytes = decl.nbytes
         if self.mapped is not None:
             offset = self.reader.get_record_offset(name)
-            untyped = self.mapped[offset : offset + decl.nbytes]
+            untyped = self.mapped[offset : offset + nbytes]
         else:
-            untyped = self.reader.get_storage_from_record(name, decl.nbytes, torch.uint8)
+            untyped = self.reader.get_storage_from_record(name, nbytes, torch.uint8)
             untyped = untyped.untyped_storage()
         if self.swap and decl.item_size > 1:
             untyped.byteswap(dtype)
@@ -244,10 +245,11 @@ class Loader:
         return self._run(Source(io.BytesIO(data)), storages)
 
     def _run(self, source: Source, storages: Any) -> Any:
+        tensors = _tensors.Tensors()
         machine = SafeMachine(
             source,
             allow=self.allow,
-            tensors=_tensors.Tensors(),
+            tensors=tensors,
             storages=storages,
             budget=self.budget,
             load_nested=self._nested,
@@ -257,7 +259,8 @@ class Loader:
             value = machine.run()
         except UnsafeCheckpointError as exc:
             raise self._every_refusal(source, start, exc) from None
-        check_result(value, "the loaded object", machine.forbidden_values(), machine.created())
+        forbidden = machine.forbidden_values()
+        check_result(value, "the loaded object", forbidden, machine.created(), tensors.bare())
         return value
 
     def _nested(self, data: bytes) -> Any:

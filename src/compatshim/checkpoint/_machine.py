@@ -6,8 +6,9 @@ subclass implements: ``find_global``, ``call`` (REDUCE / INST / OBJ),
 ``new_object`` (NEWOBJ / NEWOBJ_EX), ``build`` (BUILD), ``persistent_load``, and
 the container mutations ``set_items``, ``append_items``, ``add_items``.
 
-Bounds that hold whatever the bytes: every length is checked against the bytes
-left before anything is read or allocated; mark nesting is bounded; the machine
+Bounds that hold whatever the bytes: a length over ``SMALL_READ`` (64 KiB) is
+checked against the bytes left before anything is read or allocated, a shorter
+one when its read comes back short; mark nesting is bounded; the machine
 is iterative (no Python recursion per level of nesting); tuples and frozensets
 (the containers ``hash`` recurses into, in C, without a recursion check) are
 refused beyond ``MAX_NESTING`` levels *when they are built*, so no value the file
@@ -30,39 +31,64 @@ MAX_MARK_DEPTH = 2000
 MAX_NESTING = 1000
 MAX_LINE = 1 << 20
 HIGHEST_PROTOCOL = 5
+SMALL_READ = 1 << 16  # a read this short is done first and its length checked after
+_I32 = struct.Struct("<i")
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_F64 = struct.Struct(">d")
 
 
 class Source:
-    """Bounded reads from a seekable binary file: a length is checked before it is read."""
+    """Bounded reads from a seekable binary file: a long read is checked before it is made,
+    a short one (at most ``SMALL_READ`` bytes, however large the file says) after."""
 
-    def __init__(self, file: IO[bytes], end: int | None = None) -> None:
+    def __init__(self, file: IO[bytes]) -> None:
         self.file = file
-        if end is None:
-            here = file.tell()
-            end = file.seek(0, io.SEEK_END)
-            file.seek(here)
-        self.end = end
+        here = file.tell()
+        self.end = file.seek(0, io.SEEK_END)  # reads past it come back short (see ``read``)
+        file.seek(here)
         self.read1 = file.read
 
     def remaining(self) -> int:
         return self.end - self.file.tell()
 
     def read(self, count: int) -> bytes:
+        if 0 <= count <= SMALL_READ:  # allocates little whatever the file says: read, then check
+            data = self.read1(count)
+            if len(data) != count:
+                raise _past_end(count, len(data))
+            return data
         if count < 0 or count > self.remaining():
-            raise CheckpointError(
-                f"a length of {count} bytes runs past the end of the data "
-                f"({max(self.remaining(), 0)} bytes left)"
-            )
+            raise _past_end(count, max(self.remaining(), 0))
         data = self.file.read(count)
         if len(data) != count:
             raise CheckpointError("the data ends early")
         return data
+
+    def byte(self) -> int:
+        data = self.read1(1)
+        if not data:
+            raise _past_end(1, 0)
+        return data[0]
+
+    def unpack(self, fmt: struct.Struct) -> Any:
+        data = self.read1(fmt.size)
+        if len(data) != fmt.size:
+            raise _past_end(fmt.size, len(data))
+        return fmt.unpack(data)[0]
 
     def readline(self) -> bytes:
         line = self.file.readline(min(self.remaining(), MAX_LINE) + 1)
         if not line.endswith(b"\n"):
             raise CheckpointError("a text opcode's line has no end (truncated or too long)")
         return line[:-1]
+
+
+def _past_end(count: int, left: int) -> CheckpointError:
+    return CheckpointError(
+        f"a length of {count} bytes runs past the end of the data ({left} bytes left)"
+    )
 
 
 class Stop(Exception):
@@ -89,7 +115,10 @@ class Machine:
         self.metastack: list[list[Any]] = []
         self.memo: dict[int, Any] = {}
         self.proto = 0
-        self._nest: dict[int, tuple[Any, int]] = {}  # id -> (tuple or frozenset, depth > 1)
+        # tuples and frozensets deeper than one level: id -> the object (kept alive for its
+        # id) and id -> its depth (two dicts: no extra tuple per entry for the collector)
+        self._nest: dict[int, Any] = {}
+        self._depth: dict[int, int] = {}
         self._dispatch = self._build_dispatch()
 
     # ------------------------------------------------------------------ hooks
@@ -117,10 +146,6 @@ class Machine:
     def add_items(self, target: Any, items: list[Any]) -> None:
         raise NotImplementedError
 
-    def new_container(self, value: Any) -> Any:
-        """Every list/dict/set/tuple the opcodes make passes here (subclasses may record it)."""
-        return value
-
     # ------------------------------------------------------------------ loop
     def run(self) -> Any:
         """Execute opcodes up to STOP and return the object; the source stays after STOP."""
@@ -129,10 +154,10 @@ class Machine:
         try:
             while True:
                 op = read1(1)
-                if not op:
-                    raise CheckpointError("the pickle ends before its STOP opcode")
-                handler = dispatch.get(op[0])
+                handler = dispatch.get(op)
                 if handler is None:
+                    if not op:
+                        raise CheckpointError("the pickle ends before its STOP opcode")
                     raise CheckpointError(f"unknown pickle opcode 0x{op[0]:02x}")
                 handler()
         except Stop as stop:
@@ -156,8 +181,8 @@ class Machine:
         for item in items:
             kind = type(item)
             if kind is tuple or kind is frozenset:
-                known = nest.get(id(item))
-                depth = known[1] if known is not None and known[0] is item else 1
+                key = id(item)
+                depth = self._depth[key] if nest.get(key) is item else 1
                 if depth > deepest:
                     deepest = depth
         if deepest >= MAX_NESTING:
@@ -167,7 +192,8 @@ class Machine:
     def hashable(self, value: Any, depth: int) -> Any:
         """Remember a tuple/frozenset deeper than one level (keeps it alive for ``id``)."""
         if depth > 1:
-            self._nest[id(value)] = (value, depth)
+            self._nest[id(value)] = value
+            self._depth[id(value)] = depth
         return value
 
     def _pop_mark(self) -> list[Any]:
@@ -176,9 +202,6 @@ class Machine:
         items = self.stack
         self.stack = self.metastack.pop()
         return items
-
-    def _unpack(self, fmt: str, size: int) -> Any:
-        return struct.unpack(fmt, self.source.read(size))[0]
 
     def _text(self, raw: bytes, encoding: str = "utf-8") -> str:
         try:
@@ -194,7 +217,7 @@ class Machine:
         return module, name
 
     # ------------------------------------------------------------------ opcodes
-    def _build_dispatch(self) -> dict[int, Callable[[], None]]:
+    def _build_dispatch(self) -> dict[bytes, Callable[[], None]]:
         s = self
         table: dict[bytes, Callable[[], None]] = {
             b"\x80": s._proto,
@@ -205,30 +228,28 @@ class Machine:
             b"1": s._pop_mark_op,
             b"2": s._dup,
             b"I": s._int,
-            b"J": lambda: s.stack.append(s._unpack("<i", 4)),
-            b"K": lambda: s.stack.append(s.source.read(1)[0]),
-            b"M": lambda: s.stack.append(s._unpack("<H", 2)),
+            b"J": lambda: s.stack.append(s.source.unpack(_I32)),
+            b"K": lambda: s.stack.append(s.source.byte()),
+            b"M": lambda: s.stack.append(s.source.unpack(_U16)),
             b"L": s._long,
-            b"\x8a": lambda: s._long_bytes(s.source.read(1)[0]),
-            b"\x8b": lambda: s._long_bytes(s._unpack("<i", 4)),
+            b"\x8a": lambda: s._long_bytes(s.source.byte()),
+            b"\x8b": lambda: s._long_bytes(s.source.unpack(_I32)),
             b"N": lambda: s.stack.append(None),
             b"\x88": lambda: s.stack.append(True),
             b"\x89": lambda: s.stack.append(False),
             b"F": s._float,
-            b"G": lambda: s.stack.append(s._unpack(">d", 8)),
+            b"G": lambda: s.stack.append(s.source.unpack(_F64)),
             b"S": s._string,
-            b"T": lambda: s._binstring(s._unpack("<i", 4)),
-            b"U": lambda: s._binstring(s.source.read(1)[0]),
+            b"T": lambda: s._binstring(s.source.unpack(_I32)),
+            b"U": lambda: s._binstring(s.source.byte()),
             b"V": lambda: s.stack.append(s._text(s.source.readline(), "raw-unicode-escape")),
-            b"X": lambda: s._unicode(s._unpack("<I", 4)),
-            b"\x8c": lambda: s._unicode(s.source.read(1)[0]),
-            b"\x8d": lambda: s._unicode(s._unpack("<Q", 8)),
-            b"B": lambda: s.stack.append(s.source.read(s._unpack("<I", 4))),
-            b"C": lambda: s.stack.append(s.source.read(s.source.read(1)[0])),
-            b"\x8e": lambda: s.stack.append(s.source.read(s._unpack("<Q", 8))),
-            b"\x96": lambda: s.stack.append(
-                s.new_container(bytearray(s.source.read(s._unpack("<Q", 8))))
-            ),
+            b"X": lambda: s._unicode(s.source.unpack(_U32)),
+            b"\x8c": lambda: s._unicode(s.source.byte()),
+            b"\x8d": lambda: s._unicode(s.source.unpack(_U64)),
+            b"B": lambda: s.stack.append(s.source.read(s.source.unpack(_U32))),
+            b"C": lambda: s.stack.append(s.source.read(s.source.byte())),
+            b"\x8e": lambda: s.stack.append(s.source.read(s.source.unpack(_U64))),
+            b"\x96": lambda: s.stack.append(bytearray(s.source.read(s.source.unpack(_U64)))),
             b"\x97": s._buffer,
             b"\x98": s._buffer,
             b")": lambda: s.stack.append(()),
@@ -236,24 +257,24 @@ class Machine:
             b"\x85": lambda: s._tuple(1),
             b"\x86": lambda: s._tuple(2),
             b"\x87": lambda: s._tuple(3),
-            b"]": lambda: s.stack.append(s.new_container([])),
+            b"]": lambda: s.stack.append([]),
             b"l": lambda: s._push_marked(list),
             b"a": s._append,
             b"e": s._appends,
-            b"}": lambda: s.stack.append(s.new_container({})),
+            b"}": lambda: s.stack.append({}),
             b"d": s._dict,
             b"s": s._setitem,
             b"u": s._setitems,
-            b"\x8f": lambda: s.stack.append(s.new_container(set())),
+            b"\x8f": lambda: s.stack.append(set()),
             b"\x90": s._additems,
             b"\x91": lambda: s._push_hashable(frozenset),
             b"p": lambda: s._put(s._line_int()),
-            b"q": lambda: s._put(s.source.read(1)[0]),
-            b"r": lambda: s._put(s._unpack("<I", 4)),
+            b"q": lambda: s._put(s.source.byte()),
+            b"r": lambda: s._put(s.source.unpack(_U32)),
             b"\x94": lambda: s._put(len(s.memo)),
             b"g": lambda: s._get(s._line_int()),
-            b"h": lambda: s._get(s.source.read(1)[0]),
-            b"j": lambda: s._get(s._unpack("<I", 4)),
+            b"h": lambda: s._get(s.source.byte()),
+            b"j": lambda: s._get(s.source.unpack(_U32)),
             b"c": s._global,
             b"\x93": s._stack_global,
             b"R": s._reduce,
@@ -264,20 +285,20 @@ class Machine:
             b"o": s._obj,
             b"P": lambda: s._persid(s._text(s.source.readline(), "ascii")),
             b"Q": lambda: s._persid(s._pop()),
-            b"\x82": lambda: s._ext(s.source.read(1)[0]),
-            b"\x83": lambda: s._ext(s._unpack("<H", 2)),
-            b"\x84": lambda: s._ext(s._unpack("<i", 4)),
+            b"\x82": lambda: s._ext(s.source.byte()),
+            b"\x83": lambda: s._ext(s.source.unpack(_U16)),
+            b"\x84": lambda: s._ext(s.source.unpack(_I32)),
         }
-        return {key[0]: value for key, value in table.items()}
+        return table
 
     def _proto(self) -> None:
-        proto = self.source.read(1)[0]
+        proto = self.source.byte()
         if proto > HIGHEST_PROTOCOL:
             raise CheckpointError(f"pickle protocol {proto} is newer than 5")
         self.proto = proto
 
     def _frame(self) -> None:
-        size = self._unpack("<Q", 8)
+        size = self.source.unpack(_U64)
         if size > self.source.remaining():
             raise CheckpointError(f"a pickle frame of {size} bytes runs past the end of the data")
 
@@ -349,26 +370,30 @@ class Machine:
         self.stack.append(self._text(self.source.read(count), self.encoding))
 
     def _unicode(self, count: int) -> None:
-        self.stack.append(self._text(self.source.read(count)))
+        raw = self.source.read(count)
+        try:
+            self.stack.append(raw.decode("utf-8", "surrogatepass"))
+        except UnicodeDecodeError as exc:
+            raise CheckpointError(f"undecodable text in the pickle: {exc.reason}") from None
 
     def _buffer(self) -> None:
         raise CheckpointError("out-of-band pickle buffers (protocol 5) are not supported")
 
     def _push_marked(self, kind: Callable[[list[Any]], Any]) -> None:
-        value = self.new_container(kind(self._pop_mark()))  # pops first: the stack changes
+        value = kind(self._pop_mark())  # pops first: the stack changes
         self.stack.append(value)
 
     def _push_hashable(self, kind: Callable[[list[Any]], Any]) -> None:
         items = self._pop_mark()
         depth = self.nesting(items)  # before frozenset() hashes the items
-        self.stack.append(self.new_container(self.hashable(kind(items), depth)))
+        self.stack.append(self.hashable(kind(items), depth))
 
     def _tuple(self, count: int) -> None:
         if len(self.stack) < count:
             raise CheckpointError("pickle stack underflow")
         items = tuple(self.stack[-count:])
         del self.stack[-count:]
-        self.stack.append(self.new_container(self.hashable(items, self.nesting(items))))
+        self.stack.append(self.hashable(items, self.nesting(items)))
 
     def _append(self) -> None:
         item = self._pop()
@@ -382,7 +407,7 @@ class Machine:
         items = self._pop_mark()
         if len(items) % 2:
             raise CheckpointError("DICT opcode with an odd number of items")
-        target = self.new_container({})
+        target: dict[Any, Any] = {}
         self.set_items(target, items)
         self.stack.append(target)
 
@@ -404,7 +429,9 @@ class Machine:
     def _put(self, index: int) -> None:
         if index < 0:
             raise CheckpointError("negative memo index")
-        self.memo[index] = self._top()
+        if not self.stack:
+            raise CheckpointError("pickle stack underflow")
+        self.memo[index] = self.stack[-1]
 
     def _get(self, index: int) -> None:
         try:

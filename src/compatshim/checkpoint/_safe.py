@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import functools
 import importlib
 import itertools
 from dataclasses import dataclass
@@ -181,7 +182,10 @@ class SafeMachine(Machine):
         self.load_nested = load_nested
         self._roles: dict[int, Role] = {}
         self._cache: dict[tuple[str, str], Any] = {}
-        self._builders: dict[int, tuple[Any, Builder]] = {}
+        # objects this load made that BUILD may give state, and how (two dicts by id: no
+        # extra tuple per object for the garbage collector to walk)
+        self._created: dict[int, Any] = {}
+        self._builders: dict[int, Builder] = {}
         self._dicts: dict[int, Any] = {}  # owned dict subclasses and deques
         self._random_made = [0]  # numpy.random work units (_numpy.MAX_RANDOM_OBJECTS)
         self._omegaconf: _omegaconf.Builder | None = None
@@ -229,7 +233,7 @@ class SafeMachine(Machine):
 
     def created(self) -> dict[int, Any]:
         """Objects this load made and may have given state (walked by :func:`check_result`)."""
-        return self._builders
+        return self._created
 
     def forbidden_values(self) -> dict[int, str]:
         """``id -> name`` of the resolved globals that must not come back as values."""
@@ -246,21 +250,24 @@ class SafeMachine(Machine):
 
     # ------------------------------------------------------------------ registration
     def register_builder(self, obj: Any, builder: Builder) -> None:
-        self._builders[id(obj)] = (obj, builder)
+        self._created[id(obj)] = obj
+        self._builders[id(obj)] = builder
 
     def register_dict(self, obj: Any) -> None:
         self._dicts[id(obj)] = obj
 
     # ------------------------------------------------------------------ calls
     def call(self, func: Any, args: tuple[Any, ...]) -> Any:
-        role = self.role_of(func)
-        if role is None:
+        role = self._roles.get(id(func))
+        if role is None or role.obj is not func:
             raise UnsafeCheckpointError(
                 f"call of {describe(func)} refused: only allow-listed globals may be called",
                 (f"call {describe(func)}",),
             )
         self.budget.charge(weight(args), role.qualname)
         kind = role.kind
+        if kind == "rebuild" or kind == "constructor":  # the common case first
+            return self._call_handler(role, func, args)
         if kind == "user":
             return self._call_user(func, args)
         if kind in ("constant", "method"):
@@ -297,7 +304,7 @@ class SafeMachine(Machine):
             made, (collections.OrderedDict, collections.Counter, collections.defaultdict)
         ):
             self.register_dict(made)
-            self.register_builder(made, lambda o, s: _objects.set_instance_dict(o, s, key))
+            self.register_builder(made, _instance_builder(key))
         return made
 
     def _partial(self, role: Role, args: tuple[Any, ...]) -> Any:
@@ -386,7 +393,7 @@ class SafeMachine(Machine):
         if partial is not None:
             self.register_builder(made, _partial.instance_builder(partial, self.budget.charge))
             return made
-        self.register_builder(made, lambda o, s: _objects.set_instance_dict(o, s, role.qualname))
+        self.register_builder(made, _instance_builder(role.qualname))
         return made
 
     def _new_omegaconf(self, cls: Any, key: str) -> Any:
@@ -399,14 +406,13 @@ class SafeMachine(Machine):
     # ------------------------------------------------------------------ state
     def build(self, inst: Any, state: Any) -> None:
         self.budget.charge(weight(state), "BUILD")
-        registered = self._builders.get(id(inst))
-        if registered is None or registered[0] is not inst:
+        if self._created.get(id(inst)) is not inst:
             raise UnsafeCheckpointError(
                 f"BUILD on {describe(inst)} refused: state is set only on objects this file "
                 "created, of allowed types",
                 (f"BUILD {describe(inst)}",),
             )
-        registered[1](inst, state)
+        self._builders[id(inst)](inst, state)
 
     def set_items(self, target: Any, pairs: list[Any]) -> None:
         if type(target) is dict:
@@ -503,6 +509,12 @@ HANDLERS: dict[str, Handler] = {
 }
 
 
+@functools.cache
+def _instance_builder(what: str) -> Builder:
+    """BUILD for plain instances named ``what`` (one function per name, not per object)."""
+    return lambda inst, state: _objects.set_instance_dict(inst, state, what)
+
+
 def _user_build(inst: Any, state: Any) -> None:
     """BUILD on an instance of a class the caller allowed: its own __setstate__ if it has one."""
     setstate = getattr(type(inst), "__setstate__", None)
@@ -521,15 +533,19 @@ def check_result(
     what: str,
     forbidden: dict[int, str] | None = None,
     created: dict[int, Any] | None = None,
+    bare: dict[int, Any] | None = None,
     limit: int = MAX_NESTING,
 ) -> None:
     """Refuse a result nested deeper than ``limit`` along any path, or holding a forbidden value.
 
     Depth is the longest path (post-order, each object measured once), so references that
     skip ahead through the memo cannot hide a deep chain; a cycle is not a path. Iterative.
+    ``bare``: objects known to hold nothing to walk (tensors this load made without Python
+    attributes), counted as one level without being entered.
     """
     forbidden = forbidden or {}
     created = created or {}
+    bare = bare or {}
     height: dict[int, int] = {}
     on_path: set[int] = set()
     frames: list[list[Any]] = []  # [object, iterator over its children, tallest child]
@@ -560,6 +576,10 @@ def check_result(
                     "loading (a caller that later calls it would run code)",
                     (forbidden[key],),
                 )
+            if key in bare and key not in created:
+                if frame[2] < 1:
+                    frame[2] = 1
+                continue
             if not (kind in _CONTAINERS or key in created or _is_plain_instance(child)):
                 continue
             known = height.get(key)

@@ -10,6 +10,7 @@ bytes the file holds; hooks must be empty; attribute state is plain names only.
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Any, Callable
 
 from .._text import short
@@ -38,6 +39,7 @@ class Tensors:
     def __init__(self) -> None:
         self._storages: dict[int, Any] = {}
         self._tensors: dict[int, Any] = {}
+        self._dressed: set[int] = set()  # tensors given Python attributes
 
     def add_storage(self, storage: Any) -> Any:
         self._storages[id(storage)] = storage
@@ -56,6 +58,10 @@ class Tensors:
         if self._tensors.get(id(value)) is not value:
             raise CheckpointError(f"{what}: data is {short(value)}, not a tensor of this file")
         return value
+
+    def bare(self) -> dict[int, Any]:
+        """The tensors this load made without Python attributes: nothing in them to walk."""
+        return {key: t for key, t in self._tensors.items() if key not in self._dressed}
 
 
 def _ints(value: Any, what: str, name: str) -> tuple[int, ...]:
@@ -102,6 +108,7 @@ def _hooks_empty(hooks: Any, what: str) -> None:
         )
 
 
+@functools.cache
 def _item_size(dtype: Any) -> int:
     return int(_torch().empty((), dtype=dtype).element_size())
 
@@ -138,8 +145,9 @@ def _rebuild(
         if not all(type(v) is bool for v in metadata.values()):
             raise CheckpointError(f"{what}: tensor metadata values must be bools")
         torch._C._set_tensor_metadata(tensor, metadata)
-    if hooks is not None:
-        tensor._backward_hooks = collections.OrderedDict()
+    # the file's (empty) hooks are not kept: the tensor has None, like any new tensor
+    # (torch.load sets an empty dict for old callers; register_hook makes one when needed,
+    # and an empty one costs a dict and an autograd pre-hook per tensor)
     return tensors.add_tensor(tensor)
 
 
@@ -191,7 +199,7 @@ def rebuild_meta(tensors: Tensors, args: tuple[Any, ...]) -> Any:
     return tensors.add_tensor(tensor)
 
 
-def set_plain_attributes(obj: Any, state: Any, what: str) -> None:
+def set_plain_attributes(tensors: Tensors, obj: Any, state: Any, what: str) -> None:
     """Python attributes saved with a tensor/Parameter: plain names not defined by torch."""
     if type(state) is tuple and len(state) == 2:
         if state[1]:
@@ -199,6 +207,7 @@ def set_plain_attributes(obj: Any, state: Any, what: str) -> None:
         state = state[0]
     if state is None:
         return
+    tensors._dressed.add(id(obj))
     if type(state) not in (dict, collections.OrderedDict):
         raise CheckpointError(f"{what}: attribute state is {short(state)}")
     for key in state:
@@ -227,7 +236,7 @@ def rebuild_parameter_with_state(tensors: Tensors, args: tuple[Any, ...]) -> Any
     if len(args) != 4:
         raise bad(what, args)
     param = rebuild_parameter(tensors, args[:3])
-    set_plain_attributes(param, args[3], what)
+    set_plain_attributes(tensors, param, args[3], what)
     return param
 
 
@@ -263,7 +272,7 @@ def rebuild_from_type_v2(
     tensor = rebuild(tensors, inner_args)
     if type(tensor) is not new_type:
         tensor = tensors.add_tensor(tensor.as_subclass(new_type))
-    set_plain_attributes(tensor, state, what)
+    set_plain_attributes(tensors, tensor, state, what)
     return tensor
 
 

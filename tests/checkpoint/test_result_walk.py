@@ -1,0 +1,66 @@
+"""The result walk's shortcut for tensors: only tensors without Python attributes skip it.
+
+``load`` does not enter the tensors it rebuilt without attributes (nothing is inside
+them to walk); a tensor that was given attributes is walked like any object, and a
+skipped tensor still counts as one level of nesting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from checkpoint.corpus import P2, STOP, call, d, empty_od, g, n, t, torch_zip, u
+from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, load
+from compatshim.checkpoint._machine import MAX_NESTING
+from compatshim.checkpoint._safe import check_result
+
+
+def _tensor_with_state(folder: Path, state: bytes) -> Path:
+    storage = t(u("storage"), g("torch", "FloatStorage"), u("0"), u("cpu"), n(1)) + b"Q"
+    inner = t(storage, n(0), t(n(1)), t(n(1)), b"\x89", empty_od())
+    args = (g("torch._utils", "_rebuild_tensor_v2"), g("torch", "Tensor"), inner, state)
+    body = call(g("torch._tensor", "_rebuild_from_type_v2"), *args)
+    return torch_zip(folder / "c.pt", P2 + d((u("t"), body)) + STOP, {"data/0": b"\0" * 4})
+
+
+def test_attributes_of_a_tensor_are_still_walked_for_forbidden_values(tmp_path: Path) -> None:
+    state = d((u("f"), g("torch._utils", "_rebuild_tensor_v2")))
+    with pytest.raises(UnsafeCheckpointError, match="as a value"):
+        load(_tensor_with_state(tmp_path, state))
+
+
+def test_attributes_of_a_tensor_are_still_walked_for_depth(tmp_path: Path) -> None:
+    depth = MAX_NESTING + 5
+    deep = b"]" * depth + b"a" * (depth - 1)  # lists nested ``depth`` levels
+    with pytest.raises(CheckpointError, match="nested deeper"):
+        load(_tensor_with_state(tmp_path, d((u("deep"), deep))))
+
+
+def test_tensor_attributes_load(tmp_path: Path) -> None:
+    loaded = load(_tensor_with_state(tmp_path, d((u("note"), u("kept")))))
+    assert loaded["t"].note == "kept"
+
+
+def _nested(levels: int, leaf: Any) -> Any:
+    value = leaf
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("levels", [3, 4, 5])
+def test_a_skipped_tensor_counts_one_level_as_a_walked_one_does(levels: int) -> None:
+    tensor = torch.zeros(1)
+    value = _nested(levels, tensor)
+    verdicts = []
+    for bare in (None, {id(tensor): tensor}):
+        try:
+            check_result(value, "x", bare=bare, limit=5)
+            verdicts.append("ok")
+        except CheckpointError:
+            verdicts.append("deep")
+    assert verdicts[0] == verdicts[1] == ("ok" if levels + 1 <= 5 else "deep")
