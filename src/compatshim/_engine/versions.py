@@ -18,17 +18,32 @@ def _normalise(name: str) -> str:
     return name.lower().replace("-", "_").replace(".", "_")
 
 
+_scanned: tuple[tuple[str, ...], dict[str, str]] | None = None  # (sys.path, name -> version)
+
+
 def _from_dist_info(distribution: str) -> str | None:
     """The version in a ``<name>-<version>.dist-info`` folder on ``sys.path``, if any.
 
     Hooks run in the middle of a framework's own import, where importing
     ``importlib.metadata`` costs ~10 ms; the folder name carries the same fact.
+    One listing of ``sys.path`` answers for every distribution (the first entry
+    holding it wins, as for imports) until ``sys.path`` changes.
     """
-    import os
+    global _scanned
     import sys
 
-    wanted = _normalise(distribution)
-    for entry in list(sys.path):
+    path = tuple(p if isinstance(p, str) else "" for p in sys.path)
+    scanned = _scanned
+    if scanned is None or scanned[0] != path:
+        scanned = _scanned = (path, _scan(path))
+    return scanned[1].get(_normalise(distribution))
+
+
+def _scan(path: tuple[str, ...]) -> dict[str, str]:
+    import os
+
+    found: dict[str, str] = {}
+    for entry in path:
         try:
             names = os.listdir(entry or ".")
         except (OSError, TypeError, ValueError):
@@ -36,9 +51,9 @@ def _from_dist_info(distribution: str) -> str | None:
         for name in names:
             if name.endswith(".dist-info"):
                 project, _, version = name[: -len(".dist-info")].partition("-")
-                if version and _normalise(project) == wanted:
-                    return version
-    return None
+                if version:
+                    found.setdefault(_normalise(project), version)
+    return found
 
 
 def _from_metadata(distribution: str) -> str | None:
