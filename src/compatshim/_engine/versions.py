@@ -105,9 +105,23 @@ _COMPARE = {
 }
 
 
+_answers: dict[tuple[str, str], bool | None] = {}  # (specifier, version) -> _simple_contains
+
+
 def _simple_contains(specifier: str, version: str) -> bool | None:
     """PEP 440 containment for a final release and clauses like ``>=2.1,<2.16``, without
-    importing ``packaging`` (~13 ms inside a framework's import); None: ask ``packaging``."""
+    importing ``packaging`` (~13 ms inside a framework's import); None: ask ``packaging``.
+
+    Memoised: the alias table asks the same few questions for every entry of a module."""
+    key = (specifier, version)
+    try:
+        return _answers[key]
+    except KeyError:
+        answer = _answers[key] = _contains_release(specifier, version)
+        return answer
+
+
+def _contains_release(specifier: str, version: str) -> bool | None:
     release = _release(version)
     if release is None:
         return None
