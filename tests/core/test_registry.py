@@ -432,6 +432,22 @@ def test_fast_version_lookup_agrees_with_importlib_metadata(name: str) -> None:
     assert _from_dist_info(name) == expected
 
 
+def test_one_listing_answers_until_sys_path_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from importlib import metadata
+
+    from compatshim._engine.versions import _from_dist_info
+
+    real = metadata.version("packaging")
+    assert _from_dist_info("packaging") == real
+    (tmp_path / "packaging-999.0.dist-info").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))  # first on the path wins, as for imports
+    assert _from_dist_info("packaging") == "999.0"
+    monkeypatch.undo()
+    assert _from_dist_info("packaging") == real
+
+
 _RELEASE = st.lists(st.integers(0, 30), min_size=1, max_size=4).map(
     lambda parts: ".".join(map(str, parts))
 )

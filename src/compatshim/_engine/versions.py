@@ -18,7 +18,7 @@ def _normalise(name: str) -> str:
     return name.lower().replace("-", "_").replace(".", "_")
 
 
-_scanned: tuple[tuple[str, ...], dict[str, str]] | None = None  # (sys.path, name -> version)
+_scanned: tuple[tuple[object, ...], dict[str, str]] | None = None  # (sys.path, name -> version)
 
 
 def _from_dist_info(distribution: str) -> str | None:
@@ -32,20 +32,20 @@ def _from_dist_info(distribution: str) -> str | None:
     global _scanned
     import sys
 
-    path = tuple(p if isinstance(p, str) else "" for p in sys.path)
+    path = tuple(sys.path)
     scanned = _scanned
     if scanned is None or scanned[0] != path:
         scanned = _scanned = (path, _scan(path))
     return scanned[1].get(_normalise(distribution))
 
 
-def _scan(path: tuple[str, ...]) -> dict[str, str]:
+def _scan(path: tuple[object, ...]) -> dict[str, str]:
     import os
 
     found: dict[str, str] = {}
     for entry in path:
         try:
-            names = os.listdir(entry or ".")
+            names = os.listdir(os.fsdecode(entry) or ".")  # type: ignore[arg-type]
         except (OSError, TypeError, ValueError):
             continue
         for name in names:
