@@ -1,15 +1,25 @@
 """Import overhead: ``import compatshim.auto`` over a bare interpreter, and ``import torch``
 with compatshim's post-import hooks armed vs not.
 
-Goals (issue 2): auto adds < 5 ms and imports no framework; ``import torch`` with
-hooks armed is <= 1.02x of unarmed. Each sample is a fresh interpreter; the
-contenders alternate so machine noise hits both alike. The import time itself is
-measured inside the child with ``perf_counter`` so interpreter start-up noise
-does not drown a millisecond-sized difference.
+Goals (issue 18): ``import compatshim.auto`` takes < 5 ms and imports no framework;
+an armed ``import torch`` adds <= 5 ms over a plain one. Measured as an installed
+wheel runs: compatshim's bytecode is compiled first, and the children may write
+bytecode (``PYTHONDONTWRITEBYTECODE`` is dropped), so no sample compiles source.
+
+Each sample is a fresh interpreter; the contenders alternate so machine noise
+hits both alike. Times are taken inside the child, as CPU time
+(``time.process_time``: what the import costs this process, unaffected by other
+jobs on a shared machine) and wall time (``perf_counter``: inflated whenever the
+machine is busy). A whole ``import torch`` (~1-2 s) varies by more than 5 ms
+between interpreters, so the armed/plain difference of whole imports is shown
+for context only; the goal is judged on the time spent inside compatshim's hooks
+during ``import torch``, measured in-process (probe, fix and confirmation of
+every patch whose target torch imports).
 """
 
 from __future__ import annotations
 
+import compileall
 import json
 import os
 import subprocess
@@ -19,30 +29,15 @@ from _common import median, table
 
 CHILD = r"""
 import sys, time, json
-t0 = time.perf_counter()
+c0, t0 = time.process_time(), time.perf_counter()
 {armed}
-t1 = time.perf_counter()
+c1, t1 = time.process_time(), time.perf_counter()
 {target}
-t2 = time.perf_counter()
-print(json.dumps({{"auto": t1 - t0, "target": t2 - t1,
+c2, t2 = time.process_time(), time.perf_counter()
+print(json.dumps({{"auto_cpu": c1 - c0, "auto_wall": t1 - t0,
+                   "target_cpu": c2 - c1, "target_wall": t2 - t1,
                    "torch_loaded_by_auto": {torch_check}}}))
 """
-
-
-def _child(armed: bool, target: str) -> dict[str, float]:
-    code = CHILD.format(
-        armed="import compatshim.auto" if armed else "pass",
-        target=target,
-        torch_check="False" if target else "'torch' in sys.modules",
-    )
-    env = dict(os.environ)
-    env.pop("COMPATSHIM_AUTO", None)
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
-    )
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
-
 
 HOOK_SHARE = r"""
 import json, time
@@ -50,74 +45,120 @@ from compatshim._engine import registry
 original = registry._on_import
 spent = []
 def timed(*args):
-    start = time.perf_counter()
+    cpu, wall = time.process_time(), time.perf_counter()
     original(*args)
-    spent.append(time.perf_counter() - start)
+    spent.append((time.process_time() - cpu, time.perf_counter() - wall))
 registry._on_import = timed
 import compatshim.auto
-start = time.perf_counter()
+before = len(spent)  # hooks run by install() itself belong to the auto import
+cpu, wall = time.process_time(), time.perf_counter()
 import torch
-print(json.dumps({"hooks": sum(spent), "total": time.perf_counter() - start}))
+total_cpu, total_wall = time.process_time() - cpu, time.perf_counter() - wall
+inside = spent[before:]
+print(json.dumps({"hooks_cpu": sum(c for c, _ in inside), "hooks_wall": sum(w for _, w in inside),
+                  "total_cpu": total_cpu, "total_wall": total_wall, "hooks": len(inside)}))
 """
 
 
-def _hook_share() -> dict[str, float]:
-    """Time spent inside compatshim's hooks during ``import torch``, measured in-process."""
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPATSHIM_")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def _compile() -> str:
+    """Compile compatshim's bytecode, as pip does when it installs the wheel."""
     out = subprocess.run(
-        [sys.executable, "-c", HOOK_SHARE], capture_output=True, text=True, check=True
+        [
+            sys.executable,
+            "-c",
+            "import compatshim, os; print(os.path.dirname(compatshim.__file__))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=_env(),
+    )
+    package = out.stdout.strip()
+    compileall.compile_dir(package, quiet=1)
+    return package
+
+
+def _run(code: str) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=_env()
     )
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
 
+def _child(armed: bool, target: str) -> dict[str, float]:
+    return _run(
+        CHILD.format(
+            armed="import compatshim.auto" if armed else "pass",
+            target=target,
+            torch_check="False" if target else "'torch' in sys.modules",
+        )
+    )
+
+
+def _ms(values: list[float]) -> str:
+    return f"{median(values) * 1e3:.2f} ms"
+
+
 def main(repeats: int = 25) -> dict[str, float]:
-    auto = [_child(True, "")["auto"] for _ in range(repeats)]
-    leaked = _child(True, "")["torch_loaded_by_auto"]
+    _compile()
+    _child(True, "")  # warm the file cache once
+    auto = [_child(True, "") for _ in range(repeats)]
+    leaked = any(sample["torch_loaded_by_auto"] for sample in auto)
     has_torch = (
         subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
     )
-    torch_plain: list[float] = []
-    torch_armed: list[float] = []
-    if has_torch:
-        for _ in range(repeats):
-            torch_plain.append(_child(False, "import torch")["target"])
-            torch_armed.append(_child(True, "import torch")["target"])
+    auto_cpu = [s["auto_cpu"] for s in auto]
     rows = [
         [
             "`import compatshim.auto` (added to a bare interpreter)",
-            f"{median(auto) * 1e3:.2f} ms",
-            "goal < 5 ms",
-            f"torch imported: {bool(leaked)}",
+            f"{_ms(auto_cpu)} CPU",
+            "< 5 ms",
+            f"wall {_ms([s['auto_wall'] for s in auto])}; torch imported: {leaked}",
         ]
     ]
-    ratios = {"auto_import_ms": median(auto) * 1e3}
+    figures = {"auto_import_cpu_ms": median(auto_cpu) * 1e3}
     if has_torch:
-        ratio = median(torch_armed) / median(torch_plain)
-        ratios["import_torch_armed_ratio"] = ratio
-        rows.append(
-            [
-                "`import torch`, hooks armed / not armed",
-                f"{ratio:.3f}x",
-                "goal <= 1.02x",
-                f"medians {median(torch_armed) * 1e3:.0f} ms / {median(torch_plain) * 1e3:.0f} ms"
-                " (whole-import noise here is a few %)",
-            ]
-        )
-        shares = [_hook_share() for _ in range(5)]
-        hook_ms = median([s["hooks"] for s in shares]) * 1e3
-        share = median([s["hooks"] / s["total"] for s in shares])
-        ratios["hook_share_of_import_torch"] = share
+        plain: list[dict[str, float]] = []
+        armed: list[dict[str, float]] = []
+        for _ in range(repeats):
+            plain.append(_child(False, "import torch"))
+            armed.append(_child(True, "import torch"))
+        shares = [_run(HOOK_SHARE) for _ in range(repeats)]
+        hooks_cpu = [s["hooks_cpu"] for s in shares]
+        figures["hooks_in_import_torch_cpu_ms"] = median(hooks_cpu) * 1e3
+        plain_cpu = median([s["target_cpu"] for s in plain])
+        armed_cpu = median([s["target_cpu"] for s in armed])
+        figures["import_torch_armed_ratio_cpu"] = armed_cpu / plain_cpu
         rows.append(
             [
                 "time inside compatshim's hooks during `import torch`",
-                f"{hook_ms:.1f} ms",
+                f"{_ms(hooks_cpu)} CPU",
+                "<= 5 ms added",
+                f"wall {_ms([s['hooks_wall'] for s in shares])}; "
+                f"{median([s['hooks'] for s in shares]):.0f} hooks (probe, fix, confirmation), "
+                f"{median([s['hooks_cpu'] / s['total_cpu'] for s in shares]):.2%} of the import",
+            ]
+        )
+        rows.append(
+            [
+                "whole `import torch`, armed / plain (context: noise-bound)",
+                f"{armed_cpu / plain_cpu:.3f}x CPU",
                 "",
-                f"{share:.1%} of the import (probe + fix + confirm, measured in-process)",
+                f"CPU medians {armed_cpu * 1e3:.0f} ms / {plain_cpu * 1e3:.0f} ms; wall medians "
+                f"{median([s['target_wall'] for s in armed]) * 1e3:.0f} ms / "
+                f"{median([s['target_wall'] for s in plain]) * 1e3:.0f} ms",
             ]
         )
     print(f"### Import overhead ({repeats} fresh interpreters each, medians)\n")
     print(table(["measure", "result", "goal", "detail"], rows))
-    return ratios
+    return figures
 
 
 if __name__ == "__main__":

@@ -73,6 +73,24 @@ def test_install_twice_wraps_once_and_uninstall_restores(installed: Any) -> None
 
 
 @needs_default
+def test_confirm_checks_both_names_are_the_wrapper(installed: Any) -> None:
+    assert patch.confirm(torch)
+    original = torch.serialization.load.__compatshim_original__
+    torch.serialization.load = original  # something put torch's own back on one name
+    try:
+        assert not patch.confirm(torch)
+    finally:
+        torch.serialization.load = torch.load
+
+
+@needs_default
+def test_status_confirms_end_to_end_through_the_probe(installed: Any) -> None:
+    (row,) = [r for r in installed.status() if r.name == PATCH]
+    assert row.applied and row.fixed is True
+    assert any("confirmed (torch, by the probe)" in line for line in row.decisions), row.decisions
+
+
+@needs_default
 def test_the_probe_through_the_wrapper_is_named_in_the_decisions(installed: Any) -> None:
     assert patch.probe(torch) is False  # fixed: the wrapper's retry loads the probe checkpoint
     (line, *_) = reversed(_retries())

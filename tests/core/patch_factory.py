@@ -19,6 +19,7 @@ def make_patch(
     tested: str = ">=1",
     distribution: str = "packaging",
     target_distributions: dict[str, str] | None = None,
+    confirm: Callable[[ModuleType], bool] | None = None,
 ) -> Patch:
     return Patch(
         name=name,
@@ -28,6 +29,7 @@ def make_patch(
         targets=targets,
         probe=probe,
         apply=apply,
+        confirm=confirm,
         description="test patch",
         target_distributions=target_distributions,
     )

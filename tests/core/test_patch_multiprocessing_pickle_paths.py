@@ -92,6 +92,18 @@ def test_status_row_says_applied_and_fixed(armed: None) -> None:
     row = next(s for s in compatshim.status() if s.name == PATCH)
     assert row.applied and row.fixed, row
     assert row.distribution == "python"
+    assert any("confirmed" in line for line in row.decisions), row.decisions  # by the probe
+
+
+def test_confirm_checks_that_the_wrapper_is_in_place() -> None:
+    from compatshim.patches import multiprocessing_pickle_paths as patch
+
+    compatshim.uninstall([PATCH])
+    assert not patch.confirm(multiprocessing.reduction)
+    compatshim.install(include=[PATCH])
+    assert patch.confirm(multiprocessing.reduction)
+    compatshim.uninstall([PATCH])
+    assert not patch.confirm(multiprocessing.reduction)
 
 
 class GroupDataset(Dataset):  # type: ignore[type-arg]

@@ -8,6 +8,8 @@ compatshim's mechanism, not a framework; the framework patches have their own te
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -147,6 +149,87 @@ def test_probe_decides_when_defect_absent(target_dir: Path, patch_name: str) -> 
     assert row["defect"] == "absent" and not row["applied"]
 
 
+class _CountedProbe:
+    """``_probe``, counting its calls; ``fixes=False``: the fix never satisfies it."""
+
+    def __init__(self, fixes: bool = True) -> None:
+        self.calls = 0
+        self.fixes = fixes
+
+    def __call__(self, module: ModuleType) -> bool:
+        self.calls += 1
+        return _probe(module) or not self.fixes
+
+
+def _in_place(module: ModuleType) -> bool:
+    return module.Thing.__dict__.get("method") is _fixed_method
+
+
+def test_a_patch_check_confirms_at_import_and_the_probe_when_status_asks(
+    target_dir: Path,
+) -> None:
+    """A patch whose probe is costly through its fix gives ``confirm``: only that runs inside
+    the import; the probe runs once, when ``status()`` first asks, and decides ``fixed``."""
+    probe = _CountedProbe()
+    name = "test-confirm-later"
+    registry.register(make_patch(name, (TARGET,), probe, _apply, confirm=_in_place))
+    try:
+        compatshim.install(include=[name])
+        module = importlib.import_module(TARGET)
+        assert module.Thing().method() == "fixed"
+        assert probe.calls == 1  # the decision only: no second probe inside the import
+        row = _row(name)
+        assert row["applied"] and row["fixed"] is True and probe.calls == 2
+        assert any("confirmed" in line for line in row["decisions"]), row["decisions"]
+        _row(name)
+        assert probe.calls == 2  # confirmed once
+    finally:
+        registry.unregister(name)
+
+
+def test_the_probe_decides_fixed_over_the_patch_check(target_dir: Path) -> None:
+    probe = _CountedProbe(fixes=False)
+    name = "test-confirm-disagrees"
+    registry.register(make_patch(name, (TARGET,), probe, _apply, confirm=_in_place))
+    try:
+        compatshim.install(include=[name])
+        importlib.import_module(TARGET)
+        with pytest.warns(RuntimeWarning, match="probe still finds the defect"):
+            row = _row(name)
+        assert row["applied"] and row["fixed"] is False
+    finally:
+        registry.unregister(name)
+
+
+def test_a_failing_patch_check_warns_inside_the_import(target_dir: Path) -> None:
+    probe = _CountedProbe()
+    name = "test-confirm-fails"
+    registry.register(make_patch(name, (TARGET,), probe, _apply, confirm=lambda m: False))
+    try:
+        compatshim.install(include=[name])
+        with pytest.warns(RuntimeWarning, match="changes are not in place"):
+            importlib.import_module(TARGET)
+        row = _row(name)
+        assert row["applied"] and row["fixed"] is False and probe.calls == 1
+    finally:
+        registry.unregister(name)
+
+
+def test_uninstalled_before_status_is_never_confirmed(target_dir: Path) -> None:
+    probe = _CountedProbe()
+    name = "test-confirm-uninstalled"
+    registry.register(make_patch(name, (TARGET,), probe, _apply, confirm=_in_place))
+    try:
+        compatshim.install(include=[name])
+        module = importlib.import_module(TARGET)
+        compatshim.uninstall([name])
+        row = _row(name)
+        assert not row["applied"] and row["fixed"] is None and probe.calls == 1
+        assert module.Thing().method() == "broken"
+    finally:
+        registry.unregister(name)
+
+
 def test_version_below_range_is_left_alone(target_dir: Path) -> None:
     name = "test-below-range"
     registry.register(_make_patch(name, requires=">=999"))
@@ -263,6 +346,7 @@ def test_the_catalogue_declares_each_patch_once() -> None:
         module = importlib.import_module(patch.fix_module)
         assert callable(module.probe) and callable(module.apply), patch.fix_module
         assert patch.probe is module.probe and patch.apply is module.apply
+        assert patch.confirm is getattr(module, "confirm", None), patch.fix_module
         assert not hasattr(module, "PATCH"), patch.fix_module
 
 
@@ -278,6 +362,39 @@ def test_start_up_path_imports_nothing_heavy() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_armed_import_torch_leaves_the_loaders_and_pickling_helpers_unimported() -> None:
+    """Inside an armed ``import torch`` the patches decide and apply, but what their fixes
+    use only later (compatshim's checkpoint loader, ``find_unpicklable``) stays unimported
+    until ``status()`` asks for the end-to-end confirmation (issue 18: start-up cost)."""
+    pytest.importorskip("torch")
+    code = textwrap.dedent(
+        """
+        import json, sys
+        import compatshim.auto
+        import torch, compatshim
+        late = ("compatshim.checkpoint", "compatshim.pickling")
+        inside = sorted(m for m in sys.modules if m.startswith(late))
+        rows = {r.name: r for r in compatshim.status()}
+        print(json.dumps({"inside": inside,
+                          "rows": {n: [r.applied, r.fixed] for n, r in rows.items()}}))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPATSHIM_")}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["inside"] == [], result
+    for name in ("torch-load-safe-globals", "multiprocessing-pickle-paths"):
+        applied, fixed = result["rows"][name]
+        assert not applied or fixed is True, (name, result)
 
 
 def test_target_distribution_gates_that_target(target_dir: Path) -> None:
@@ -313,6 +430,22 @@ def test_fast_version_lookup_agrees_with_importlib_metadata(name: str) -> None:
     except metadata.PackageNotFoundError:
         expected = None
     assert _from_dist_info(name) == expected
+
+
+def test_one_listing_answers_until_sys_path_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from importlib import metadata
+
+    from compatshim._engine.versions import _from_dist_info
+
+    real = metadata.version("packaging")
+    assert _from_dist_info("packaging") == real
+    (tmp_path / "packaging-999.0.dist-info").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))  # first on the path wins, as for imports
+    assert _from_dist_info("packaging") == "999.0"
+    monkeypatch.undo()
+    assert _from_dist_info("packaging") == real
 
 
 _RELEASE = st.lists(st.integers(0, 30), min_size=1, max_size=4).map(

@@ -44,10 +44,16 @@ _executing: set[str] = set()  # modules whose body runs under a hooked loader ri
 _finding = _local()
 
 
-def _chain(name: str) -> list[str]:
-    """``a.b.c`` -> ``["a", "a.b", "a.b.c"]``."""
-    parts = name.split(".")
-    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+_chains: dict[str, tuple[str, ...]] = {}
+
+
+def _chain(name: str) -> tuple[str, ...]:
+    """``a.b.c`` -> ``("a", "a.b", "a.b.c")`` (memoised: asked after every hooked import)."""
+    chain = _chains.get(name)
+    if chain is None:
+        parts = name.split(".")
+        chain = _chains[name] = tuple(".".join(parts[: i + 1]) for i in range(len(parts)))
+    return chain
 
 
 def _initialising(module: object) -> bool:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     Probe = Callable[[ModuleType], bool]
     Apply = Callable[[ModuleType, Patcher], None]
+    Confirm = Callable[[ModuleType], bool]
 
 
 class Patch:
@@ -29,6 +30,13 @@ class Patch:
     ``apply(module, patcher)`` makes every change through ``patcher`` so that
     revert is exact. Both are called once per target module, after the module
     and its parent packages have finished importing.
+
+    After ``apply`` the registry confirms the fix by probing again. A fix module
+    whose probe is costly through the fix (it would import much of compatshim
+    inside the user's import) may also define ``confirm(module)``: a cheap check
+    that its changes are in place, run at once instead; the probe then confirms
+    the fix end to end the first time ``status()`` (or the doctor) asks, and
+    that is what ``status().fixed`` reports.
 
     Versions say two different things, so they are two arguments:
 
@@ -44,6 +52,8 @@ class Patch:
 
     __slots__ = (
         "_apply",
+        "_confirm",
+        "_loaded",
         "_probe",
         "description",
         "distribution",
@@ -66,6 +76,7 @@ class Patch:
         description: str,
         probe: Probe | None = None,
         apply: Apply | None = None,
+        confirm: Confirm | None = None,
         target_distributions: dict[str, str] | None = None,
     ) -> None:
         if isinstance(targets, str) or not targets:
@@ -77,6 +88,8 @@ class Patch:
         self.targets = tuple(targets)
         self._probe = probe
         self._apply = apply
+        self._confirm = confirm
+        self._loaded = probe is not None and apply is not None  # given: no fix module to read
         self.fix_module = "compatshim.patches." + name.replace("-", "_")
         self.description = description
         self.target_distributions = dict(target_distributions or {})
@@ -95,11 +108,20 @@ class Patch:
         assert self._apply is not None
         return self._apply
 
+    @property
+    def confirm(self) -> Confirm | None:
+        """The fix module's cheap post-apply check, or None: the probe confirms at once."""
+        if not self._loaded:
+            self._load_fix()
+        return self._confirm
+
     def _load_fix(self) -> None:
         """Import the fix module (inside a hook, whose errors the registry reports)."""
         # __import__ with a fromlist returns the submodule without importing importlib
         module = __import__(self.fix_module, fromlist=("probe", "apply"))
         self._probe, self._apply = module.probe, module.apply
+        self._confirm = getattr(module, "confirm", None)
+        self._loaded = True
 
     def distribution_for(self, target: str) -> str:
         return self.target_distributions.get(target, self.distribution)

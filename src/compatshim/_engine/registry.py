@@ -6,7 +6,9 @@ code and no framework is imported. When a
 target module and its parent packages have finished importing, the hook reads
 the installed version from metadata, runs the patch's probe against the live
 module, applies the fix only when the defect is really there, and probes again
-to confirm it.
+to confirm it (a patch whose probe is costly through its fix checks its changes
+cheaply instead, and the probe confirms it when ``status()`` first asks:
+:class:`~compatshim._engine.patch.Patch`).
 
 Promises, and how they are kept:
 
@@ -57,6 +59,7 @@ class _State:
         self.applied_targets: list[str] = []
         self.defect: dict[str, bool] = {}  # target -> present before the fix
         self.fixed: dict[str, bool] = {}  # target -> probe passes after the fix
+        self.unconfirmed: dict[str, ModuleType] = {}  # target -> module its probe is yet to pass
         self.position: Position | None = None
         self.version_note: str | None = None
         self.error: str | None = None
@@ -71,6 +74,7 @@ class _State:
         self.applied_targets.clear()
         self.defect.clear()
         self.fixed.clear()
+        self.unconfirmed.clear()
         self.error = None
 
 
@@ -82,6 +86,8 @@ class _Outcome:
         self.version_note: str | None = None
         self.defect: bool | None = None
         self.fixed: bool | None = None
+        self.checked = False  # the patch's own check ran after apply, not its probe
+        self.unconfirmed = False  # fixed by that check; the probe is yet to run
         self.patcher: Patcher | None = None
         self.error: str | None = None
         self.race: str | None = None  # the half-built module the error met (another import)
@@ -216,7 +222,13 @@ def _decide(patch: Patch, target: str, module: ModuleType, *, apply: bool = True
     patcher = Patcher()
     try:
         patch.apply(module, patcher)
-        outcome.fixed = not patch.probe(module)
+        confirm = patch.confirm
+        if confirm is None:
+            outcome.fixed = not patch.probe(module)
+        else:  # cheap now; the probe confirms it end to end when status() asks
+            outcome.checked = True
+            outcome.fixed = bool(confirm(module))
+            outcome.unconfirmed = outcome.fixed
     except Exception as exc:
         failure: BaseException = exc
         try:
@@ -276,13 +288,13 @@ def _on_import(state: _State, target: str, module: ModuleType) -> None:
             state.workers.remove(get_ident())
             current = state.armed and state.generation == generation
             if current:
-                _record(state, target, outcome)
+                _record(state, target, outcome, module)
     if not current and outcome.patcher is not None:
         outcome.patcher.revert()  # uninstalled while this hook worked
     _report(state.name, target, outcome, applied=current)
 
 
-def _record(state: _State, target: str, outcome: _Outcome) -> None:
+def _record(state: _State, target: str, outcome: _Outcome, module: ModuleType | None) -> None:
     state.position = outcome.position
     state.version_note = outcome.version_note
     if outcome.error is not None:
@@ -293,6 +305,8 @@ def _record(state: _State, target: str, outcome: _Outcome) -> None:
         state.patcher.on_revert(outcome.patcher.revert)
         state.applied_targets.append(target)
         state.fixed[target] = bool(outcome.fixed)
+        if outcome.unconfirmed and module is not None:
+            state.unconfirmed[target] = module
 
 
 def _report(name: str, target: str, outcome: _Outcome, *, applied: bool) -> None:
@@ -307,14 +321,58 @@ def _report(name: str, target: str, outcome: _Outcome, *, applied: bool) -> None
         decisions.record(name, "defect absent", target)
     elif outcome.patcher is not None and applied:
         note = "" if outcome.position == "tested" else f"; {outcome.version_note or 'untested'}"
+        if outcome.unconfirmed:
+            note = f"; changes in place, the probe confirms on status(){note}"
         decisions.record(name, "applied", f"{target}, fixed={outcome.fixed}{note}")
         if not outcome.fixed:
+            _warn_unfixed(name, target, "its changes are not in place" if outcome.checked else "")
+
+
+def _warn_unfixed(name: str, target: str, why: str = "") -> None:
+    decisions.warn_once(
+        "registry",
+        f"{name}:unfixed",
+        f"compatshim: patch {name!r} applied to {target} but "
+        f"{why or 'its probe still finds the defect'}",
+    )
+
+
+def _confirm(states: list[_State]) -> None:
+    """Run the probe, through the fix, for targets a patch's own check confirmed at import.
+
+    Same guards as a hook: outside the lock, never raises; a probe that meets
+    another thread's half-built import leaves the target to the next call.
+    """
+    with _lock:
+        work = [
+            (state, target, module, state.generation)
+            for state in states
+            if state.armed
+            for target, module in state.unconfirmed.items()
+        ]
+    for state, target, module, generation in work:
+        error = None
+        try:
+            fixed = not state.patch.probe(module)
+        except Exception as exc:
+            if import_hooks.half_built(exc) is not None:
+                continue
+            fixed, error = False, f"probe failed on {target} after the fix: {_describe(exc)}"
+        with _lock:
+            if state.generation != generation or state.unconfirmed.pop(target, None) is None:
+                continue  # uninstalled meanwhile, or another thread confirmed it
+            state.fixed[target] = fixed
+            if error is not None:
+                state.error = error
+        decisions.record(
+            state.name, "confirmed" if fixed else "not fixed", f"{target}, by the probe"
+        )
+        if error is not None:
             decisions.warn_once(
-                "registry",
-                f"{name}:unfixed",
-                f"compatshim: patch {name!r} applied to {target} but its probe still finds "
-                "the defect",
+                "registry", f"{state.name}:{error}", f"compatshim: patch {state.name!r} {error}"
             )
+        elif not fixed:
+            _warn_unfixed(state.name, target)
 
 
 # -- public API --------------------------------------------------------------------------------
@@ -418,7 +476,7 @@ def probe_unarmed() -> None:
             outcome = _settled(patch, target, module, apply=False)
             with _lock:
                 if not state.armed:
-                    _record(state, target, outcome)  # never holds a patcher: nothing applied
+                    _record(state, target, outcome, None)  # no patcher: nothing applied
 
 
 def status() -> list[PatchStatus]:
@@ -443,6 +501,7 @@ def _status() -> list[PatchStatus]:
     rows: list[PatchStatus] = []
     with _lock:
         states = list(_states.values())
+    _confirm(states)
     for state in states:
         with _lock:
             rows.append(_status_row(PatchStatus, state, state.name in disabled))

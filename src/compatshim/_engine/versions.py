@@ -18,27 +18,42 @@ def _normalise(name: str) -> str:
     return name.lower().replace("-", "_").replace(".", "_")
 
 
+_scanned: tuple[tuple[object, ...], dict[str, str]] | None = None  # (sys.path, name -> version)
+
+
 def _from_dist_info(distribution: str) -> str | None:
     """The version in a ``<name>-<version>.dist-info`` folder on ``sys.path``, if any.
 
     Hooks run in the middle of a framework's own import, where importing
     ``importlib.metadata`` costs ~10 ms; the folder name carries the same fact.
+    One listing of ``sys.path`` answers for every distribution (the first entry
+    holding it wins, as for imports) until ``sys.path`` changes.
     """
-    import os
+    global _scanned
     import sys
 
-    wanted = _normalise(distribution)
-    for entry in list(sys.path):
+    path = tuple(sys.path)
+    scanned = _scanned
+    if scanned is None or scanned[0] != path:
+        scanned = _scanned = (path, _scan(path))
+    return scanned[1].get(_normalise(distribution))
+
+
+def _scan(path: tuple[object, ...]) -> dict[str, str]:
+    import os
+
+    found: dict[str, str] = {}
+    for entry in path:
         try:
-            names = os.listdir(entry or ".")
+            names = os.listdir(os.fsdecode(entry) or ".")  # type: ignore[arg-type]
         except (OSError, TypeError, ValueError):
             continue
         for name in names:
             if name.endswith(".dist-info"):
                 project, _, version = name[: -len(".dist-info")].partition("-")
-                if version and _normalise(project) == wanted:
-                    return version
-    return None
+                if version:
+                    found.setdefault(_normalise(project), version)
+    return found
 
 
 def _from_metadata(distribution: str) -> str | None:
@@ -90,9 +105,23 @@ _COMPARE = {
 }
 
 
+_answers: dict[tuple[str, str], bool | None] = {}  # (specifier, version) -> _simple_contains
+
+
 def _simple_contains(specifier: str, version: str) -> bool | None:
     """PEP 440 containment for a final release and clauses like ``>=2.1,<2.16``, without
-    importing ``packaging`` (~13 ms inside a framework's import); None: ask ``packaging``."""
+    importing ``packaging`` (~13 ms inside a framework's import); None: ask ``packaging``.
+
+    Memoised: the alias table asks the same few questions for every entry of a module."""
+    key = (specifier, version)
+    try:
+        return _answers[key]
+    except KeyError:
+        answer = _answers[key] = _contains_release(specifier, version)
+        return answer
+
+
+def _contains_release(specifier: str, version: str) -> bool | None:
     release = _release(version)
     if release is None:
         return None

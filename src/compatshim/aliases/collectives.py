@@ -164,7 +164,7 @@ def _accepting_weights_only(original: Any, on_use: Any) -> Any:
     try:  # inspect.signature shows weights_only, as on torch 2.14 (code probes for it)
         import inspect
 
-        signature = inspect.signature(original)
+        signature = _signature(original)
         keyword = inspect.Parameter(
             "weights_only", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=bool
         )
@@ -177,14 +177,25 @@ def _accepting_weights_only(original: Any, on_use: Any) -> Any:
     return collective
 
 
+_signatures: dict[Any, Any] = {}  # function -> its signature (probe and apply both ask)
+
+
+def _signature(function: Any) -> Any:
+    """``inspect.signature(function)``, once per function object."""
+    found = _signatures.get(function)
+    if found is None:
+        import inspect
+
+        found = _signatures[function] = inspect.signature(function)
+    return found
+
+
 def lacks_weights_only(function: Any) -> bool:
     """Whether ``function`` takes no ``weights_only`` (and is not our wrapper)."""
-    import inspect
-
     if getattr(function, "_compatshim_weights_only", False):
         return False
     try:
-        return "weights_only" not in inspect.signature(function).parameters
+        return "weights_only" not in _signature(function).parameters
     except (TypeError, ValueError):
         return False
 

@@ -2,7 +2,9 @@
 
 A row says what the patch is for, which distribution and releases it targets,
 and which modules' import triggers it. Its probe and fix (``probe(module)``,
-``apply(module, patcher)``) live in ``compatshim/patches/<name>.py`` (dashes as
+``apply(module, patcher)``, and optionally ``confirm(module)``, a cheap check
+that the fix is in place where probing through the fix would be costly inside
+the user's import) live in ``compatshim/patches/<name>.py`` (dashes as
 underscores), whose docstring reads top to bottom: what breaks, which versions,
 detection, fix, revert. That module is imported only when a target module is
 imported, so ``install()`` at start-up imports this table and nothing else:

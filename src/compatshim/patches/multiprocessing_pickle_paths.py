@@ -33,6 +33,11 @@ The fix
     ``nuscenes-dict-views``) are separate patches that ``COMPATSHIM_AUTO=1``
     arms in the parent and in every child.
 
+Confirmed
+    Right after the fix, by :func:`confirm` (the wrapper is in place); by the
+    probe, which then imports ``compatshim.pickling``, when ``status()`` or the
+    doctor first asks.
+
 The revert
     The module attribute gets the original function back (Patcher). The
     popen modules look ``reduction.dump`` up at each start, so nothing else
@@ -48,7 +53,7 @@ if TYPE_CHECKING:
 
     from .._engine.patching import Patcher
 
-__all__ = ["apply", "probe"]
+__all__ = ["apply", "confirm", "probe"]
 
 _NAME = "multiprocessing-pickle-paths"
 _MARK = "compatshim: "
@@ -132,6 +137,17 @@ def probe(reduction: ModuleType) -> bool:
     except Exception as exc:
         return "inner.lock" not in " ".join(str(arg) for arg in exc.args)
     return False
+
+
+def confirm(reduction: ModuleType) -> bool:
+    """The fix is in place: ``reduction.dump`` is the wrapper.
+
+    Run right after :func:`apply`; the probe through the wrapper would import
+    ``compatshim.pickling`` inside the user's import. The registry runs the
+    probe when ``status()`` (or the doctor) first asks; that is what ``fixed``
+    reports.
+    """
+    return getattr(vars(reduction).get("dump"), "__compatshim_original__", None) is not None
 
 
 def apply(reduction: ModuleType, patcher: Patcher) -> None:

@@ -20,8 +20,10 @@ Which versions
 
 How it is detected
     The probe saves a small checkpoint holding an ``argparse.Namespace`` (and
-    a numpy array when numpy is already imported) and loads it back with a
-    plain ``torch.load``: the defect is present when torch refuses it. In
+    a numpy array when numpy is already imported; in torch's legacy format,
+    which the same weights-only rule reads and which is cheaper to write inside
+    ``import torch``) and loads it back with a plain ``torch.load``: the defect
+    is present when torch refuses it. In
     hardened mode it is also present while ``torch.load(weights_only=False)``
     accepts a file naming ``builtins.len`` (torch's full unpickler runs).
 
@@ -75,6 +77,12 @@ The fix
     SETITEM into an allow-listed ``AttributeDict``). The retry costs nothing
     on loads torch accepts (measured: bench/bench_torch_load_patch.py) and,
     on a refused load, a second read of the file, once per resume.
+
+Confirmed
+    Right after the fix, by :func:`confirm` (both attributes are the wrapper);
+    end to end, by the probe through the wrapper, when ``status()`` or the
+    doctor first asks (not inside ``import torch``: it loads the probe file
+    with compatshim's loader).
 
 The revert
     Both attributes get the original function object back (Patcher).
@@ -314,9 +322,9 @@ def _skipped_by_warnings(function: Callable[..., Any]) -> None:
 
     code = function.__code__
     name = f"{code.co_filename} (a frame warnings skip, as importlib._bootstrap's)"
-    lines = linecache.getlines(code.co_filename)
-    if lines:
-        linecache.cache[name] = (sum(map(len, lines)), None, lines, name)
+    loader = getattr(__spec__, "loader", None)
+    if hasattr(loader, "get_source"):  # read when a traceback needs it, as linecache.lazycache
+        linecache.cache[name] = (lambda: loader.get_source(__name__),)  # type: ignore[union-attr]
     function.__code__ = code.replace(co_filename=name)
 
 
@@ -350,9 +358,31 @@ def _wrap(original: Callable[..., Any], hardened: bool, torch_checks: bool) -> C
     return load
 
 
+def _saved(torch: ModuleType, payload: Any, name: str) -> Any:
+    """``payload`` as ``torch.save`` writes it, in memory, named ``name``.
+
+    torch's legacy format where this torch still writes it: the zip writer's first
+    use imports and parses torch's serialization config (~1 ms inside ``import
+    torch``), and ``torch.load`` runs the same unpickler, weights-only or not, on
+    both formats. A torch that no longer writes it gets the zip format.
+    """
+    import io
+
+    buffer = io.BytesIO()
+    try:
+        torch.save(payload, buffer, _use_new_zipfile_serialization=False)
+    except TypeError:  # the private switch is gone
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+    buffer.seek(0)
+    # When the registry probes again through the wrapper, it retries and records it:
+    # the decision then names the probe rather than "<_io.BytesIO object at 0x...>".
+    buffer.name = name
+    return buffer
+
+
 def _probe_file() -> Any:
     import argparse
-    import io
     import sys
 
     import torch
@@ -361,13 +391,7 @@ def _probe_file() -> Any:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         payload["numpy"] = numpy.zeros(2)
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)
-    buffer.seek(0)
-    # After apply, the registry probes again through the wrapper, which retries and records it:
-    # the decision then names the probe rather than "<_io.BytesIO object at 0x...>".
-    buffer.name = "the patch's own probe checkpoint"
-    return buffer
+    return _saved(torch, payload, "the patch's own probe checkpoint")
 
 
 def _full_unpickler_runs(torch: ModuleType) -> bool:
@@ -376,15 +400,11 @@ def _full_unpickler_runs(torch: ModuleType) -> bool:
     The probe file names ``builtins.len`` (harmless: nothing is called), which
     neither weights-only loader accepts.
     """
-    import io
     import pickle
 
-    buffer = io.BytesIO()
-    torch.save({"probe": len}, buffer)
-    buffer.seek(0)
-    buffer.name = "the patch's own hardened-mode probe checkpoint"
+    buffer = _saved(torch, {"probe": len}, "the patch's own hardened-mode probe checkpoint")
     try:
-        torch.load(buffer, weights_only=False)
+        torch.load(buffer, weights_only=False, mmap=False)
     except pickle.UnpicklingError:
         return False
     return True
@@ -403,11 +423,25 @@ def probe(torch: ModuleType) -> bool:
         warnings.simplefilter("ignore")  # torch 2.4/2.5 warn about their weights_only=False default
         if _settings.safe_load() and _full_unpickler_runs(torch):
             return True
-        try:
-            torch.load(buffer)
+        try:  # mmap as torch defaults it, given: reading torch's config costs ~1 ms here
+            torch.load(buffer, mmap=False)
         except pickle.UnpicklingError:
             return True
     return False
+
+
+def confirm(torch: ModuleType) -> bool:
+    """The fix is in place: ``torch.load`` and ``torch.serialization.load`` are the wrapper.
+
+    Run right after :func:`apply`, inside the user's ``import torch``: the probe
+    through the wrapper would load its file with compatshim's loader, importing
+    most of ``compatshim.checkpoint``. The registry runs the probe when
+    ``status()`` (or the doctor) first asks; that is what ``fixed`` reports.
+    """
+    from torch import serialization
+
+    loads = [vars(owner).get("load") for owner in (torch, serialization)]
+    return all(getattr(load, "__compatshim_original__", None) is not None for load in loads)
 
 
 def apply(torch: ModuleType, patcher: Patcher) -> None:
