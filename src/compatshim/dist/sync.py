@@ -108,9 +108,8 @@ def _wait_for_all(
     pause = 0.0005
     next_health = start + HEALTH_EVERY
     while True:
-        if meeting.has(keys):
-            found = {r: meeting.read(keys[r], Arrival) for r in range(meeting.world_size)}
-            return {r: arrival for r, arrival in found.items() if arrival is not None}
+        if meeting.has(keys):  # every record is there: read each (a missing one hid a desync)
+            return {r: meeting.get(keys[r], Arrival) for r in range(meeting.world_size)}
         now = time.monotonic()
         if now >= deadline:
             return None
