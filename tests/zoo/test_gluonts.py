@@ -133,7 +133,7 @@ if result["train"]["ok"]:
     result["load_best"] = attempt(load_best)
     poisoned_ckpt = os.path.join(folder, "poisoned.ckpt")
     checkpoint = torch.load(trained["best"], map_location="cpu", weights_only=False)
-    checkpoint["hyper_parameters"]["payload"] = Payload(marker)
+    checkpoint.setdefault("hyper_parameters", {})["payload"] = Payload(marker)  # 0.17: none
     torch.save(checkpoint, poisoned_ckpt)
     result["poisoned_ckpt"] = attempt(
         lambda: {"loaded": torch.load(poisoned_ckpt, map_location="cpu", weights_only=True)
