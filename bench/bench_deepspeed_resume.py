@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -272,9 +273,7 @@ def main() -> dict[str, float]:
         "not the milliseconds; the range is the ratio of the two interpreters run one after "
         "the other in each round."
     )
-    for path in sorted(folder.rglob("*"), reverse=True):
-        path.rmdir() if path.is_dir() else path.unlink()
-    folder.rmdir()
+    shutil.rmtree(folder)
     print(json.dumps(ratios))
     return ratios
 

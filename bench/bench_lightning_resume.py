@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -209,9 +210,7 @@ def main() -> dict[str, float]:
         "jobs ran beside it (load average below), so compare the ratios, not the milliseconds; "
         "the range is the ratio of the two interpreters run one after the other in each round."
     )
-    for path in sorted(folder.rglob("*"), reverse=True):
-        path.rmdir() if path.is_dir() else path.unlink()
-    folder.rmdir()
+    shutil.rmtree(folder)
     print(json.dumps(ratios))
     return ratios
 
