@@ -140,9 +140,8 @@ def child(mode: str, folder: Path, *kinds: str) -> dict[str, object]:
 
 
 def main() -> dict[str, float]:
-    import torch
-
     import lightning
+    import torch
 
     folder = Path(tempfile.mkdtemp(prefix="bench_lightning_resume_"))
     child("save", folder, *KINDS)

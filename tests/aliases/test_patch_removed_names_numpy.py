@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aliases.helpers import run, version_at_least
+from tests.aliases.helpers import run, version_at_least
 
 np = pytest.importorskip("numpy")
 

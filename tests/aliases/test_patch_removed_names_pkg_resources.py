@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from aliases.helpers import (
+from tests.aliases.helpers import (
     ROOT,
     child_env,
     real_module_findable,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aliases.helpers import run
+from tests.aliases.helpers import run
 
 torch = pytest.importorskip("torch")
 
@@ -42,8 +42,8 @@ def test_alias_is_its_target_where_it_applies_and_absent_where_not(name: str) ->
 def test_renamed_collectives_on_four_gloo_ranks_equal_the_old_names() -> None:
     if not torch.distributed.is_available():
         pytest.skip("torch.distributed unavailable")
-    from aliases.dist_workers import through_aliases
-    from harness.dist import run_ranks
+    from tests.aliases.dist_workers import through_aliases
+    from tests.harness.dist import run_ranks
 
     results = run_ranks(through_aliases, world_size=4, timeout=150)
     for rank, out in enumerate(results):
@@ -72,8 +72,8 @@ def test_object_collectives_weights_only_on_four_gloo_ranks() -> None:
     clear error instead of a hang or a pickle error."""
     if not torch.distributed.is_available():
         pytest.skip("torch.distributed unavailable")
-    from aliases.dist_workers import object_collectives
-    from harness.dist import run_ranks
+    from tests.aliases.dist_workers import object_collectives
+    from tests.harness.dist import run_ranks
 
     lacking = (
         "weights_only"

@@ -22,8 +22,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checkpoint.corpus import call, g, u
 from compatshim.checkpoint import CheckpointError, inspect, load
+from tests.checkpoint.corpus import call, g, u
 
 FOLDER = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(".")
 EXAMPLES = int(sys.argv[2]) if len(sys.argv) > 2 else 100

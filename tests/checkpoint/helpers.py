@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 TESTS = pathlib.Path(__file__).resolve().parent.parent
+ROOT = TESTS.parent  # on sys.path of child interpreters: they import tests.checkpoint.*
 
 
 class Box:
@@ -224,7 +225,7 @@ def peak_rss_mb(code: str, timeout: float = 300, flags: tuple[str, ...] = ()) ->
     """Run ``code`` in a fresh interpreter; (its peak RSS in MB, its stdout)."""
     script = textwrap.dedent(code) + "\nimport resource as _r\n"
     script += "print('PEAK', _r.getrusage(_r.RUSAGE_SELF).ru_maxrss / 1024)\n"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
     done = subprocess.run(
         [sys.executable, *flags, "-c", script],
         capture_output=True,

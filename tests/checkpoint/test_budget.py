@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint.corpus import P2, STOP, b, call, g, legacy, n, t, torch_zip, u
+from tests.checkpoint.corpus import P2, STOP, b, call, g, legacy, n, t, torch_zip, u
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 SECONDS = 60

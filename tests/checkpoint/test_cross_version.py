@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint.helpers import digest
 from compatshim.checkpoint import inspect, load
+from tests.checkpoint.helpers import digest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FILES = sorted(p for p in FIXTURES.glob("*/*") if p.suffix in (".pt", ".pkl"))

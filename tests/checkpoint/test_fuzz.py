@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint.helpers import TESTS, peak_rss_mb
+from tests.checkpoint.helpers import ROOT, peak_rss_mb
 
 EXAMPLES = int(os.environ.get("COMPATSHIM_FUZZ_EXAMPLES", "150"))
 
@@ -21,7 +21,7 @@ EXAMPLES = int(os.environ.get("COMPATSHIM_FUZZ_EXAMPLES", "150"))
 @pytest.mark.slow
 def test_mutated_real_files_raise_only_library_errors(tmp_path: Path) -> None:
     baseline, _ = peak_rss_mb("import checkpoint.fuzz_child", timeout=600)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
     done = subprocess.run(
         [sys.executable, "-m", "checkpoint.fuzz_child", str(tmp_path), str(EXAMPLES)],
         capture_output=True,

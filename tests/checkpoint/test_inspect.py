@@ -16,9 +16,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from checkpoint.corpus import Scripted
-from checkpoint.helpers import Box
 from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, inspect, load
+from tests.checkpoint.corpus import Scripted
+from tests.checkpoint.helpers import Box
 
 
 @pytest.fixture
@@ -310,7 +310,7 @@ def test_getattr_reach_is_judged_by_the_rule(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- inspect and load agree
 def _storage_file(folder: Path, kind: bytes, rest: bytes, legacy_file: bool) -> Path:
-    from checkpoint.corpus import P2, STOP, legacy, n, t, torch_zip, u
+    from tests.checkpoint.corpus import P2, STOP, legacy, n, t, torch_zip, u
 
     pid = t(u("storage"), kind, u("0"), u("cpu"), n(1), *((rest,) if legacy_file else ())) + b"Q"
     if legacy_file:

@@ -24,9 +24,9 @@ import pytest
 import torch
 import torch._utils
 
-from checkpoint.corpus import CASES, EXTENSION_CODES, MEMORY, Case
-from checkpoint.helpers import peak_rss_mb
 from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, inspect, load
+from tests.checkpoint.corpus import CASES, EXTENSION_CODES, MEMORY, Case
+from tests.checkpoint.helpers import peak_rss_mb
 
 REBUILDS = [name for name in dir(torch._utils) if name.startswith("_rebuild")]
 NEW_MODULES_ALLOWED = ("numpy", "torch", "compatshim", "encodings.", "argparse", "pathlib")

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import torch
 
-from checkpoint.corpus import P2, STOP, call, d, empty_od, g, n, t, torch_zip, u
 from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, load
 from compatshim.checkpoint._machine import MAX_NESTING
 from compatshim.checkpoint._safe import check_result
+from tests.checkpoint.corpus import P2, STOP, call, d, empty_od, g, n, t, torch_zip, u
 
 
 def _tensor_with_state(folder: Path, state: bytes) -> Path:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from checkpoint.helpers import Box, assert_same, peak_rss_mb, realistic
 from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, load
+from tests.checkpoint.helpers import Box, assert_same, peak_rss_mb, realistic
 
 PROTOCOLS = [2, 3, 4, 5]
 

@@ -25,9 +25,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checkpoint.helpers import peak_rss_mb
 from compatshim.checkpoint import CheckpointError, inspect, load
 from compatshim.checkpoint._container import sniff
+from tests.checkpoint.helpers import peak_rss_mb
 
 
 def write(path: Path, header: Any, data: bytes = b"") -> Path:

@@ -300,7 +300,7 @@ def run_session(
     global DEVICE
     DEVICE = device
     if device == "cpu":
-        from cai_standin import install
+        from tests.colossalai.cai_standin import install
 
         install()
     else:

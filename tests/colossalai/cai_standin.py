@@ -272,6 +272,6 @@ def install() -> None:
     accept_null_stream_in_record_stream()
     emulate_gloo_collectives()
     if not set_cpu_accelerator():
-        import cai_standin_old
+        from tests.colossalai import cai_standin_old
 
         cai_standin_old.install()

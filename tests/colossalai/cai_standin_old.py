@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from cai_standin import NullEvent, NullStream
+from tests.colossalai.cai_standin import NullEvent, NullStream
 
 _mode: Any = None
 

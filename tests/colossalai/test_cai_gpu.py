@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from cai_session import CONFIGS, run_session
 
-from harness.dist import run_ranks
+from tests.colossalai.cai_session import CONFIGS, run_session
+from tests.harness.dist import run_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.dist]
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from cai_session import CONFIGS, run_session
 from packaging.version import Version
 
-from harness.dist import run_ranks
+from tests.colossalai.cai_session import CONFIGS, run_session
+from tests.harness.dist import run_ranks
 
 pytestmark = [pytest.mark.dist]
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from harness.dist import run_ranks
+from tests.harness.dist import run_ranks
 
 WORLD_SIZE = 2
 

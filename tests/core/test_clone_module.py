@@ -23,7 +23,7 @@ from torch import nn
 import compatshim
 from compatshim.cloning import shared_handle_types
 from compatshim.patches import torch_processgroup_copy as patch_module
-from core.pg_workers import distributed_results
+from tests.core.pg_workers import distributed_results
 
 NAME = "torch-processgroup-copy"
 

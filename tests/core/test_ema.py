@@ -18,7 +18,7 @@ from compatshim.master import (  # noqa: E402
     master_shard_position,
     working_to_master,
 )
-from harness.dist import python_env, run_ranks  # noqa: E402
+from tests.harness.dist import python_env, run_ranks  # noqa: E402
 
 from .ema_workers import gather_padded_shards, zero_redundancy_identity  # noqa: E402
 

@@ -25,7 +25,7 @@ from compatshim._records import DoctorRow
 from compatshim.master import layouts
 from compatshim.master.doctor import layout_in_source
 from compatshim.master.layouts import LAYOUTS
-from harness.dist import python_env
+from tests.harness.dist import python_env
 
 MASTER = Path(compatshim.master.__file__).parent
 

@@ -23,8 +23,8 @@ import torch.distributed as dist
 
 import compatshim
 from compatshim.patches import torch_processgroup_copy as patch_module
-from core.pg_workers import Holder, cuda_ddp_sync_batchnorm_checks, distributed_results
-from harness.dist import python_env, run_ranks
+from tests.core.pg_workers import Holder, cuda_ddp_sync_batchnorm_checks, distributed_results
+from tests.harness.dist import python_env, run_ranks
 
 NAME = "torch-processgroup-copy"
 PATCHED = ("__deepcopy__", "__copy__", "__reduce_ex__")

@@ -20,7 +20,7 @@ import pytest
 
 dist = pytest.importorskip("torch.distributed")
 
-from harness.dist import free_port, python_env  # noqa: E402
+from tests.harness.dist import free_port, python_env  # noqa: E402
 
 START_METHODS = ("forkserver", "spawn")
 TIMEOUT_S = 240.0

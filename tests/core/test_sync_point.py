@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from core import dist_workers as workers
-from harness.dist import run_ranks
+from tests.core import dist_workers as workers
+from tests.harness.dist import run_ranks
 
 pytestmark = pytest.mark.dist
 

@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]  # fabric_runs, and the harness it imports
-from fabric_runs import Run, run_script  # noqa: E402
+sys.path[:0] = [str(HERE.parents[1])]  # the checkout root, for tests.lightning.fabric_runs
+from tests.lightning.fabric_runs import Run, run_script  # noqa: E402
 
 
 def one(number: int, armed: bool, grace: float, out: Path) -> tuple[str, bool, float]:

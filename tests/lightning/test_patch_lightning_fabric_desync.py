@@ -23,7 +23,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterator
 
 import pytest
-from fabric_runs import FABRIC_MODULE, Run, run_script, site_line
+
+from tests.lightning.fabric_runs import FABRIC_MODULE, Run, run_script, site_line
 
 pytest.importorskip(FABRIC_MODULE)
 

@@ -23,7 +23,8 @@ from importlib import metadata
 from typing import Any, Iterator
 
 import pytest
-from fabric_runs import Run, run_script
+
+from tests.lightning.fabric_runs import Run, run_script
 
 try:
     metadata.distribution("lightning")  # not find_spec: tests/lightning/ is a namespace package

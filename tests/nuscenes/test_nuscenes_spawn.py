@@ -18,13 +18,20 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+pytest.importorskip("nuscenes.eval.common.config", reason="no nuscenes-devkit")
+
 import torch.multiprocessing as torch_mp
 from nuscenes.eval.common.config import config_factory
-from nuscenes_workers import EvalConfigDataset, gather_config_rank, keep_samples
 from torch.utils.data import DataLoader
 
 import compatshim
-from harness.dist import free_port
+from tests.harness.dist import free_port
+from tests.nuscenes.nuscenes_workers import (
+    EvalConfigDataset,
+    gather_config_rank,
+    keep_samples,
+)
 
 PATCH = "nuscenes-dict-views"
 PATHS = "multiprocessing-pickle-paths"

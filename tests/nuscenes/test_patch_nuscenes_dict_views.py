@@ -4,8 +4,8 @@ Without the patch, pickling and deep-copying the devkit objects fails (this is
 what proves the probe); with it they work, and the objects behave exactly as
 before. The config is the devkit's own shipped ``detection_cvpr_2019``.
 
-There is deliberately no ``__init__.py`` in this folder: pytest puts ``tests/``
-on ``sys.path``, and a package named ``nuscenes`` there would shadow the devkit.
+This folder is the package ``tests.nuscenes``; ``tests/`` is never put on
+``sys.path``, so nothing here can shadow the devkit's ``nuscenes``.
 """
 
 from __future__ import annotations
@@ -22,13 +22,16 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+
+pytest.importorskip("nuscenes.eval.detection.data_classes", reason="no nuscenes-devkit")
+
 from nuscenes.eval.common.config import config_factory
 from nuscenes.eval.detection import data_classes
 from nuscenes.eval.detection.data_classes import DetectionConfig
 
 import compatshim
 from compatshim.patches import nuscenes_dict_views
-from harness.dist import python_env
+from tests.harness.dist import python_env
 
 PATCH = "nuscenes-dict-views"
 DEVKIT_VERSION = metadata.version("nuscenes-devkit")

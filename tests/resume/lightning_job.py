@@ -38,10 +38,9 @@ import job_log
 import torch
 
 try:
+    import lightning as L
     from lightning.fabric.utilities.data import AttributeDict as FabricAttributeDict
     from lightning.pytorch.utilities.parsing import AttributeDict as TrainerAttributeDict
-
-    import lightning as L
 except ImportError:  # pragma: no cover - the test skips first
     raise
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import compatshim.rng as rng
 from compatshim.rng import devices
-from rng.workers import draws
+from tests.rng.workers import draws
 
 BASE = rng.capture()
 PATHS = [

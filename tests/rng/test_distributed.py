@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from harness.dist import run_ranks
-from rng.workers import load_once, load_then_draw, save_then_draw
+from tests.harness.dist import run_ranks
+from tests.rng.workers import load_once, load_then_draw, save_then_draw
 
 pytestmark = pytest.mark.dist
 TIMEOUT = 240.0

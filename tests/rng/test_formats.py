@@ -14,7 +14,7 @@ from packaging.version import Version
 
 import compatshim.rng as rng
 from compatshim.checkpoint import load as load_checkpoint
-from rng.workers import draws
+from tests.rng.workers import draws
 
 FIXTURES = Path(__file__).parent / "fixtures"
 WRITERS = ["np1", "np2"]  # numpy 1.26.4 and numpy 2.4.6 (see each folder's versions.json)

@@ -10,7 +10,7 @@ import pytest
 
 import compatshim.rng as rng
 from compatshim._engine.versions import installed_version
-from rng.workers import draws
+from tests.rng.workers import draws
 
 # Installed distributions, not find_spec: tests/lightning would pass for a "lightning" package.
 MISSING = [d for d in ("transformers", "accelerate", "lightning") if installed_version(d) is None]
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    from rng.fixtures import make_fixtures
+    from tests.rng.fixtures import make_fixtures
 
     out = tmp_path_factory.mktemp("frameworks")
     return out, make_fixtures.write_all(out)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import compatshim.rng as rng
-from rng.fixtures.make_fixtures import cuda_states
+from tests.rng.fixtures.make_fixtures import cuda_states
 
 
 @pytest.mark.gpu

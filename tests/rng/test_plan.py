@@ -16,7 +16,7 @@ import torch
 import compatshim.rng as rng
 from compatshim.rng.plan import plan_devices, plan_rank
 from compatshim.rng.restore import Environment, build_plan
-from rng.fixtures.make_fixtures import cuda_states
+from tests.rng.fixtures.make_fixtures import cuda_states
 
 
 def state_with_cuda(count: int, legacy: bool = False) -> dict[str, object]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import compatshim.rng as rng
-from rng.workers import draws
+from tests.rng.workers import draws
 
 
 def test_capture_restore_replays_every_cpu_generator() -> None:

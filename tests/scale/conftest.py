@@ -15,7 +15,7 @@ def _nothing_outlives_the_test() -> Iterator[None]:
     torch = sys.modules.get("torch")
     if torch is None:
         return
-    from scale.worlds import stop_compatshim_monitor
+    from tests.scale.worlds import stop_compatshim_monitor
 
     stop_compatshim_monitor()
     if torch.distributed.is_available() and torch.distributed.is_initialized():

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 import compatshim.dist as cdist  # noqa: E402
 from compatshim.dist._records import Arrival, ExitRecord, Heartbeat, Keys, Seen  # noqa: E402
 from compatshim.dist.report import rank_list  # noqa: E402
-from scale.worlds import fake_world, run_threaded  # noqa: E402
+from tests.scale.worlds import fake_world, run_threaded  # noqa: E402
 
 STRAGGLER, ODD = 31, 5
 

@@ -20,7 +20,7 @@ dist = torch.distributed
 
 import compatshim  # noqa: E402
 from compatshim.patches.torch_processgroup_copy import ProcessGroupUnavailableError  # noqa: E402
-from scale.worlds import fake_world, run_threaded  # noqa: E402
+from tests.scale.worlds import fake_world, run_threaded  # noqa: E402
 
 NAME = "torch-processgroup-copy"
 

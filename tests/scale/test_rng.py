@@ -28,7 +28,7 @@ np = pytest.importorskip("numpy")
 from compatshim import rng  # noqa: E402
 from compatshim.rng.restore import Environment, build_plan  # noqa: E402
 from compatshim.rng.state import make_file, parse_file  # noqa: E402
-from scale.worlds import GLOBAL_LOCK, fake_world, run_threaded  # noqa: E402
+from tests.scale.worlds import GLOBAL_LOCK, fake_world, run_threaded  # noqa: E402
 
 THREADED = (1, 7, 8, 32)
 BIG = 1024

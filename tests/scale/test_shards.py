@@ -30,8 +30,8 @@ from compatshim.master import (  # noqa: E402
     master_param,
     master_shard_position,
 )
-from scale.worlds import GLOBAL_LOCK, run_threaded  # noqa: E402
-from scale.zero import FlatShardZero  # noqa: E402
+from tests.scale.worlds import GLOBAL_LOCK, run_threaded  # noqa: E402
+from tests.scale.zero import FlatShardZero  # noqa: E402
 
 DECAY, STEPS = 0.75, 3
 

@@ -57,7 +57,7 @@ MODES = {
 
 def run_modes(folder: Path, name: str, source: str) -> dict[str, Any]:
     """The ``RESULT`` of ``source`` run in each of :data:`MODES`, in ``folder/<mode>``."""
-    from checkpoint.test_hardened import run_child
+    from tests.checkpoint.test_hardened import run_child
 
     script = write_child(folder, name, source)
     found = {}

@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("deepspeed")
 torch = pytest.importorskip("torch")
 
-from checkpoint.test_hardened import TIMEOUT_S, run_child  # noqa: E402
+from tests.checkpoint.test_hardened import TIMEOUT_S, run_child  # noqa: E402
 
 from .child_kit import write_child  # noqa: E402
 

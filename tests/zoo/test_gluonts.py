@@ -40,7 +40,7 @@ import pytest
 pytest.importorskip("gluonts.torch")
 torch = pytest.importorskip("torch")
 
-from checkpoint.test_hardened import TIMEOUT_S  # noqa: E402
+from tests.checkpoint.test_hardened import TIMEOUT_S  # noqa: E402
 
 from .child_kit import MODES, run_modes  # noqa: E402
 from .jobs import torch_loads_weights_only_by_default  # noqa: E402

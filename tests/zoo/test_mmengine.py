@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("mmengine")
 
-from checkpoint.test_rules import call, g, getattr_, refused, run, s
+from tests.checkpoint.test_rules import call, g, getattr_, refused, run, s
 
 from .jobs import run_job, timeout_for, torch_loads_weights_only_by_default
 

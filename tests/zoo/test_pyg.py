@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("torch_geometric")
 torch = pytest.importorskip("torch")
 
-from checkpoint.test_hardened import TIMEOUT_S, run_child  # noqa: E402
+from tests.checkpoint.test_hardened import TIMEOUT_S, run_child  # noqa: E402
 
 pytestmark = pytest.mark.timeout(TIMEOUT_S + 60)
 

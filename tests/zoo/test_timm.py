@@ -91,8 +91,8 @@ def test_armed_timm_resume(runs: dict[str, Any]) -> None:
 def test_compatshim_loader_reads_the_file_as_torch_does(runs: dict[str, Any]) -> None:
     import torch
 
-    from checkpoint.helpers import assert_same
     from compatshim.checkpoint import inspect, load
+    from tests.checkpoint.helpers import assert_same
 
     path = runs["folder"] / "checkpoint-1.pth.tar"
     info = inspect(path)
