@@ -20,10 +20,10 @@ EXAMPLES = int(os.environ.get("COMPATSHIM_FUZZ_EXAMPLES", "150"))
 
 @pytest.mark.slow
 def test_mutated_real_files_raise_only_library_errors(tmp_path: Path) -> None:
-    baseline, _ = peak_rss_mb("import checkpoint.fuzz_child", timeout=600)
+    baseline, _ = peak_rss_mb("import tests.checkpoint.fuzz_child", timeout=600)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
     done = subprocess.run(
-        [sys.executable, "-m", "checkpoint.fuzz_child", str(tmp_path), str(EXAMPLES)],
+        [sys.executable, "-m", "tests.checkpoint.fuzz_child", str(tmp_path), str(EXAMPLES)],
         capture_output=True,
         text=True,
         timeout=1800,

@@ -46,7 +46,7 @@ def test_unknown_globals_are_listed(tmp_path: Path) -> None:
     path = tmp_path / "c.pt"
     torch.save({"box": Box(1)}, path)
     info = inspect(path)
-    assert info.unknown == ("checkpoint.helpers.Box",) and not info.loadable
+    assert info.unknown == ("tests.checkpoint.helpers.Box",) and not info.loadable
 
 
 def test_legacy_and_plain_pickle(tmp_path: Path) -> None:
@@ -103,7 +103,7 @@ def test_cli_exit_codes(state_dict_file: Path, tmp_path: Path) -> None:
     unknown = tmp_path / "u.pkl"
     unknown.write_bytes(pickle.dumps({"box": Box(1)}))
     refused = _cli(str(unknown))
-    assert refused.returncode == 1 and "checkpoint.helpers.Box" in refused.stdout
+    assert refused.returncode == 1 and "tests.checkpoint.helpers.Box" in refused.stdout
     damaged = tmp_path / "d.pt"
     damaged.write_bytes(b"PK\x03\x04 not really a zip")
     broken = _cli(str(damaged))
@@ -279,7 +279,7 @@ def test_unknown_global_gets_the_line_that_allows_it(tmp_path: Path) -> None:
     torch.save({"box": Box(3)}, path)
     (use,) = [g for g in inspect(path).globals if not g.covered]
     assert use.dangerous is None
-    assert use.allow == 'compatshim.checkpoint.load(path, allow=["checkpoint.helpers.Box"])'
+    assert use.allow == 'compatshim.checkpoint.load(path, allow=["tests.checkpoint.helpers.Box"])'
     import compatshim
 
     assert eval(use.allow, {"compatshim": compatshim, "path": path}) == {"box": Box(3)}
@@ -372,7 +372,7 @@ def test_inspect_and_load_agree_on_legacy_views(tmp_path: Path, view: bytes) -> 
 
 # ------------------------------------------------- process-wide entries: inspect agrees with load
 class Outer:
-    class Inner:  # pickled as GLOBAL "checkpoint.test_inspect" "Outer.Inner"
+    class Inner:  # pickled as GLOBAL "tests.checkpoint.test_inspect" "Outer.Inner"
         def __init__(self, n: int = 1) -> None:
             self.n = n
 
@@ -464,12 +464,12 @@ def test_the_cli_verdict_follows_process_wide_entries(
     path = tmp_path / "box.pt"
     torch.save({"box": Box(3)}, path)
     assert _cli(str(path)).returncode == 1
-    monkeypatch.setenv("COMPATSHIM_ALLOW", "checkpoint.helpers.Box")
+    monkeypatch.setenv("COMPATSHIM_ALLOW", "tests.checkpoint.helpers.Box")
     done = _cli(str(path))
     assert done.returncode == 0 and "loadable by compatshim.checkpoint.load" in done.stdout
     found = json.loads(_cli(str(path), "--json").stdout)
     assert found["loadable"] and found["unknown"] == []
-    (box,) = [g for g in found["globals"] if g["name"] == "checkpoint.helpers.Box"]
+    (box,) = [g for g in found["globals"] if g["name"] == "tests.checkpoint.helpers.Box"]
     assert box["allowed_by"] == "COMPATSHIM_ALLOW (listed in COMPATSHIM_ALLOW)"
 
 
@@ -484,10 +484,10 @@ def test_a_nested_class_is_judged_by_the_split_the_pickle_writes(
     path = tmp_path / "nested.pt"
     torch.save({"x": Outer.Inner(2)}, path, pickle_protocol=4)
     (use,) = [g for g in inspect(path).globals if not g.covered]
-    assert use.name == "checkpoint.test_inspect.Outer.Inner"
+    assert use.name == "tests.checkpoint.test_inspect.Outer.Inner"
     assert use.allow is None and use.allow_everywhere == () and use.dangerous is None
     assert "a nested name: allow the object itself" in _cli(str(path)).stdout
-    compatshim.checkpoint.allow("checkpoint.test_inspect.Outer.Inner", reason="a string")
+    compatshim.checkpoint.allow("tests.checkpoint.test_inspect.Outer.Inner", reason="a string")
     assert not _agree(path)  # the string splits at its last dot: another global
     compatshim.checkpoint.allow(Outer.Inner, reason="the object")
     assert _agree(path) and load(path) == {"x": Outer.Inner(2)}

@@ -112,7 +112,7 @@ def test_allow_admits_a_global_for_one_call(tmp_path: Path, protocol: int) -> No
     path.write_bytes(pickle.dumps({"box": Box([1, 2])}, protocol=protocol))
     with pytest.raises(UnsafeCheckpointError, match=r"checkpoint\.helpers\.Box"):
         load(path)
-    name = "checkpoint.helpers.Box"
+    name = "tests.checkpoint.helpers.Box"
     for allow in ([Box], [name], [(Box, name)]):
         assert load(path, allow=allow) == {"box": Box([1, 2])}
     with pytest.raises(UnsafeCheckpointError):

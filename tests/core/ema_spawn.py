@@ -1,7 +1,7 @@
 """An EMA set-up in ``torch.multiprocessing`` children: deep-copy a model that holds a group.
 
 Run by tests/core/test_patch_torch_processgroup_copy_spawn.py in a fresh interpreter, as a
-user's training script runs (``python -c "from core.ema_spawn import main; main(...)"``):
+user's training script runs (``python -c "from tests.core.ema_spawn import main; main(...)"``):
 a fresh interpreter also means a fresh forkserver, so whether the children are armed
 depends only on the ``COMPATSHIM_AUTO`` this run was started with. Nothing here calls
 ``compatshim.install()``; each child arms through ``COMPATSHIM_AUTO=1`` (the wheel's

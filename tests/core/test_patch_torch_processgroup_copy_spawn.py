@@ -33,7 +33,7 @@ pytestmark = [
 
 def _run(method: str, auto: str, tmp_path: Path) -> dict[str, Any]:
     code = (
-        "from core.ema_spawn import main; "
+        "from tests.core.ema_spawn import main; "
         f"main({method!r}, {free_port()}, {str(tmp_path)!r}, {TIMEOUT_S - 30})"
     )
     env = python_env(COMPATSHIM_AUTO=auto, OMP_NUM_THREADS="1")
