@@ -58,3 +58,106 @@ def zero_redundancy_identity(rank: int, world_size: int) -> dict[str, Any]:
         "identity": all(master_param(optimizer, p) is p for p in model.parameters()),
         "err": err,
     }
+
+
+def _small_net() -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3))
+
+
+def _train_and_compare(model: Any, ema: Any, plain_names: bool, steps: int = 3) -> float:
+    """Train ``model``, update ``ema`` each step; max error against an fp64 reference."""
+    import torch
+
+    import compatshim.ema as cema
+    from compatshim.ema.names import canonical
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref = {canonical(n): p.detach().double().clone() for n, p in ema.named_parameters()}
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        model(torch.randn(6, 5, generator=gen)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        cema.update_ema(ema, model, optimizer, decay=0.5)
+        for n, p in model.named_parameters():
+            ref[canonical(n)].mul_(0.5).add_(p.detach().double(), alpha=0.5)
+    errs = [
+        float((p.detach().double() - ref[canonical(n)]).abs().max())
+        for n, p in ema.named_parameters()
+    ]
+    assert plain_names or any(canonical(n) != n for n, _ in model.named_parameters())
+    return max(errs)
+
+
+def ddp_and_fsdp1_one_rank(rank: int, world_size: int) -> dict[str, Any]:
+    """DDP and FSDP1 (use_orig_params) over a 1-rank gloo group, on either side of the EMA."""
+    import copy
+
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.nn.parallel import DistributedDataParallel
+
+    import compatshim.ema as cema
+
+    out: dict[str, Any] = {}
+    base = _small_net()
+    ema = copy.deepcopy(base)
+    out["ddp_source"] = _train_and_compare(DistributedDataParallel(base), ema, False)
+    base = _small_net()
+    ema_ddp = DistributedDataParallel(copy.deepcopy(base))
+    out["ddp_ema"] = _train_and_compare(base, ema_ddp, True)
+    base = _small_net()
+    ema = copy.deepcopy(base)
+    fsdp = FullyShardedDataParallel(base, use_orig_params=True, device_id=torch.device("cpu"))
+    out["fsdp1_names"] = [n for n, _ in fsdp.named_parameters()]
+    out["fsdp1_source"] = _train_and_compare(fsdp, ema, False)
+    flat = FullyShardedDataParallel(_small_net(), device_id=torch.device("cpu"))  # one flat param
+    try:
+        cema.update_ema(copy.deepcopy(_small_net()), flat)
+    except cema.EmaMismatchError as exc:
+        out["fsdp1_flat_error"] = str(exc)
+    return out
+
+
+def fsdp2_sharded_ema(rank: int, world_size: int) -> dict[str, Any]:
+    """FSDP2: model and EMA fully_shard-ed alike; each rank steps its local shards."""
+    import copy
+
+    import torch
+
+    import compatshim.ema as cema
+
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch 2.4 - 2.5
+        from torch.distributed._composable.fsdp import fully_shard
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    base = _small_net()
+    ref = {n: p.detach().double().clone() for n, p in base.named_parameters()}
+    model, ema = base, copy.deepcopy(base)
+    for module in (model, ema):
+        for layer in (module[0], module[2]):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(module, mesh=mesh)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        model(torch.randn(6, 5, generator=gen)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        cema.update_ema(ema, model, optimizer, decay=0.5)
+        for n, p in model.named_parameters():
+            ref[n].mul_(0.5).add_(p.full_tensor().detach().double(), alpha=0.5)
+    gathered = cema.gather_sharded_ema(ema, model, optimizer)
+    full = {n: p.full_tensor() for n, p in ema.named_parameters()}  # the documented path
+    return {
+        "local_shapes": {n: tuple(p.to_local().shape) for n, p in ema.named_parameters()},
+        "gather_err": max(float((gathered[n].double() - ref[n]).abs().max()) for n in ref),
+        "full_err": max(float((full[n].double() - ref[n]).abs().max()) for n in ref),
+        "gathered_types": sorted({type(v).__name__ for v in gathered.values()}),
+    }

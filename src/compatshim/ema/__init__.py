@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .plan import EmaMismatchError, Plan, build_plan, fingerprint, trainable_pairs
+from .plan import EmaMismatchError, Plan, build_plan, is_dtensor, trainable_pairs
 
 if TYPE_CHECKING:
     import torch
@@ -41,22 +41,71 @@ def update_ema(
     ``source`` is the fp32 master from ``optimizer`` when it has masters and
     ``sharded`` is true (Open-Sora's meaning: the model is trained sharded),
     else the working param. ``exclude`` holds parameter names or fnmatch
-    patterns to leave alone (Open-Sora skipped ``pos_embed``).
-    """
-    import torch
+    patterns to leave alone (Open-Sora skipped ``pos_embed``). Either model may
+    be wrapped (``torch.compile``, DDP, FSDP1 with ``use_orig_params=True``,
+    activation checkpointing): names pair through ``names.canonical``. FSDP2:
+    shard the EMA like the model; each rank steps its local shards.
 
+    Host cost per call: one pass over the params' ``requires_grad`` plus the
+    foreach call (``guard`` lists what re-pairs). CUDA graphs: after one call
+    outside capture (which pairs), a call inside ``torch.cuda.graph`` records
+    the step (plain and mixed-dtype pairs; not ZeRO gathers); a replay repeats
+    it with the decay fixed at capture and without any check, so capture again
+    after replacing, resizing, freezing or unfreezing a parameter.
+    """
     if not 0.0 <= decay <= 1.0:
         raise ValueError(f"compatshim.ema: decay must be in [0, 1], got {decay!r}")
-    excluded = tuple(exclude)
-    key = fingerprint(ema_model, model, optimizer, sharded, excluded)
-    with _lock:
-        plan = _plans.get(ema_model)
-        if plan is None or plan.fingerprint != key:
-            with torch.no_grad():
-                plan = build_plan(ema_model, model, optimizer, sharded, excluded)
-            _plans[ema_model] = plan
-    with torch.no_grad():
+    excluded = exclude if type(exclude) is tuple else tuple(exclude)
+    plan = _plans.get(ema_model)
+    if plan is None or not plan.valid(ema_model, model, optimizer, sharded, excluded):
+        plan = _rebuild(ema_model, model, optimizer, sharded, excluded)
+    try:
         plan.step(float(decay))
+    except RuntimeError as exc:
+        _retry_after_layout_change(plan, exc, ema_model, model, optimizer, sharded, excluded, decay)
+
+
+def _rebuild(
+    ema_model: Any, model: Any, optimizer: Any, sharded: bool, exclude: tuple[str, ...]
+) -> Plan:
+    with _lock:
+        _plans.pop(ema_model, None)
+        plan = build_plan(ema_model, model, optimizer, sharded, exclude)
+        _plans[ema_model] = plan
+    return plan
+
+
+def _retry_after_layout_change(
+    failed: Plan,
+    exc: RuntimeError,
+    ema_model: Any,
+    model: Any,
+    optimizer: Any,
+    sharded: bool,
+    exclude: tuple[str, ...],
+    decay: float,
+) -> None:
+    """A param changed shape, dtype or device through ``.data`` under the plan: re-pair.
+
+    The foreach stops at the first pair it cannot take; when that is the first
+    pair, nothing was stepped and the new plan steps once. Otherwise some
+    pairs were stepped, which is said, never hidden.
+    """
+    first = failed.first_unfit_pair()
+    clean = first == 0 and not failed.gathers  # the foreach stopped before stepping anything
+    try:
+        plan = _rebuild(ema_model, model, optimizer, sharded, exclude)
+    except EmaMismatchError as mismatch:
+        if clean:
+            raise
+        raise EmaMismatchError(f"{mismatch}; this call stepped only some pairs") from exc
+    if clean:
+        plan.step(float(decay))
+        return
+    raise EmaMismatchError(
+        "compatshim.ema: a parameter changed shape, dtype or device under the EMA during this "
+        f"call ({exc}); this call stepped only some pairs; the next call uses the new pairing"
+    ) from exc
 
 
 def shard_ema(
@@ -97,7 +146,8 @@ def gather_sharded_ema(
     """A full-size ``state_dict`` of a sharded EMA, for saving (a collective: call on every rank).
 
     Shards are all-gathered over the ZeRO group, padding stripped, reshaped to
-    the model's shapes; full-size entries and buffers are returned as they are.
+    the model's shapes; FSDP2 (DTensor) entries become ``full_tensor()``;
+    full-size entries and buffers are returned as they are.
     """
     import torch
 
@@ -112,4 +162,6 @@ def gather_sharded_ema(
                 continue
             position = master_shard_position(optimizer, param)
             state[name] = gather_full(ema.data, position, param.shape).clone()
-    return state
+    return {
+        name: value.full_tensor() if is_dtensor(value) else value for name, value in state.items()
+    }

@@ -1,11 +1,14 @@
 """Pair every EMA tensor with its source once; the per-step update then is one foreach call.
 
-A plan holds (ema, source) tensor lists: same-dtype pairs go to one
-``_foreach_lerp_``, mixed-dtype pairs (fp32 EMA of bf16/fp16 working params)
-to ``_foreach_mul_`` + ``_foreach_add_``. A full-size EMA over ZeRO shards gets
-a *gather group*: every step the rank's masters are copied into one flat
-buffer and all-gathered once; the EMA pairs are precomputed views into the
-gathered buffer, so no per-parameter Python work remains.
+A plan holds (ema, source) lists: same-dtype pairs go to one ``_foreach_lerp_``,
+mixed-dtype pairs (fp32 EMA of bf16/fp16 working params) to ``_foreach_mul_`` +
+``_foreach_add_``. Plain pairs are the Parameter objects themselves, so a
+``p.data = ...`` is followed without re-pairing (``guard`` says what proves a
+plan valid). A full-size EMA over ZeRO shards gets a *gather group*: every step
+the rank's masters are copied into one flat buffer and all-gathered once; the
+EMA pairs are views into the gathered buffer. FSDP2 (DTensor) params pair
+their local shards. Plans with masters or DTensors also re-check every
+param's storage each step (``slow_key``): their frameworks re-point storage.
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
+
+from .guard import EPOCH, REQUIRES_GRAD, group_signature, ref, registration_epoch
+from .names import EmaMismatchError, NameIndex, canonical
 
 if TYPE_CHECKING:
     import torch
@@ -21,9 +27,7 @@ if TYPE_CHECKING:
 
     from ..master import MasterMap, ShardPosition
 
-
-class EmaMismatchError(ValueError):
-    """The EMA model and the model do not line up (missing name or incompatible shape)."""
+__all__ = ["EmaMismatchError", "Plan", "build_plan", "trainable_pairs"]
 
 
 @dataclass
@@ -53,12 +57,21 @@ class GatherGroup:
 class Plan:
     """The cached pairing for one (ema_model, model, optimizer, options) combination."""
 
-    fingerprint: tuple[Any, ...]
+    model: Callable[[], Any]
+    optimizer: Callable[[], Any]
+    sharded: bool
+    exclude: tuple[str, ...]
+    epoch: int
+    groups: Any
+    watched: list[Tensor] = field(default_factory=list)
+    flags: list[bool] = field(default_factory=list)
+    slow_key: tuple[Any, ...] | None = None
     same_ema: list[Tensor] = field(default_factory=list)
     same_src: list[Tensor] = field(default_factory=list)
     mixed_ema: list[Tensor] = field(default_factory=list)
     mixed_src: list[Tensor] = field(default_factory=list)
     gathers: list[GatherGroup] = field(default_factory=list)
+    torch: Any = None
 
     def add(self, ema: Tensor, src: Tensor) -> None:
         if ema.dtype == src.dtype:
@@ -68,17 +81,48 @@ class Plan:
             self.mixed_ema.append(ema)
             self.mixed_src.append(src)
 
-    def step(self, decay: float) -> None:
-        import torch
+    def valid(
+        self,
+        ema_model: Any,
+        model: Any,
+        optimizer: Any,
+        sharded: bool,
+        exclude: tuple[str, ...],
+    ) -> bool:
+        """True while nothing the pairing depends on has changed (see ``guard``)."""
+        return (
+            self.epoch == EPOCH[0]
+            and self.model() is model
+            and self.optimizer() is optimizer
+            and self.sharded == sharded
+            and self.exclude == exclude
+            and self.groups == group_signature(optimizer)
+            and list(map(REQUIRES_GRAD, self.watched)) == self.flags
+            and (self.slow_key is None or self.slow_key == storage_key(ema_model, model))
+        )
 
-        for gather in self.gathers:
-            gather.run()
-        weight = 1.0 - decay
-        if self.same_ema:
-            torch._foreach_lerp_(self.same_ema, self.same_src, weight)
-        if self.mixed_ema:
-            torch._foreach_mul_(self.mixed_ema, decay)
-            torch._foreach_add_(self.mixed_ema, self.mixed_src, alpha=weight)
+    def step(self, decay: float) -> None:
+        torch = self.torch
+        enabled = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)  # the pairs are Parameters: no autograd here
+        try:
+            if self.gathers:
+                for gather in self.gathers:
+                    gather.run()
+            if self.same_ema:
+                torch._foreach_lerp_(self.same_ema, self.same_src, 1.0 - decay)
+            if self.mixed_ema:
+                torch._foreach_mul_(self.mixed_ema, decay)
+                torch._foreach_add_(self.mixed_ema, self.mixed_src, alpha=1.0 - decay)
+        finally:
+            torch._C._set_grad_enabled(enabled)
+
+    def first_unfit_pair(self) -> int | None:
+        """Index of the first same-dtype pair ``_foreach_lerp_`` cannot take (after it failed)."""
+        for index, (ema, src) in enumerate(zip(self.same_ema, self.same_src)):
+            if ema.dtype != src.dtype or ema.shape != src.shape or ema.device != src.device:
+                return index
+        return None
 
 
 def is_excluded(name: str, exclude: Iterable[str]) -> bool:
@@ -86,56 +130,64 @@ def is_excluded(name: str, exclude: Iterable[str]) -> bool:
     return any(name == pattern or fnmatch.fnmatchcase(name, pattern) for pattern in exclude)
 
 
-def strip_wrapper_prefix(name: str, ema_names: Any) -> str:
-    """``module.x`` -> ``x`` when the EMA was copied from the unwrapped model."""
-    while name not in ema_names and name.startswith("module."):
-        name = name[len("module.") :]
-    return name
+def is_dtensor(tensor: Any) -> bool:
+    """FSDP2 / DTensor parameter (duck-typed: compatshim never imports it to ask)."""
+    return hasattr(tensor, "to_local") and hasattr(tensor, "placements")
+
+
+def _ptr(tensor: Any) -> int:
+    return int((tensor.to_local() if is_dtensor(tensor) else tensor).data_ptr())
+
+
+def storage_key(ema_model: torch.nn.Module, model: torch.nn.Module) -> tuple[Any, ...]:
+    """Every param's identity and storage, walked afresh (only for master / DTensor plans)."""
+    return (
+        tuple((id(p), p.requires_grad, _ptr(p)) for p in model.parameters()),
+        tuple(_ptr(p) for p in ema_model.parameters()),
+    )
+
+
+def walk(
+    ema_model: torch.nn.Module, model: torch.nn.Module, exclude: tuple[str, ...]
+) -> tuple[list[tuple[str, Tensor, Tensor]], list[Tensor]]:
+    """(EMA name, EMA param, working param) per trainable param, and every non-excluded param."""
+    ema_params = dict(ema_model.named_parameters())
+    index = NameIndex(ema_params)
+    pairs: list[tuple[str, Tensor, Tensor]] = []
+    watched: list[Tensor] = []
+    for raw_name, param in model.named_parameters():
+        if is_excluded(raw_name, exclude) or is_excluded(canonical(raw_name), exclude):
+            continue
+        watched.append(param)
+        if param.requires_grad:
+            name = index.lookup(raw_name)
+            pairs.append((name, ema_params[name], param))
+    return pairs, watched
 
 
 def trainable_pairs(
     ema_model: torch.nn.Module, model: torch.nn.Module, exclude: tuple[str, ...]
 ) -> list[tuple[str, Tensor, Tensor]]:
-    """(name, ema param, working param) for every trainable, non-excluded param."""
-    ema_params = dict(ema_model.named_parameters())
-    pairs: list[tuple[str, Tensor, Tensor]] = []
-    for raw_name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        name = strip_wrapper_prefix(raw_name, ema_params)
-        if is_excluded(name, exclude) or is_excluded(raw_name, exclude):
-            continue
-        if name not in ema_params:
-            raise EmaMismatchError(
-                f"compatshim.ema: EMA model has no parameter {name!r} (model has it); "
-                "copy the EMA from the same (unwrapped) model or exclude the name"
-            )
-        pairs.append((name, ema_params[name], param))
-    return pairs
+    """(EMA name, EMA param, working param) for every trainable, non-excluded param."""
+    return walk(ema_model, model, exclude)[0]
 
 
-def fingerprint(
-    ema_model: torch.nn.Module,
-    model: torch.nn.Module,
-    optimizer: Any,
-    sharded: bool,
-    exclude: tuple[str, ...],
-) -> tuple[Any, ...]:
-    """Cheap identity of everything the plan depends on (rebuilt when it changes)."""
-    return (
-        id(model),
-        id(optimizer),
-        sharded,
-        exclude,
-        tuple((id(p), p.requires_grad, p.data_ptr()) for p in model.parameters()),
-        tuple(p.data_ptr() for p in ema_model.parameters()),
-    )
-
-
-def _flat_view(ema: Tensor, name: str) -> Tensor:
-    if not ema.is_contiguous():
-        raise EmaMismatchError(f"compatshim.ema: EMA parameter {name!r} is not contiguous")
-    return ema.data.view(-1)
+def _local_pair(name: str, ema: Any, param: Any) -> tuple[Tensor, Tensor]:
+    """FSDP2: this rank's shard of the EMA and of the param, laid out alike."""
+    if not (is_dtensor(ema) and is_dtensor(param)):
+        raise EmaMismatchError(
+            f"compatshim.ema: {name!r} is a DTensor (FSDP2) on one side only; shard the EMA "
+            "like the model (fully_shard a copy of the unsharded model with the same mesh)"
+        )
+    if ema.placements != param.placements or ema.device_mesh != param.device_mesh:
+        raise EmaMismatchError(
+            f"compatshim.ema: EMA parameter {name!r} is sharded as {ema.placements} but the "
+            f"model's as {param.placements}; fully_shard both with the same mesh and layout"
+        )
+    _check_same_shape(name, ema, param)
+    local_ema, local_src = ema.to_local(), param.to_local()
+    _check_same_shape(name, local_ema, local_src)
+    return local_ema, local_src
 
 
 def build_plan(
@@ -150,18 +202,39 @@ def build_plan(
 
     from ..master import master_shard_position, working_to_master
 
-    plan = Plan(fingerprint(ema_model, model, optimizer, sharded, exclude))
+    plan = Plan(
+        model=ref(model),
+        optimizer=ref(optimizer),
+        sharded=sharded,
+        exclude=exclude,
+        epoch=registration_epoch(),
+        groups=group_signature(optimizer),
+        torch=torch,
+    )
+    pairs, plan.watched = walk(ema_model, model, exclude)
+    plan.flags = list(map(REQUIRES_GRAD, plan.watched))
+    slow = False
     masters: MasterMap | None = None
     if optimizer is not None and sharded:
         masters = working_to_master(optimizer)
     to_gather: dict[int, list[tuple[str, Tensor, Tensor, ShardPosition]]] = {}
     groups: dict[int, Any] = {}
-    for name, ema, param in trainable_pairs(ema_model, model, exclude):
+    for name, ema, param in pairs:
         master = masters[param] if masters is not None and param in masters else None
+        if is_dtensor(param) or is_dtensor(ema):
+            if master is not None and master is not param:
+                raise EmaMismatchError(
+                    f"compatshim.ema: {name!r} is a DTensor with a separate master; "
+                    "this layout is not known"
+                )
+            plan.add(*_local_pair(name, ema, param))
+            slow = True
+            continue
         if master is None or master is param:
             _check_same_shape(name, ema, param)
-            plan.add(ema.data, param.data)
+            plan.add(ema, param)
             continue
+        slow = True
         position = master_shard_position(optimizer, param)
         if ema.shape == param.shape and position.is_whole:
             plan.add(ema.data, master.data.view(param.shape))
@@ -178,7 +251,15 @@ def build_plan(
             )
     for key, entries in to_gather.items():
         plan.gathers.append(_gather_group(plan, groups[key], entries, torch))
+    if slow:
+        plan.slow_key = storage_key(ema_model, model)
     return plan
+
+
+def _flat_view(ema: Tensor, name: str) -> Tensor:
+    if not ema.is_contiguous():
+        raise EmaMismatchError(f"compatshim.ema: EMA parameter {name!r} is not contiguous")
+    return ema.data.view(-1)
 
 
 def _check_same_shape(name: str, ema: Tensor, param: Tensor) -> None:

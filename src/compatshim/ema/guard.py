@@ -1,0 +1,76 @@
+"""Is a cached EMA plan still valid? A proof that costs one C-level pass, not a walk.
+
+A plan goes stale when a parameter is replaced, resized, frozen or unfrozen,
+or the optimizer changes. Each has a cheap witness:
+
+- replaced (``module.w = Parameter(...)``, ``register_parameter``, a new
+  submodule): torch's global registration hooks bump one counter
+  (``registration_epoch``); any registration anywhere rebuilds the plan;
+- ``p.data = other``, ``.to()``, ``swap_tensors``: the plan holds the
+  Parameter objects themselves, never ``.data`` aliases, so the update always
+  reads the storage the param has now; a shape, dtype or device the EMA cannot
+  take fails the foreach and the caller re-pairs (see ``update_ema``);
+- frozen / unfrozen: ``requires_grad`` of every watched param, read by one
+  ``map`` over a cached list and compared with the cached flags;
+- optimizer: identity, and the identity and length of each group's param list.
+
+Not seen (documented): parameters removed or replaced by writing
+``module._parameters`` directly (torch's hooks do not run; FSDP2 does this and
+is handled by the slow check), and a ``.data`` of another shape that
+broadcasts onto the EMA's (a (4, 4) weight set to a (4,) tensor).
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+import weakref
+from typing import Any, Callable
+
+REQUIRES_GRAD = operator.attrgetter("requires_grad")
+
+EPOCH = [0]  # read directly on the hot path
+_hooked = False
+_hook_lock = threading.Lock()
+
+
+def _bump(*_args: Any) -> None:
+    EPOCH[0] += 1
+
+
+def registration_epoch() -> int:
+    """Counter of parameter/submodule registrations since the hooks were installed."""
+    global _hooked
+    if not _hooked:
+        with _hook_lock:
+            if not _hooked:
+                import torch.nn.modules.module as module_mod
+
+                module_mod.register_module_parameter_registration_hook(_bump)
+                module_mod.register_module_module_registration_hook(_bump)
+                _hooked = True
+    return EPOCH[0]
+
+
+def ref(obj: Any) -> Callable[[], Any]:
+    """A weak reference when the object allows one, else a strong one (same call shape)."""
+    if obj is None:
+        return _none
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
+def _none() -> None:
+    return None
+
+
+def group_signature(optimizer: Any) -> Any:
+    """Identity and size of the optimizer's param groups (a param added changes it)."""
+    if optimizer is None:
+        return None
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(groups, list):
+        return None
+    return (id(groups), [(id(p), len(p)) for p in [g.get("params", ()) for g in groups]])

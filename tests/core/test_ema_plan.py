@@ -1,0 +1,247 @@
+"""The cached EMA plan: re-paired on every change that matters, never walked per step.
+
+Each invalidation case (replace, resize, freeze, unfreeze, new optimizer, a
+param added to a group) is checked against an fp64 reference of what the EMA
+must hold after the next update, so a stale plan cannot pass silently.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import compatshim.ema as cema  # noqa: E402
+
+DECAY = 0.5
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(3, 4)
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.body(x)))
+
+
+def _setup() -> tuple[torch.nn.Module, torch.nn.Module]:
+    torch.manual_seed(0)
+    model = Net()
+    ema = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in ema.parameters():
+            p.add_(1.0)  # the EMA differs from the model, so every update shows
+    return model, ema
+
+
+def _expected(ema: torch.nn.Module, model: torch.nn.Module, skip: tuple[str, ...] = ()) -> dict:
+    """What one update must give: lerp for trainable params, untouched for the rest."""
+    sources = dict(model.named_parameters())
+    out = {}
+    for name, value in ema.named_parameters():
+        src = sources[name]
+        old = value.detach().double().clone()
+        if src.requires_grad and name not in skip:
+            out[name] = old * DECAY + src.detach().double() * (1 - DECAY)
+        else:
+            out[name] = old
+    return out
+
+
+def _check(ema: torch.nn.Module, expected: dict) -> None:
+    for name, value in ema.named_parameters():
+        assert torch.allclose(value.detach().double(), expected[name], atol=1e-6), name
+
+
+def _step(ema: torch.nn.Module, model: torch.nn.Module, optimizer: object = None) -> None:
+    expected = _expected(ema, model)
+    cema.update_ema(ema, model, optimizer, decay=DECAY)
+    _check(ema, expected)
+
+
+def test_steady_state_reuses_the_plan_without_walking_the_model() -> None:
+    model, ema = _setup()
+    _step(ema, model)
+    plan = cema._plans[ema]
+
+    def walk_forbidden(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("update_ema walked the model on a valid plan")
+
+    model.named_parameters = walk_forbidden  # type: ignore[method-assign]
+    model.parameters = walk_forbidden  # type: ignore[method-assign]
+    ema.named_parameters = walk_forbidden  # type: ignore[method-assign]
+    cema.update_ema(ema, model, decay=DECAY)
+    assert cema._plans[ema] is plan
+
+
+@pytest.mark.parametrize("how", ["setattr", "register_parameter"])
+def test_replaced_parameter_is_followed(how: str) -> None:
+    model, ema = _setup()
+    _step(ema, model)
+    new = torch.nn.Parameter(torch.full((4, 3), 9.0))
+    if how == "setattr":
+        model.body.weight = new
+    else:
+        model.body.register_parameter("weight", new)
+    _step(ema, model)  # the EMA moves towards 9.0, not towards the orphaned weight
+
+
+def test_replaced_submodule_is_followed() -> None:
+    model, ema = _setup()
+    _step(ema, model)
+    model.head = torch.nn.Linear(4, 2)
+    _step(ema, model)
+
+
+def test_data_swap_of_same_shape_is_followed() -> None:
+    model, ema = _setup()
+    _step(ema, model)
+    model.body.weight.data = torch.full((4, 3), -3.0)
+    _step(ema, model)
+
+
+def test_resized_source_raises_naming_it() -> None:
+    model, ema = _setup()
+    _step(ema, model)
+    before = {n: p.detach().clone() for n, p in ema.named_parameters()}
+    model.body.weight.data = torch.zeros(6, 3)  # bigger
+    with pytest.raises(cema.EmaMismatchError, match=r"body\.weight"):
+        cema.update_ema(ema, model, decay=DECAY)
+    assert torch.equal(ema.body.weight, before["body.weight"])  # never a wrong EMA
+
+
+def test_resized_later_source_raises_naming_it_and_the_partial_step() -> None:
+    model, ema = _setup()
+    _step(ema, model)
+    model.head.weight.data = torch.zeros(3, 4)
+    with pytest.raises(cema.EmaMismatchError, match=r"head\.weight.*stepped only some pairs"):
+        cema.update_ema(ema, model, decay=DECAY)
+
+
+def test_resized_on_both_sides_uses_the_new_layout() -> None:
+    model, ema = _setup()
+    _step(ema, model)
+    model.body.weight.data = torch.ones(6, 3)
+    ema.body.weight.data = torch.zeros(6, 3)
+    _step(ema, model)
+
+
+def test_whole_model_dtype_change_is_re_paired_and_stepped_once() -> None:
+    model, ema = _setup()
+    _step(ema, model)
+    model.double()  # every pair now fp32 EMA <- fp64 source: re-paired as mixed
+    _step(ema, model)
+    assert cema._plans[ema].mixed_ema and not cema._plans[ema].same_ema
+    _step(ema, model)
+
+
+def test_partial_dtype_change_is_an_error_that_says_so() -> None:
+    model, ema = _setup()
+    _step(ema, model)
+    model.head.weight.data = model.head.weight.data.double()  # a later pair only
+    with pytest.raises(cema.EmaMismatchError, match="stepped only some pairs"):
+        cema.update_ema(ema, model, decay=DECAY)
+    _step(ema, model)  # the next call uses the new pairing
+
+
+def test_frozen_parameter_is_left_alone() -> None:
+    model, ema = _setup()
+    _step(ema, model)
+    model.body.weight.requires_grad_(False)
+    _step(ema, model)  # _expected keeps frozen params unchanged
+
+
+def test_unfrozen_parameter_is_updated() -> None:
+    model, ema = _setup()
+    model.head.bias.requires_grad_(False)
+    _step(ema, model)
+    model.head.bias.requires_grad_(True)
+    _step(ema, model)
+
+
+def test_unfrozen_parameter_missing_from_the_ema_raises() -> None:
+    model, _ = _setup()
+    model.extra = torch.nn.Parameter(torch.zeros(2), requires_grad=False)
+    ema = copy.deepcopy(model)
+    del ema.extra
+    _step(ema, model)
+    model.extra.requires_grad_(True)
+    with pytest.raises(cema.EmaMismatchError, match="extra"):
+        cema.update_ema(ema, model, decay=DECAY)
+
+
+def test_new_optimizer_object_rebuilds_the_plan() -> None:
+    model, ema = _setup()
+    first = torch.optim.SGD(model.parameters(), lr=0.1)
+    _step(ema, model, first)
+    plan = cema._plans[ema]
+    _step(ema, model, first)
+    assert cema._plans[ema] is plan
+    second = torch.optim.AdamW(model.parameters())
+    _step(ema, model, second)
+    assert cema._plans[ema] is not plan
+
+
+@pytest.mark.parametrize("how", ["add_param_group", "append"])
+def test_param_added_to_the_optimizer_rebuilds_the_plan(how: str) -> None:
+    model, ema = _setup()
+    optimizer = torch.optim.SGD(model.body.parameters(), lr=0.1)
+    _step(ema, model, optimizer)
+    plan = cema._plans[ema]
+    if how == "add_param_group":
+        optimizer.add_param_group({"params": list(model.head.parameters())})
+    else:
+        optimizer.param_groups[0]["params"].append(model.head.weight)
+    _step(ema, model, optimizer)
+    assert cema._plans[ema] is not plan
+
+
+def test_exclude_change_rebuilds_the_plan() -> None:
+    model, ema = _setup()
+    cema.update_ema(ema, model, decay=DECAY, exclude=["head.*"])
+    before = ema.head.weight.detach().clone()
+    expected = _expected(ema, model, skip=("head.weight", "head.bias"))
+    cema.update_ema(ema, model, decay=DECAY, exclude=("head.*",))
+    _check(ema, expected)
+    assert torch.equal(ema.head.weight, before)
+    _step(ema, model)
+
+
+def test_update_is_not_recorded_by_autograd_and_restores_grad_mode() -> None:
+    model, ema = _setup()
+    assert torch.is_grad_enabled()
+    _step(ema, model)
+    assert torch.is_grad_enabled()
+    assert all(p.grad_fn is None and p.is_leaf for p in ema.parameters())
+    with torch.no_grad():
+        _step(ema, model)
+        assert not torch.is_grad_enabled()
+
+
+@pytest.mark.gpu
+def test_update_ema_is_capturable_in_a_cuda_graph() -> None:
+    """After one call outside capture (it pairs), a captured call replays the same step."""
+    model, ema = _setup()
+    model.cuda()
+    ema.cuda()
+    cema.update_ema(ema, model, decay=DECAY)  # pairs (and warms up) outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        cema.update_ema(ema, model, decay=DECAY)  # warm-up on a side stream, as torch advises
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cema.update_ema(ema, model, decay=DECAY)
+    for _ in range(3):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.25)  # the model trains between replays
+        expected = _expected(ema, model)
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(ema, {n: v.cuda() for n, v in expected.items()})
