@@ -1,19 +1,28 @@
-"""EMA update cost on a ~50M-parameter model (CPU): compatshim vs what users run today.
+"""EMA update cost: compatshim vs what users run today, on CUDA when present, else CPU.
 
-Contenders, run alternately in one process on the same model:
-- compatshim ``update_ema`` (pairs cached once, one ``_foreach_lerp_`` per step);
-- Open-Sora's ``update_ema``: a Python loop of ``mul_`` + ``add_`` per parameter;
-- timm ``ModelEmaV3.update`` (if timm is installed);
-- ``torch.optim.swa_utils.AveragedModel`` with ``get_ema_multi_avg_fn``;
-- the floor: one ``lerp_`` over a single flat buffer of the same total size
-  (memory-bandwidth bound; goal: compatshim <= 1.15x of it).
-Prints a Markdown table; ``main()`` returns the ratios (contender / compatshim,
-and compatshim / flat floor).
+Two measures, contenders run alternately in one process, medians:
+
+1. Host overhead (issue 24 item 4): 120 parameters of 4 elements, so the
+   arithmetic costs nothing and only the per-call host work shows. compatshim
+   ``update_ema`` against the bare ``torch._foreach_lerp_`` on the same pairs:
+   on their ``.data`` (plain tensors; the floor) and on the Parameter objects
+   themselves under ``no_grad`` (the lists ``update_ema`` passes). Goal: <= 1.2x
+   the bare call on ``.data``.
+2. A ~50M-parameter model (120 tensors): compatshim, Open-Sora's loop, timm
+   ``ModelEmaV3`` (if installed), ``AveragedModel`` + ``get_ema_multi_avg_fn``,
+   and the floor: one ``lerp_`` over a flat buffer of the same size (goal:
+   compatshim <= 1.15x). Each row gives GB/s (an EMA update reads the EMA and
+   the source and writes the EMA: 3 x the parameter bytes) and its fraction of
+   the device's copy bandwidth (``copy_`` of a flat buffer: 2 x the bytes).
+   On CUDA a ~1.6B-parameter model in 240 tensors follows, where memory allows.
+Prints Markdown tables and a JSON line of the ratios.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import time
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -22,17 +31,20 @@ from _common import interleaved, median, ms, table
 DECAY = 0.9999
 WIDTH = 1024
 BLOCKS = 12  # 12 blocks x 4 (1024x1024 + bias) ~= 50.4M params
+HOST_TENSORS = 120
+HOST_BATCH = 50  # calls per sample: one call is ~40 us, below a fair timer reading
 
 
-def build_model() -> Any:
+def build_model(device: str, width: int = WIDTH, blocks: int = BLOCKS, per_block: int = 4) -> Any:
     import torch
 
     torch.manual_seed(0)
-    layers = []
-    for _ in range(BLOCKS):
-        layers += [torch.nn.Linear(WIDTH, WIDTH) for _ in range(4)]
-        layers.append(torch.nn.LayerNorm(WIDTH))
-    return torch.nn.Sequential(*layers)
+    layers: list[Any] = []
+    for _ in range(blocks):
+        layers += [torch.nn.Linear(width, width) for _ in range(per_block)]
+        if per_block == 4:
+            layers.append(torch.nn.LayerNorm(width))
+    return torch.nn.Sequential(*layers).to(device)
 
 
 def open_sora_update_ema(ema_model: Any, model: Any, decay: float) -> None:
@@ -47,7 +59,80 @@ def open_sora_update_ema(ema_model: Any, model: Any, decay: float) -> None:
             ema_params[name].mul_(decay).add_(param.data, alpha=1 - decay)
 
 
-def contenders(model: Any) -> tuple[dict[str, Callable[[], object]], list[str]]:
+def _synced(fn: Callable[[], object], device: str) -> Callable[[], object]:
+    if device != "cuda":
+        return fn
+    import torch
+
+    def run() -> object:
+        out = fn()
+        torch.cuda.synchronize()
+        return out
+
+    return run
+
+
+def _batched(fn: Callable[[], object], times: int) -> Callable[[], object]:
+    def run() -> object:
+        for _ in range(times):
+            fn()
+        return None
+
+    return run
+
+
+def host_overhead(device: str, repeats: int = 41) -> dict[str, float]:
+    """Section 1: per-call host cost at 120 tiny tensors."""
+    import torch
+
+    import compatshim.ema as cema
+
+    torch.manual_seed(0)
+    model = torch.nn.ParameterList(
+        [torch.nn.Parameter(torch.randn(4, device=device)) for _ in range(HOST_TENSORS)]
+    )
+    ema = copy.deepcopy(model)
+    ema_data = [p.data for p in ema.parameters()]
+    src_data = [p.data for p in model.parameters()]
+    ema_params = list(ema.parameters())
+    src_params = list(model.parameters())
+
+    def on_params() -> None:
+        with torch.no_grad():
+            torch._foreach_lerp_(ema_params, src_params, 1 - DECAY)
+
+    runs = {
+        "bare `_foreach_lerp_` on `.data` (floor)": lambda: torch._foreach_lerp_(
+            ema_data, src_data, 1 - DECAY
+        ),
+        "bare `_foreach_lerp_` on the Parameters, `no_grad`": on_params,
+        "compatshim update_ema": lambda: cema.update_ema(ema, model, decay=DECAY),
+    }
+    batched = {name: _synced(_batched(fn, HOST_BATCH), device) for name, fn in runs.items()}
+    samples = interleaved(batched, repeats=repeats, warmup=3)
+    per_call = {name: median(values) / HOST_BATCH for name, values in samples.items()}
+    floor = per_call["bare `_foreach_lerp_` on `.data` (floor)"]
+    ours = per_call["compatshim update_ema"]
+    rows = [
+        [name, f"{value * 1e6:.1f} us", f"{value / floor:.2f}x"] for name, value in per_call.items()
+    ]
+    print(
+        f"### EMA host overhead ({HOST_TENSORS} tensors of 4 elements on {device}; "
+        f"median of {repeats} x {HOST_BATCH} calls)"
+    )
+    print()
+    print(table(["contender", "per call", "vs bare on .data"], rows))
+    print()
+    print(f"compatshim / bare foreach = {ours / floor:.3f} (goal <= 1.2)")
+    print()
+    on_params_time = per_call["bare `_foreach_lerp_` on the Parameters, `no_grad`"]
+    return {
+        "host: compatshim / bare foreach on .data": ours / floor,
+        "host: compatshim / bare foreach on Parameters": ours / on_params_time,
+    }
+
+
+def contenders(model: Any, device: str) -> tuple[dict[str, Callable[[], object]], list[str], int]:
     import torch
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
@@ -57,15 +142,17 @@ def contenders(model: Any) -> tuple[dict[str, Callable[[], object]], list[str]]:
     ema_loop = copy.deepcopy(model)
     averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(DECAY), use_buffers=False)
     total = sum(p.numel() for p in model.parameters())
-    flat_ema = torch.randn(total)
-    flat_src = torch.randn(total)
+    flat_ema = torch.randn(total, device=device)
+    flat_src = torch.randn(total, device=device)
     runs: dict[str, Callable[[], object]] = {
         "compatshim update_ema": lambda: cema.update_ema(ema_compat, model, decay=DECAY),
         "Open-Sora loop": lambda: open_sora_update_ema(ema_loop, model, DECAY),
         "AveragedModel + get_ema_multi_avg_fn": lambda: averaged.update_parameters(model),
         "flat buffer lerp_ (floor)": lambda: flat_ema.lerp_(flat_src, 1 - DECAY),
+        "flat buffer copy_ (bandwidth)": lambda: flat_ema.copy_(flat_src),
     }
-    notes = [f"model: {total / 1e6:.1f}M fp32 params in {len(list(model.parameters()))} tensors"]
+    count = len(list(model.parameters()))
+    notes = [f"model: {total / 1e6:.1f}M fp32 params in {count} tensors on {device}"]
     try:
         from timm.utils import ModelEmaV3
 
@@ -73,54 +160,115 @@ def contenders(model: Any) -> tuple[dict[str, Callable[[], object]], list[str]]:
         runs["timm ModelEmaV3"] = lambda: timm_ema.update(model)
     except Exception as exc:  # timm is optional: report, do not fail
         notes.append(f"timm ModelEmaV3 not run: {type(exc).__name__}: {exc}")
-    return runs, notes
+    return {name: _synced(fn, device) for name, fn in runs.items()}, notes, total * 4
 
 
-def _table(runs: dict[str, Callable[[], object]], repeats: int, title: str) -> dict[str, float]:
+def _table(
+    runs: dict[str, Callable[[], object]], nbytes: int, repeats: int, title: str
+) -> dict[str, float]:
     samples = interleaved(runs, repeats=repeats, warmup=2)
     medians = {name: median(values) for name, values in samples.items()}
     ours = medians["compatshim update_ema"]
     floor = medians["flat buffer lerp_ (floor)"]
-    rows = [
-        [name, ms(value), f"{value / ours:.2f}x", f"{value / floor:.2f}x"]
-        for name, value in medians.items()
-    ]
+    copy_rate = 2 * nbytes / medians["flat buffer copy_ (bandwidth)"]
+    rows = []
+    for name, value in medians.items():
+        moved = 2 * nbytes if "copy_" in name else 3 * nbytes
+        rate = moved / value
+        rows.append(
+            [
+                name,
+                ms(value),
+                f"{value / ours:.2f}x",
+                f"{value / floor:.2f}x",
+                f"{rate / 1e9:.1f}",
+                f"{rate / copy_rate:.0%}",
+            ]
+        )
     print(title)
     print()
-    print(table(["contender", "median per update", "vs compatshim", "vs flat floor"], rows))
+    header = ["contender", "median per update", "vs compatshim", "vs flat floor", "GB/s"]
+    print(table([*header, "of copy bandwidth"], rows))
     print()
     print(f"compatshim / flat floor = {ours / floor:.3f} (goal <= 1.15)")
     print()
     ratios = {f"{name} / compatshim": value / ours for name, value in medians.items()}
     ratios["compatshim / flat floor"] = ours / floor
+    ratios["compatshim fraction of copy bandwidth"] = 3 * nbytes / ours / copy_rate
     return ratios
 
 
-def main(repeats: int = 12) -> dict[str, float]:
-    """Both tables: torch's default intra-op threads, then 1 thread.
+def _large_cuda_table(repeats: int) -> dict[str, float]:
+    """~1.6B params in 240 tensors (120 Linear 3664x3664) where the GPU has room for them."""
+    import torch
 
-    With several threads every per-tensor op is one parallel region, so on a
-    busy machine (load average above the core count) the per-tensor contenders
-    wait for descheduled threads and the flat floor pulls ahead; the 1-thread
-    table shows the cost without that scheduling noise.
+    total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    if total_gib < 60:
+        print(f"(1.6B-parameter table skipped: {total_gib:.0f} GiB GPU memory, needs 60)\n")
+        return {}
+    import compatshim.ema as cema
+
+    model = build_model("cuda", width=3664, blocks=30, per_block=4)
+    ema = copy.deepcopy(model)
+    ema_list = [p.data for p in ema.parameters()]
+    src_list = [p.data for p in model.parameters()]
+    total = sum(p.numel() for p in model.parameters())
+    flat_ema = torch.empty(total, device="cuda")
+    flat_src = torch.empty(total, device="cuda")
+    runs = {
+        "compatshim update_ema": lambda: cema.update_ema(ema, model, decay=DECAY),
+        "bare `_foreach_lerp_` on `.data`": lambda: torch._foreach_lerp_(
+            ema_list, src_list, 1 - DECAY
+        ),
+        "flat buffer lerp_ (floor)": lambda: flat_ema.lerp_(flat_src, 1 - DECAY),
+        "flat buffer copy_ (bandwidth)": lambda: flat_ema.copy_(flat_src),
+    }
+    title = (
+        f"### EMA update, {total / 1e9:.2f}B fp32 params in {len(ema_list)} tensors on cuda "
+        f"(median of {repeats})"
+    )
+    ratios = _table({n: _synced(f, "cuda") for n, f in runs.items()}, total * 4, repeats, title)
+    return {f"[1.6B] {name}": value for name, value in ratios.items()}
+
+
+def main(repeats: int = 12) -> dict[str, float]:
+    """Host overhead, then the 50M tables (default threads and 1 thread on CPU; CUDA: one).
+
+    With several CPU threads every per-tensor op is one parallel region, so on a
+    busy machine the per-tensor contenders wait for descheduled threads and the
+    flat floor pulls ahead; the 1-thread table shows the cost without that noise.
     """
     import os
 
     import torch
 
-    model = build_model()
-    runs, notes = contenders(model)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    ratios = host_overhead("cpu")
+    if device == "cuda":
+        ratios.update({f"[cuda] {k}": v for k, v in host_overhead("cuda").items()})
+    model = build_model(device)
+    runs, notes, nbytes = contenders(model, device)
     load = os.getloadavg()[0]
     default_threads = torch.get_num_threads()
-    ratios = _table(
-        runs,
-        repeats,
-        f"### EMA update ({', '.join(notes)}; torch {torch.__version__}; "
-        f"{default_threads} threads; load average {load:.1f}; median of {repeats})",
+    where = torch.cuda.get_device_name(0) if device == "cuda" else f"{default_threads} threads"
+    ratios.update(
+        _table(
+            runs,
+            nbytes,
+            repeats,
+            f"### EMA update ({', '.join(notes)}; torch {torch.__version__}; {where}; "
+            f"load average {load:.1f}; median of {repeats})",
+        )
     )
+    if device == "cuda":
+        del runs, model
+        torch.cuda.empty_cache()
+        ratios.update(_large_cuda_table(repeats))
+        return ratios
     torch.set_num_threads(1)
     try:
-        single = _table(runs, repeats, f"### Same, 1 intra-op thread (load average {load:.1f})")
+        title = f"### Same, 1 intra-op thread (load average {load:.1f})"
+        single = _table(runs, nbytes, repeats, title)
     finally:
         torch.set_num_threads(default_threads)
     ratios.update({f"{name} [1 thread]": value for name, value in single.items()})
@@ -128,4 +276,5 @@ def main(repeats: int = 12) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    started = time.perf_counter()
+    print(json.dumps(main()))
