@@ -163,6 +163,10 @@ def fsdp2_sharded_ema(rank: int, world_size: int) -> dict[str, Any]:
         cema.update_ema(ema, model, optimizer, decay=0.5)
         for n, p in model.named_parameters():
             ref[n].mul_(0.5).add_(p.full_tensor().detach().double(), alpha=0.5)
+    try:
+        cema.update_ema(_small_net(), model, optimizer)  # an unsharded EMA of a sharded model
+    except cema.EmaMismatchError as exc:
+        one_side = str(exc)
     gathered = cema.gather_sharded_ema(ema, model, optimizer)
     full = {n: p.full_tensor() for n, p in ema.named_parameters()}  # the documented path
     return {
@@ -170,4 +174,5 @@ def fsdp2_sharded_ema(rank: int, world_size: int) -> dict[str, Any]:
         "gather_err": max(float((gathered[n].double() - ref[n]).abs().max()) for n in ref),
         "full_err": max(float((full[n].double() - ref[n]).abs().max()) for n in ref),
         "gathered_types": sorted({type(v).__name__ for v in gathered.values()}),
+        "one_side_error": one_side,
     }

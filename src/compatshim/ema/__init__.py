@@ -68,7 +68,9 @@ def update_ema(
 def _rebuild(
     ema_model: Any, model: Any, optimizer: Any, sharded: bool, exclude: tuple[str, ...]
 ) -> Plan:
-    with _lock:
+    import torch
+
+    with _lock, torch.no_grad():  # DTensor.to_local() and master views: no autograd links
         _plans.pop(ema_model, None)
         plan = build_plan(ema_model, model, optimizer, sharded, exclude)
         _plans[ema_model] = plan
