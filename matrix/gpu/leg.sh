@@ -89,6 +89,8 @@ log "overlay ready: $VPY"
 PARALLEL=()
 "$VPY" -c 'import xdist' 2>/dev/null && PARALLEL=(-n "$WORKERS") || log "no pytest-xdist: the suite runs in one process"
 COMMON=(-p no:cacheprovider -q -rfEs --durations=15)
+# tests/tooling drives tox itself (the CPU matrix's machinery): left out where tox is not installed
+"$VPY" -c 'import tox' 2>/dev/null || { COMMON+=(--ignore=tests/tooling); log "no tox: tests/tooling left out"; }
 # SIGINT first: pytest (and xdist) stop, print the summary and write the junit file
 timeout -k 30 -s INT "$SUITE_S" "$VPY" -m pytest $TESTS -m "not gpu and not multigpu" "${PARALLEL[@]}" \
     "${COMMON[@]}" --junitxml="$OUT/suite.xml" >"$OUT/suite.txt" 2>&1 &
@@ -98,7 +100,7 @@ timeout -k 30 -s INT "$SUITE_S" "$VPY" -m pytest $TESTS -m "gpu or multigpu" "${
 log "gpu tests rc=$?"
 wait "$SUITE_PID"
 log "suite rc=$?"
-tail -3 "$OUT/suite.txt" "$OUT/gpu_tests.txt"
+tail -n 3 "$OUT/suite.txt" "$OUT/gpu_tests.txt"
 
 # 3. the GPU benchmarks, each on its own clock; a bench this checkout lacks is left out
 RAN=()
@@ -112,7 +114,7 @@ done
 cp bench/RESULTS.md "$OUT/bench-RESULTS.md" 2>/dev/null
 
 # 4. the record
-COMMAND="bash matrix/gpu/leg.sh (GPU_WORKERS=$WORKERS GPU_TESTS=$TESTS GPU_SUITE_S=$SUITE_S)"
+COMMAND="bash matrix/gpu/leg.sh (GPU_WORKERS=$WORKERS GPU_TESTS=$TESTS GPU_SUITE_S=$SUITE_S; pytest ${PARALLEL[*]:-} ${COMMON[*]})"
 "$VPY" matrix/gpu/make_gpu_md.py --out "$OUT" --command "$COMMAND" --seconds "$(($(date +%s) - START))" \
     --benches "${RAN[*]:-}" --write matrix/GPU.md
 cp matrix/GPU.md "$OUT/GPU.md"

@@ -143,8 +143,8 @@ def render(out: Path, command: str, seconds: str, benches: list[str]) -> str:
             }
         ),
         "",
-        f"**Whole suite: {line(whole)}** (the xdist run of every test not marked gpu/multigpu "
-        f"in {suite_time}, and the gpu/multigpu tests in one process beside it in {marked_time}).",
+        f"**Whole suite: {line(whole)}** (every test not marked gpu/multigpu in {suite_time}, "
+        f"the gpu/multigpu tests in one process beside it in {marked_time}).",
         "",
         *table(combined),
         "",

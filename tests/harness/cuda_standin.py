@@ -3,7 +3,8 @@
 ``COMPATSHIM_TEST_STANDIN_CUDA=N`` (set by hand: ``N`` GPUs) makes, in the test process
 (``tests/conftest.py``) and in every child interpreter the tests start (the ``sitecustomize``
 beside this file is put on ``PYTHONPATH``), ``torch.cuda.is_available()`` true,
-``device_count()`` N, and CUDA generator state real torch-layout states (16 bytes: Philox seed,
+``device_count()`` N (fewer where ``CUDA_VISIBLE_DEVICES`` hides some, as CUDA does), and
+CUDA generator state real torch-layout states (16 bytes: Philox seed,
 offset) held per device: ``get_rng_state``/``set_rng_state`` (and ``_all``), ``manual_seed``
 (and ``_all``), ``initial_seed``. Nothing else: a tensor sent to ``"cuda"`` still fails, so
 code that picks CUDA by accident (an ``accelerator="auto"``, a ``.cuda()``) fails loudly here
@@ -30,11 +31,20 @@ def count() -> int:
     return int(value) if value.isdigit() else 0
 
 
+def visible(devices: int) -> int:
+    """How many of ``devices`` this process sees: ``CUDA_VISIBLE_DEVICES`` hides some, as CUDA."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return devices
+    return min(devices, len([d for d in listed.split(",") if d.strip() not in ("", "-1")]))
+
+
 def install(devices: int) -> None:
     """Answer for ``devices`` GPUs in this process (torch imported here)."""
     import torch
 
     cuda: Any = torch.cuda
+    devices = visible(devices)
     if getattr(cuda, "_compatshim_standin", None) == devices:
         return
     states = {d: _state(DEFAULT_SEED) for d in range(devices)}
@@ -64,7 +74,7 @@ def install(devices: int) -> None:
             states[device] = _state(int(seed))
 
     replacements = {
-        "is_available": lambda: True,
+        "is_available": lambda: devices > 0,
         "device_count": lambda: devices,
         "get_rng_state": get_rng_state,
         "set_rng_state": set_rng_state,
