@@ -36,7 +36,21 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1
 SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/compatshim-gpu-leg.XXXX")
 trap 'rm -rf "$SCRATCH"' EXIT
 VENV=$SCRATCH/venv
-"$PY" -m venv --without-pip "$VENV" >"$OUT/overlay.txt" 2>&1 || { log "venv failed"; cat "$OUT/overlay.txt"; exit 2; }
+"$PY" - "$VENV" <<'EOF' >"$OUT/overlay.txt" 2>&1 || { log "venv failed"; cat "$OUT/overlay.txt"; exit 2; }
+import os, sys, sysconfig
+try:
+    import venv
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(sys.argv[1])
+except Exception as exc:  # a distribution that split venv out: what venv writes, by hand
+    print("venv module failed:", exc, "- writing pyvenv.cfg by hand")
+    base = getattr(sys, "_base_executable", sys.executable)
+    lib = sysconfig.get_path("purelib", vars={"base": sys.argv[1], "platbase": sys.argv[1]})
+    os.makedirs(lib, exist_ok=True)
+    os.makedirs(os.path.join(sys.argv[1], "bin"), exist_ok=True)
+    os.symlink(base, os.path.join(sys.argv[1], "bin", "python"))
+    with open(os.path.join(sys.argv[1], "pyvenv.cfg"), "w") as cfg:
+        cfg.write(f"home = {os.path.dirname(base)}\ninclude-system-site-packages = false\n")
+EOF
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 "$PY" - "$SITE" "$ROOT" <<'EOF' >>"$OUT/overlay.txt" 2>&1 || { log "overlay failed"; exit 2; }
 import re, shutil, sys
