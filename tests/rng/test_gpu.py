@@ -43,3 +43,22 @@ def test_torch_2_0_layout_sets_the_same_seed_and_offset() -> None:
     state["cuda"] = cuda_states(1, legacy=True)
     rng.restore(state, warn=False)
     assert torch.equal(torch.cuda.get_rng_state(0), cuda_states(1)[0])
+
+
+@pytest.mark.gpu
+def test_a_cpu_run_resumed_here_continues_exactly_and_seeds_cuda_as_new() -> None:
+    state = rng.capture()
+    state["cuda"] = []  # saved by a run without GPUs
+    expected_cpu = torch.rand(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rng.RNGStateWarning)  # nothing was lost: no warning
+        report = rng.restore(state)
+    assert report.exact and report.new == tuple(
+        f"cuda:{i}" for i in range(torch.cuda.device_count())
+    )
+    assert torch.equal(torch.rand(4), expected_cpu)
+    first = torch.rand(8, device="cuda").cpu()
+    rng.restore(state)
+    assert torch.equal(
+        torch.rand(8, device="cuda").cpu(), first
+    )  # the same checkpoint, same stream

@@ -3,7 +3,9 @@
 The 7-GPUs-saved case is checked here on CPU through ``build_plan`` with a
 stated environment (``Environment(cuda=1)``): the plan says which saved
 CUDA entry each current device gets, which are derived and which skipped.
-Nothing fakes CUDA; applying a CUDA plan is the GPU-marked test's job.
+Nothing fakes CUDA; applying a CUDA plan is the GPU-marked test's job. States
+are captured here and then given the CUDA entries each case needs (none for a
+CPU run), so no case depends on whether this machine has a GPU.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tests.rng.fixtures.make_fixtures import cuda_states
 
 
 def state_with_cuda(count: int, legacy: bool = False) -> dict[str, object]:
+    """This process's state as saved on a machine with ``count`` GPUs (0: a CPU run)."""
     state = rng.capture()
     state["cuda"] = cuda_states(count, legacy=legacy)
     return state
@@ -73,9 +76,39 @@ def test_torch_2_0_cuda_states_are_converted_not_rejected() -> None:
 
 
 def test_cpu_only_state_on_a_cpu_machine_plans_no_cuda() -> None:
-    plan = build_plan(rng.capture(), Environment(cuda=0))
+    plan = build_plan(state_with_cuda(0), Environment(cuda=0))
     assert not cuda_writes(plan)
+    assert plan.report is not None and plan.report.exact and not plan.report.new
+
+
+def test_cpu_run_resumed_on_a_gpu_machine_continues_exactly_and_reports_cuda_as_new() -> None:
+    """A CPU-trained checkpoint on a 2-GPU machine: nothing saved is lost, so it is exact."""
+    state = state_with_cuda(0)
+    plan = build_plan(state, Environment(cuda=2), on_device_mismatch="error")  # no mismatch
+    report = plan.report
+    assert report is not None
+    assert report.exact and not report.mismatch and not report.notes
+    assert report.new == ("cuda:0", "cuda:1") and not report.derived and not report.skipped
+    assert {"python", "numpy", "torch_cpu"} <= set(report.restored)
+    assert "new (the state held none): cuda:0, cuda:1" in report.summary()
+    writes = cuda_writes(plan)
+    again = cuda_writes(build_plan(state, Environment(cuda=2)))
+    assert all(torch.equal(writes[k], again[k]) for k in writes)  # same checkpoint, same streams
+    seeds = {struct.unpack("<QQ", bytes(t.tolist())) for t in writes.values()}
+    assert len(seeds) == 2 and all(offset == 0 for _, offset in seeds)
+
+
+def test_generators_of_other_accelerators_the_state_never_held_are_new_and_left_alone() -> None:
+    plan = build_plan(state_with_cuda(0), Environment(xpu=1, mps=True))
     assert plan.report is not None and plan.report.exact
+    assert plan.report.new == ("xpu:0 (left as it is)", "mps (left as it is)")
+    assert [label for label, _ in plan.writes] == ["python", "numpy", "torch_cpu"]
+
+
+def test_a_changed_gpu_count_is_still_a_mismatch_not_new() -> None:
+    plan = build_plan(state_with_cuda(1), Environment(cuda=2))
+    assert plan.report is not None and not plan.report.new
+    assert plan.report.derived == ("cuda:1",) and plan.report.mismatch
 
 
 @pytest.mark.parametrize(
@@ -121,10 +154,11 @@ def test_derived_rank_gets_every_generator_derived() -> None:
 
 
 def single_rank_file(saved_rank: int | None) -> dict[str, object]:
+    """One rank's state as saved by a CPU run (no CUDA entries, whatever this machine has)."""
     from compatshim.rng.formats import single_rank_file as make
     from compatshim.rng.state import parse_state
 
-    return make(parse_state(rng.capture()), "sana", saved_rank)
+    return make(parse_state(state_with_cuda(0)), "sana", saved_rank)
 
 
 def test_one_job_wide_state_goes_to_rank_zero_only() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import traceback
@@ -31,9 +32,13 @@ def timeout_for(jobs: int) -> int:
 
 def run_job(script: str, mode: str, folder: Path) -> dict[str, Any]:
     """The job's ``RESULT`` record; the job itself decides whether to arm compatshim."""
+    # mmengine's Runner takes CUDA whenever it is visible and has no CPU switch of its own: hiding
+    # the GPUs is its documented way to train on CPU, so the job runs as on a CPU machine
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     try:
         done = subprocess.run(
             [sys.executable, str(HERE / script), mode, str(folder)],
+            env=env,
             capture_output=True,
             text=True,
             timeout=JOB_TIMEOUT_S,

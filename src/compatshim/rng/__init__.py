@@ -10,7 +10,9 @@ get their saved state, and the others a deterministic state derived from the
 saved material and their index (never another rank's or device's stream);
 a file holding one rank's state (another framework's per-rank file, or one
 job-wide state as Sana keeps) is restored on its own rank (rank 0 when
-unknown) and derived on the others. The returned :class:`RestoreReport`
+unknown) and derived on the others. Accelerator generators of a kind the
+save never held (a CPU-trained checkpoint resumed on a GPU machine) are
+reported as new, not as an inexact restore. The returned :class:`RestoreReport`
 lists what was restored, derived and skipped, and one
 :class:`RNGStateWarning` says so whenever the setup differs from the save.
 

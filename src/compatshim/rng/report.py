@@ -11,8 +11,13 @@ class RestoreReport:
 
     ``restored`` generators continue the saved streams bit for bit; ``derived``
     ones got a deterministic state derived from the saved material; ``skipped``
-    ones were left as they were (with the reason in brackets). ``exact`` is
-    True only when nothing was derived or skipped.
+    ones were left as they were (with the reason in brackets). ``new`` ones are
+    generators of a kind the state never held (CUDA, XPU or MPS on a machine
+    that has them, after a run that had none, such as a CPU-trained checkpoint
+    resumed on a GPU machine): no saved stream was lost, so they do not make the
+    restore inexact; CUDA ones are seeded from the saved material (the same
+    checkpoint always gives the same streams), XPU and MPS ones are left as they
+    are. ``exact`` is True only when nothing was derived or skipped.
     """
 
     source: str
@@ -24,6 +29,7 @@ class RestoreReport:
     derived: tuple[str, ...]
     skipped: tuple[str, ...]
     notes: tuple[str, ...] = ()
+    new: tuple[str, ...] = ()
 
     @property
     def exact(self) -> bool:
@@ -46,6 +52,7 @@ class RestoreReport:
             ("restored", self.restored),
             ("derived", self.derived),
             ("skipped", self.skipped),
+            ("new (the state held none)", self.new),
         ):
             if items:
                 lines.append(f"  {title}: {', '.join(items)}")

@@ -157,29 +157,43 @@ def build_plan(
     else:
         skipped.append("torch_cpu (not in the state)")
 
-    cuda = plan_devices("cuda", len(parts.cuda), env.cuda, on_device_mismatch)
-    for index in cuda.restore:
-        put(f"cuda:{index}", parts.cuda[index])
-    device_digest = (rank_digest or material_digest(parts)) if cuda.derive else b""
-    for index in cuda.derive:
-        seed = derived_seed(device_digest, f"cuda:{index}")
-        plan.writes.append((f"cuda:{index}", derived_cuda(seed)))
-        derived.append(f"cuda:{index}")
-    skipped += [f"cuda:{i} (saved; no such device here)" for i in cuda.skip_saved]
-    if len(parts.cuda) != env.cuda:
-        notes.append(f"CUDA device count changed {len(parts.cuda)} -> {env.cuda}")
+    new: list[str] = []
+    if not parts.cuda and env.cuda:
+        # the file never held a CUDA generator (a CPU run): nothing saved is lost, so these are
+        # new streams, seeded from the saved material, and the restore stays exact
+        digest = rank_digest or material_digest(parts)
+        for index in range(env.cuda):
+            plan.writes.append(
+                (f"cuda:{index}", derived_cuda(derived_seed(digest, f"cuda:{index}")))
+            )
+            new.append(f"cuda:{index}")
+    else:
+        cuda = plan_devices("cuda", len(parts.cuda), env.cuda, on_device_mismatch)
+        for index in cuda.restore:
+            put(f"cuda:{index}", parts.cuda[index])
+        device_digest = (rank_digest or material_digest(parts)) if cuda.derive else b""
+        for index in cuda.derive:
+            seed = derived_seed(device_digest, f"cuda:{index}")
+            plan.writes.append((f"cuda:{index}", derived_cuda(seed)))
+            derived.append(f"cuda:{index}")
+        skipped += [f"cuda:{i} (saved; no such device here)" for i in cuda.skip_saved]
+        if len(parts.cuda) != env.cuda:
+            notes.append(f"CUDA device count changed {len(parts.cuda)} -> {env.cuda}")
 
-    xpu = plan_devices("xpu", len(parts.xpu), env.xpu, on_device_mismatch)
-    for index in xpu.restore:
-        put(f"xpu:{index}", parts.xpu[index])
-    skipped += [f"xpu:{i} (no saved state; xpu states are not derived)" for i in xpu.derive]
-    skipped += [f"xpu:{i} (saved; no such device here)" for i in xpu.skip_saved]
+    if not parts.xpu and env.xpu:  # never held; xpu layouts are backend-defined: left as they are
+        new += [f"xpu:{i} (left as it is)" for i in range(env.xpu)]
+    else:
+        xpu = plan_devices("xpu", len(parts.xpu), env.xpu, on_device_mismatch)
+        for index in xpu.restore:
+            put(f"xpu:{index}", parts.xpu[index])
+        skipped += [f"xpu:{i} (no saved state; xpu states are not derived)" for i in xpu.derive]
+        skipped += [f"xpu:{i} (saved; no such device here)" for i in xpu.skip_saved]
     if parts.mps is not None and env.mps:
         put("mps", parts.mps)
     elif parts.mps is not None:
         skipped.append("mps (saved; no MPS device here)")
     elif env.mps:
-        skipped.append("mps (not in the state)")
+        new.append("mps (left as it is)")
 
     plan.report = RestoreReport(
         source=source,
@@ -191,6 +205,7 @@ def build_plan(
         derived=tuple(derived),
         skipped=tuple(skipped),
         notes=tuple(notes),
+        new=tuple(new),
     )
     return plan
 
@@ -233,9 +248,12 @@ def restore(
     """Restore ``state`` (from ``capture``, ``read``, or another framework's RNG dict).
 
     Same world size and device count: every generator continues bit-identically.
-    Otherwise (``"derive"``, the default) ranks and devices present in the save
-    get their saved state and the others a deterministic state derived from the
-    saved material and their index, never another rank's or device's stream;
+    Accelerator generators of a kind the state never held (a CPU run resumed on a
+    GPU machine) are reported as ``new``: seeded from the saved material, no
+    warning, and the restore stays ``exact``. Otherwise (``"derive"``, the default)
+    ranks and devices present in the save get their saved state and the others a
+    deterministic state derived from the saved material and their index, never
+    another rank's or device's stream;
     ``"error"`` raises :class:`RNGStateError` with both counts instead;
     ``on_world_size_mismatch="derive_all"`` derives every rank after a resize.
     Everything is validated before any generator is set: on bad input nothing

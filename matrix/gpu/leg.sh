@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The GPU leg, one command from the checkout's root on a CUDA machine: `bash matrix/gpu/leg.sh`.
+#
+# The machine's own Python, CUDA torch and frameworks are used as they are; nothing is installed
+# into them. What they lack comes as wheels in .whl/ (matrix/gpu/wheels.sh makes them on a machine
+# with a package index) and goes, with this checkout's compatshim as an editable install (its
+# start-up hook compatshim_auto.pth included, so COMPATSHIM_AUTO=1 arms the children the tests
+# start), into an overlay venv over the machine's site-packages. Then, side by side:
+#   1. the whole suite but the gpu/multigpu tests, `-n $GPU_WORKERS` with pytest-xdist;
+#   2. the gpu/multigpu tests (CUDA RNG, ColossalAI on CUDA, 1-rank NCCL copies, EMA), one process;
+# then 3. the GPU benchmarks (bench/run_all.py, one at a time, missing ones left out), and writes
+# matrix/GPU.md and $OUT/GPU.md (matrix/gpu/make_gpu_md.py): device, driver, torch, CUDA, NCCL,
+# command, counts per family, the whole-suite line, the benchmark tables. Raw output in $OUT.
+# On a machine without CUDA it runs to the end and GPU.md says "no CUDA device" (a rehearsal).
+#
+# Knobs: OUT (default .gpu-out), GPU_PYTHON (python3), GPU_WORKERS (14), GPU_TESTS (tests),
+# GPU_SUITE_S (300), GPU_BENCHES (bench_ema bench_checkpoint bench_map_location), GPU_BENCH_S (60).
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+OUT=${OUT:-$ROOT/.gpu-out}
+mkdir -p "$OUT"
+PY=${GPU_PYTHON:-python3}
+WORKERS=${GPU_WORKERS:-14}
+TESTS=${GPU_TESTS:-tests}
+SUITE_S=${GPU_SUITE_S:-300}
+BENCHES=${GPU_BENCHES:-bench_ema bench_checkpoint bench_map_location}
+BENCH_S=${GPU_BENCH_S:-60}
+START=$(date +%s)
+log() { echo "[t+$(($(date +%s) - START))s] $*" | tee -a "$OUT/leg.log"; }
+for var in $(env | grep -o '^COMPATSHIM_[A-Z_]*'); do unset "$var"; done
+unset PYTHONPATH  # the overlay says where everything comes from
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1
+
+# 1. the overlay: a venv whose site-packages add the machine's, then the wheels and compatshim
+SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/compatshim-gpu-leg.XXXX")
+trap 'rm -rf "$SCRATCH"' EXIT
+VENV=$SCRATCH/venv
+"$PY" - "$VENV" <<'EOF' >"$OUT/overlay.txt" 2>&1 || { log "venv failed"; cat "$OUT/overlay.txt"; exit 2; }
+import os, sys, sysconfig
+try:
+    import venv
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(sys.argv[1])
+except Exception as exc:  # a distribution that split venv out: what venv writes, by hand
+    print("venv module failed:", exc, "- writing pyvenv.cfg by hand")
+    base = getattr(sys, "_base_executable", sys.executable)
+    lib = sysconfig.get_path("purelib", vars={"base": sys.argv[1], "platbase": sys.argv[1]})
+    os.makedirs(lib, exist_ok=True)
+    os.makedirs(os.path.join(sys.argv[1], "bin"), exist_ok=True)
+    os.symlink(base, os.path.join(sys.argv[1], "bin", "python"))
+    with open(os.path.join(sys.argv[1], "pyvenv.cfg"), "w") as cfg:
+        cfg.write(f"home = {os.path.dirname(base)}\ninclude-system-site-packages = false\n")
+EOF
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+"$PY" - "$SITE" "$ROOT" <<'EOF' >>"$OUT/overlay.txt" 2>&1 || { log "overlay failed"; exit 2; }
+import re, shutil, sys
+from pathlib import Path
+target, root = Path(sys.argv[1]), Path(sys.argv[2])
+# every site dir the machine's interpreter sees (its venv's, and the system's where it has them)
+bases = [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and Path(p).is_dir()]
+# .pth files run in name order: this checkout's src first (so a compatshim the machine may have
+# installed never shadows it), then the machine's site dirs with their own .pth files
+(target / "00_compatshim_leg_1_src.pth").write_text(f"{root / 'src'}\n")
+(target / "00_compatshim_leg_2_base.pth").write_text(
+    "".join(f"import site; site.addsitedir({p!r})\n" for p in bases))
+shutil.copyfile(root / "src" / "compatshim_auto.pth", target / "compatshim_auto.pth")
+version = re.search(r'^version = "([^"]+)"', (root / "pyproject.toml").read_text(), re.M)[1]
+info = target / f"compatshim-{version}.dist-info"
+info.mkdir()
+(info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: compatshim\nVersion: {version}\n")
+(info / "INSTALLER").write_text("matrix/gpu/leg.sh\n")
+print("overlay over", bases)
+EOF
+# the wheels, unpacked as pip --target --no-deps would (the machine may have no pip)
+"$PY" - "$SITE" .whl/*.whl <<'EOF' >>"$OUT/overlay.txt" 2>&1 || log "wheel install failed (see overlay.txt)"
+import sys, zipfile
+from pathlib import Path
+target = Path(sys.argv[1])
+for wheel in sys.argv[2:]:
+    if not Path(wheel).is_file():
+        print("no wheels in .whl/: ColossalAI tests skip unless the machine has it")
+        continue
+    with zipfile.ZipFile(wheel) as archive:
+        for member in archive.infolist():
+            parts = Path(member.filename).parts
+            if parts[0].endswith(".data"):  # only purelib/platlib; scripts, headers, data skipped
+                if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
+                    continue
+                parts = parts[2:]
+            if member.is_dir():
+                continue
+            out = target.joinpath(*parts)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(archive.read(member))
+    print("unpacked", wheel)
+EOF
+VPY=$VENV/bin/python
+"$VPY" -c 'import compatshim, torch; print("compatshim from", compatshim.__file__, "torch", torch.__version__)' \
+    >>"$OUT/overlay.txt" 2>&1 || { log "overlay python cannot import compatshim/torch"; cat "$OUT/overlay.txt"; exit 2; }
+log "overlay ready: $VPY"
+
+# 2. the suite (xdist where installed) and the gpu tests, side by side
+PARALLEL=()
+"$VPY" -c 'import xdist' 2>/dev/null && PARALLEL=(-n "$WORKERS") || log "no pytest-xdist: the suite runs in one process"
+COMMON=(-p no:cacheprovider -q -rfEs --durations=15)
+# tests/tooling drives tox itself (the CPU matrix's machinery): left out where tox is not installed
+"$VPY" -c 'import tox' 2>/dev/null || { COMMON+=(--ignore=tests/tooling); log "no tox: tests/tooling left out"; }
+# SIGINT first: pytest (and xdist) stop, print the summary and write the junit file
+timeout -k 30 -s INT "$SUITE_S" "$VPY" -m pytest $TESTS -m "not gpu and not multigpu" "${PARALLEL[@]}" \
+    "${COMMON[@]}" --junitxml="$OUT/suite.xml" >"$OUT/suite.txt" 2>&1 &
+SUITE_PID=$!
+timeout -k 30 -s INT "$SUITE_S" "$VPY" -m pytest $TESTS -m "gpu or multigpu" "${COMMON[@]}" -rA \
+    --junitxml="$OUT/gpu.xml" >"$OUT/gpu_tests.txt" 2>&1
+log "gpu tests rc=$?"
+wait "$SUITE_PID"
+log "suite rc=$?"
+tail -n 3 "$OUT/suite.txt" "$OUT/gpu_tests.txt"
+
+# 3. the GPU benchmarks, each on its own clock; a bench this checkout lacks is left out
+RAN=()
+for name in $BENCHES; do
+    [ -f "bench/$name.py" ] || { log "bench $name: not in this checkout, left out"; continue; }
+    timeout -k 10 "$BENCH_S" "$VPY" bench/run_all.py "$name" >"$OUT/$name.txt" 2>&1
+    echo $? >"$OUT/$name.rc"
+    log "bench $name rc=$(cat "$OUT/$name.rc")"
+    RAN+=("$name")
+done
+cp bench/RESULTS.md "$OUT/bench-RESULTS.md" 2>/dev/null
+
+# 4. the record
+COMMAND="bash matrix/gpu/leg.sh (GPU_WORKERS=$WORKERS GPU_TESTS=$TESTS GPU_SUITE_S=$SUITE_S; pytest ${PARALLEL[*]:-} ${COMMON[*]})"
+"$VPY" matrix/gpu/make_gpu_md.py --out "$OUT" --command "$COMMAND" --seconds "$(($(date +%s) - START))" \
+    --benches "${RAN[*]:-}" --write matrix/GPU.md
+cp matrix/GPU.md "$OUT/GPU.md"
+log "done; GPU.md in $OUT"

@@ -1,0 +1,1 @@
+"""Put on ``PYTHONPATH`` (not imported as a package) by a CUDA stand-in run: sitecustomize."""
