@@ -10,6 +10,8 @@ from types import ModuleType
 
 import pytest
 
+pytest.importorskip("tox", reason="tox is not installed: toxfile.py is a tox plugin")
+
 TOXFILE = Path(__file__).resolve().parents[2] / "toxfile.py"
 
 
