@@ -89,5 +89,16 @@ def main(argv: list[str]) -> int:
     return code
 
 
+def drop_own_folder(path: list[str]) -> None:
+    """Run as ``python tests/run_pytest.py``, Python puts ``tests/`` first on ``sys.path``.
+
+    There ``tests/lightning`` (the package ``tests.lightning``) would be imported as the
+    real ``lightning``; the suite reaches its own code as ``tests.*`` from the checkout root.
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    path[:] = [entry for entry in path if os.path.abspath(entry or os.curdir) != here]
+
+
 if __name__ == "__main__":
+    drop_own_folder(sys.path)
     raise SystemExit(main(sys.argv[1:]))

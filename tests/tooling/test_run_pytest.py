@@ -67,3 +67,13 @@ def test_passing_env_passes_and_records_results(tmp_path: Path) -> None:
     versions = json.loads((tmp_path / "res" / "selftest.versions.json").read_text())
     assert versions["python"] == ".".join(map(str, sys.version_info[:3]))
     assert "pytest" in versions
+
+
+def test_its_own_folder_is_not_on_sys_path(tmp_path: Path) -> None:
+    """``tests/`` on ``sys.path`` would make ``tests/lightning`` importable as ``lightning``."""
+    body = (
+        "import sys, os\n"
+        f"def test_a(): assert {str(RUN_PYTEST.parent)!r} not in map(os.path.abspath, sys.path)\n"
+    )
+    done = run(suite(tmp_path, body), tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
