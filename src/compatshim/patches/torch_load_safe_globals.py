@@ -209,25 +209,18 @@ def _plain(exc: BaseException) -> str:
     return text[: -len(ADVICE)] if ADVICE and text.endswith(ADVICE) else text
 
 
-# Modules whose globals run code or reach the system: never advised as allow entries.
-_NEVER_ADVISED = frozenset(
-    {
-        *("builtins", "os", "posix", "nt", "subprocess", "sys", "runpy", "importlib", "pickle"),
-        *("marshal", "shutil", "ctypes", "operator", "functools", "code", "codecs", "io", "socket"),
-    }
-)
-
-
 def _how_to_allow(refused: tuple[str, ...]) -> str:
     """Advice for a ``torch.load`` caller; never torch's (its wording sends PyG to unsafe loads)."""
     import re
 
+    from ..checkpoint.deny import denied
+
     names = [n for n in refused if re.fullmatch(r"[A-Za-z_][\w.]*\.[A-Za-z_]\w*", n)]
-    risky = [n for n in names if n.partition(".")[0] in _NEVER_ADVISED]
+    risky = [n for n in names if denied(n) is not None]
     if risky:
         return (
-            f" The file names {', '.join(risky)}, which can run code or reach the system: "
-            "it may be malicious; do not allow it."
+            f" The file names {', '.join(risky)}, which can run code or reach the system "
+            "(denied: no allow source can admit it): it may be malicious."
         )
     if not names:
         return ""
