@@ -89,7 +89,9 @@ Limits of hardened mode
     ``torch.load``) refuse torch's full unpickler, so a ``torch.load``
     reference taken before ``compatshim.install()`` and
     ``torch.distributed._serialization._streaming_load(weights_only=False)``
-    cannot run code either; such a stale reference with ``weights_only=True``
+    cannot run code either (that private stream reader still parses its own
+    framing with torch's weights-only unpickler before the guard refuses); such a
+    stale reference with ``weights_only=True``
     still reaches torch's weights-only unpickler (``COMPATSHIM_AUTO=1`` arms at
     ``import torch``, before any reference can be taken). Not covered, because
     they are not torch's loaders: ``numpy.load(allow_pickle=True)``, plain
