@@ -236,3 +236,14 @@ def test_a_fifo_allow_file_is_not_read(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "refused ('fractions.Fraction',)" in done.stdout
     assert "not a regular file" in done.stdout
+
+
+def test_judging_a_long_hostile_name_is_linear() -> None:
+    """A file may name a 1 MiB module of 500 000 dots: the check stays linear in its length."""
+    import time
+
+    started = time.perf_counter()
+    assert deny.denied("a." * 500_000 + "b") is None
+    assert deny.denied("os." + "a." * 500_000 + "b")
+    assert deny.denied("x" * (1 << 20) + ".y") is None
+    assert time.perf_counter() - started < 2.0

@@ -93,8 +93,9 @@ DENIED: dict[str, str] = {
 }
 
 _EXACT = {k: v for k, v in DENIED.items() if not k.endswith("*")}
-_PREFIXES = tuple((k[:-1], v) for k, v in DENIED.items() if k.endswith("*"))
-_MODULE_PREFIXES = tuple((k[:-2], v) for k, v in DENIED.items() if k.endswith(".*"))
+_MODULES = {k[:-2]: v for k, v in DENIED.items() if k.endswith(".*")}  # a module and below
+_PREFIXES = tuple((k[:-1], v) for k, v in DENIED.items() if k.endswith("*") and k[-2] != ".")
+_DEPTH = max(k.count(".") + 1 for k in _MODULES)  # the deepest module prefix listed
 
 
 def denied(name: str) -> str | None:
@@ -104,11 +105,16 @@ def denied(name: str) -> str | None:
     reason = _EXACT.get(name)
     if reason is not None:
         return reason
-    for prefix, why in _PREFIXES:
+    end = -1
+    for _ in range(_DEPTH):  # "os.path.join": os, os.path, os.path.join (linear in the name)
+        end = name.find(".", end + 1)
+        reason = _MODULES.get(name if end < 0 else name[:end])
+        if reason is not None:
+            return reason
+        if end < 0:
+            break
+    for prefix, why in _PREFIXES:  # "torch._C._jit_*": a name prefix, not a module
         if name.startswith(prefix):
-            return why
-    for module, why in _MODULE_PREFIXES:  # "os.*" also denies a global the pickle names "os"
-        if name == module:
             return why
     return None
 
