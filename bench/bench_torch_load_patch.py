@@ -24,9 +24,10 @@ from compatshim.patches.torch_load_safe_globals import _wrap
 def _files() -> dict[str, bytes]:
     torch.manual_seed(0)
     small = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
-    model = torch.nn.Sequential(
-        *[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.LayerNorm(256)) for _ in range(24)]
-    )
+    blocks = [
+        torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.LayerNorm(256)) for _ in range(24)
+    ]
+    model = torch.nn.Sequential(*blocks)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model(torch.randn(4, 256)).sum().backward()
     optimizer.step()
@@ -47,8 +48,10 @@ def _files() -> dict[str, bytes]:
 
 def _time(loads: dict[str, Callable[..., Any]], data: bytes, repeats: int) -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in loads}
-    for _ in range(repeats):
-        for name, load in loads.items():
+    order = list(loads.items())
+    for round_ in range(repeats):
+        shift = round_ % len(order)  # each contender goes first as often: no order bias
+        for name, load in order[shift:] + order[:shift]:
             stream = io.BytesIO(data)
             start = time.perf_counter()
             load(stream, weights_only=True)
@@ -56,7 +59,7 @@ def _time(loads: dict[str, Callable[..., Any]], data: bytes, repeats: int) -> di
     return {k: statistics.median(v) * 1e6 for k, v in times.items()}
 
 
-def main(repeats: int = 150) -> None:
+def main(repeats: int = 300) -> None:
     loads = {
         "torch.load": torch.load,
         "armed": _wrap(torch.load, hardened=False),
@@ -75,7 +78,8 @@ def main(repeats: int = 150) -> None:
         )
     print()
     print(
-        f"{repeats} interleaved loads of each file per contender. Hardened reads with "
+        f"{repeats} interleaved loads of each file per contender, in rotating order. "
+        "Hardened reads with "
         "compatshim.checkpoint.load alone (torch's unpickler never sees the file)."
     )
 
