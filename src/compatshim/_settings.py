@@ -4,15 +4,16 @@ Modules ask this one for a setting instead of reading ``os.environ`` themselves,
 so a misspelt or malformed value gets the same treatment everywhere: a clear
 :class:`SettingError` (a ``ValueError``) where the caller can report it, or a
 single warning where it cannot (start-up, import hooks). The start-up hook
-``compatshim_auto.pth`` is the one exception: it must run before this package
-can be imported and repeats :data:`AUTO` and :func:`truthy` by hand.
+(``compatshim_auto.py``, run by ``compatshim_auto.pth`` and ``compatshim_auto.start``)
+is the one exception: it runs in every interpreter, before this package is imported,
+and repeats :data:`AUTO` and :func:`truthy` by hand.
 """
 
 from __future__ import annotations
 
 import os
 
-AUTO = "COMPATSHIM_AUTO"  # arm every patch at interpreter start (compatshim_auto.pth)
+AUTO = "COMPATSHIM_AUTO"  # arm every patch at interpreter start (compatshim_auto.py)
 DISABLE = "COMPATSHIM_DISABLE"  # comma-separated patch names to leave off
 DESYNC_TIMEOUT = "COMPATSHIM_DESYNC_TIMEOUT"  # seconds before a desync/hang report
 DOCTOR_TIMEOUT = "COMPATSHIM_DOCTOR_TIMEOUT"  # seconds allowed for the doctor's live probes

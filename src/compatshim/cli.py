@@ -1,13 +1,47 @@
-"""Command line: ``compatshim doctor`` (also ``python -m compatshim doctor``)."""
+"""Command line: ``compatshim doctor`` and ``compatshim inspect`` (also ``python -m compatshim``).
+
+Like any Unix tool, a command whose reader goes away (``compatshim inspect FILE |
+head -1``) ends quietly: no ``BrokenPipeError`` traceback, nothing more written,
+exit status 141 (128 + SIGPIPE, what the shell reports for ``yes | head -1``;
+``set -o pipefail`` sees it as it sees any tool cut off by its reader). Python
+ignores SIGPIPE, so the error arrives as an exception: it is caught here and
+stdout pointed at the null device, so the interpreter's own flush at exit
+cannot fail again (Python's documented recipe, "Note on SIGPIPE").
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Sequence
+
+PIPE_CLOSED = 141  # 128 + SIGPIPE (13)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="compatshim", description=__doc__)
+    try:
+        try:
+            return _run(argv)
+        finally:  # --help and usage errors too (argparse exits from inside)
+            sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
+        return PIPE_CLOSED
+
+
+def _quiet_stdout() -> None:
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor (replaced stdout): nothing to flush
+        pass
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    parser = argparse.ArgumentParser(prog="compatshim", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     doctor = commands.add_parser(
         "doctor", help="report installed frameworks, known breakages and whether they are fixed"

@@ -105,16 +105,48 @@ def patch_row(patch: PatchStatus) -> DoctorRow:
 
 
 def rows(report: dict[str, Any]) -> list[DoctorRow]:
-    """One uniform row per patch and adapter check."""
+    """One uniform row per patch and adapter check, then the removed names that apply."""
     out = [patch_row(_status(patch)) for patch in report.get("patches", [])]
     out.extend(DoctorRow.from_dict(row) for row in report.get("adapters", []))
+    out.extend(removed_rows())
+    return out
+
+
+def removed_rows() -> list[DoctorRow]:
+    """A row per removed name compatshim cannot provide (``aliases.table.REMOVED``) whose
+    distribution is installed at a release without it: present, ``fixed`` None (nothing
+    compatshim could provide), so it does not fail the verdict; read from metadata only."""
+    from ._engine.versions import contains
+    from .aliases.table import REMOVED
+
+    out = []
+    for entry in REMOVED:
+        version = installed_version(entry.distribution)
+        if version is None or not contains(entry.removed, version):
+            continue
+        out.append(
+            DoctorRow(
+                name=entry.name,
+                kind="hazard",
+                applies=True,
+                present=True,
+                fixed=None,
+                detail=(
+                    f"{entry.distribution} {version} removed it ({entry.distribution}"
+                    f"{entry.removed}); code importing it fails and compatshim provides no alias "
+                    f"(no replacement keeps its meaning): use {entry.instead}"
+                ),
+                extra={"evidence": entry.evidence},
+            )
+        )
     return out
 
 
 def verdict(table: list[DoctorRow], report: dict[str, Any]) -> tuple[int, str]:
     if "error" in report:
         return 2, f"could not run the live probes: {report['error']}"
-    unfixed = [r for r in table if r.applies and r.present and not r.fixed]
+    # fixed None on a present row: a removed name compatshim cannot provide (reported only)
+    unfixed = [r for r in table if r.applies and r.present and r.fixed is False]
     unknown = [r for r in table if r.applies and r.present is None and r.kind == "patch"]
     if unfixed:
         names = ", ".join(r.name for r in unfixed)

@@ -270,7 +270,8 @@ def test_known_gadgets_are_named_dangerous(tmp_path: Path, module: str, name: st
     (use,) = inspect(path).globals
     assert not use.covered and use.dangerous and use.allow is None
     done = _cli(str(path))
-    assert f"known dangerous: {use.dangerous}" in done.stdout and "allow=" not in done.stdout
+    assert f"denied (cannot be allowed): {use.dangerous}" in done.stdout
+    assert "allow=" not in done.stdout
     assert json.loads(_cli(str(path), "--json").stdout)["globals"][0]["dangerous"]
 
 

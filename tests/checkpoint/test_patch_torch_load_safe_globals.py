@@ -285,8 +285,9 @@ def test_hardened_in_process_refuses_weights_only_false(
     assert not hasattr(torch.load, "__compatshim_original__")
 
 
-def test_hardened_before_torch_2_6_reads_every_file_with_compatshim(tmp_path: Path) -> None:
-    """torch < 2.6's weights-only unpickler could run code (CVE-2025-32434): it never runs."""
+def test_hardened_reads_every_file_with_compatshim(tmp_path: Path) -> None:
+    """torch's own unpickler never runs in hardened mode, on any torch (before 2.6 its
+    weights-only unpickler could run code, CVE-2025-32434; later ones crash on hostile files)."""
     from compatshim.checkpoint import UnsafeCheckpointError
 
     calls: list[Any] = []
@@ -295,7 +296,7 @@ def test_hardened_before_torch_2_6_reads_every_file_with_compatshim(tmp_path: Pa
         calls.append((args, kwargs))
         raise AssertionError("torch's own load must not run")
 
-    load = patch._wrap(original, True, False)
+    load = patch._wrap(original, True)
     state = torch.nn.Linear(2, 2).state_dict()
     loaded = load(_saved(state), "cpu", pickle, weights_only=False, encoding="latin1")
     assert all(torch.equal(loaded[k], state[k]) for k in state)

@@ -87,3 +87,38 @@ def test_doctor_lists_the_checkpoint_patches_and_adapter() -> None:
     loader = _check(payload, "torch-load-safe-globals")
     # weights-only by default from torch 2.6: there the patch has something to fix
     assert loader["present"] in (True, False) and (loader["fixed"] is True or not loader["present"])
+
+
+@pytest.mark.parametrize("version,reported", [("5.24.0", True), ("5.23.0", False)])
+def test_a_removed_name_without_alias_is_a_row_that_does_not_fail_the_verdict(
+    tmp_path: Any, version: str, reported: bool
+) -> None:
+    """transformers 5.24 removed ``modeling_attn_mask_utils`` and nothing keeps its meaning:
+    the doctor names the break from metadata (a distribution's dist-info, nothing imported)."""
+    info = tmp_path / f"transformers-{version}.dist-info"
+    info.mkdir()
+    metadata = f"Metadata-Version: 2.1\nName: transformers\nVersion: {version}\n"
+    (info / "METADATA").write_text(metadata)
+    code = (
+        f"import sys, json; sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from compatshim import doctor\n"
+        "rows = doctor.removed_rows()\n"
+        "print(json.dumps([r.as_dict() for r in rows]))\n"
+        "print(json.dumps(doctor.verdict(rows, {})))\n"
+        "assert 'transformers' not in sys.modules\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    rows_line, verdict_line = done.stdout.splitlines()
+    rows = json.loads(rows_line)
+    assert json.loads(verdict_line)[0] == 0
+    if not reported:
+        assert rows == []
+        return
+    (row,) = rows
+    assert row["name"] == "transformers.modeling_attn_mask_utils" and row["kind"] == "hazard"
+    assert row["present"] is True and row["fixed"] is None
+    assert f"transformers {version} removed it" in row["detail"]
+    assert "transformers.masking_utils" in row["detail"]
+    assert "5.24.0 wheel" in row["extra"]["evidence"]

@@ -262,6 +262,45 @@ NOT_WRITTEN: dict[str, str] = {
 }
 
 
+class Removed:
+    """A name removed upstream that compatshim does not provide, because no alias keeps its
+    meaning: the doctor names the break (``distribution`` in ``removed``) and what replaces it."""
+
+    __slots__ = ("distribution", "evidence", "instead", "name", "removed")
+
+    def __init__(
+        self, name: str, *, distribution: str, removed: str, instead: str, evidence: str
+    ) -> None:
+        self.name = name
+        self.distribution = distribution
+        self.removed = removed
+        self.instead = instead
+        self.evidence = evidence
+
+
+#: Removed names with no alias: reported by ``compatshim doctor`` (metadata only, no import).
+REMOVED: tuple[Removed, ...] = (
+    Removed(
+        "transformers.modeling_attn_mask_utils",
+        distribution="transformers",
+        removed=">=5.24",
+        instead=(
+            "transformers.masking_utils (create_causal_mask, sdpa_mask, eager_mask, ...: "
+            "built from the model config, input embeddings, cache position and cache)"
+        ),
+        evidence=(
+            "transformers 5.23.0 modeling_attn_mask_utils.py: AttentionMaskConverter, "
+            "_prepare_4d_causal_attention_mask(_for_sdpa), _prepare_4d_attention_mask(_for_sdpa), "
+            "_create_4d_causal_attention_mask, all deprecated ('will be removed in Transformers "
+            "v5.10. Please use the new API in transformers.masking_utils'); the 5.24.0 wheel has "
+            "no modeling_attn_mask_utils.py and none of those names in any module; "
+            "masking_utils's functions take other arguments and return other mask types, so an "
+            "alias could keep no name's meaning (compatshim does not ship transformers' code)"
+        ),
+    ),
+)
+
+
 def entries_for(module: str) -> tuple[Alias, ...]:
     """The attribute aliases that live in ``module``."""
     return tuple(a for a in TABLE if a.provides == "attribute" and a.module == module)

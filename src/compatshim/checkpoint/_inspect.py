@@ -40,67 +40,8 @@ from ._container import (
 )
 from ._machine import Source
 from .allowlist import covering, numpy_core
+from .deny import denied
 from .errors import CheckpointError, UnsafeCheckpointError
-
-# Well-known gadgets: globals that hand a pickle code execution, files or imports, and why.
-# Keys are "module.name", or "prefix*" for every name starting so ("os.*": os and its
-# submodules; standard modules no checkpoint needs, whose names include gadgets, and that
-# no project shadows; "code" may be a project's package, so its gadgets are named one by one).
-DANGEROUS: dict[str, str] = {
-    "os.*": "operating-system calls: run shell commands, execute programs, delete files",
-    "posix.*": "os under its C name: os.system, exec*, spawn*, remove",
-    "nt.*": "os under its Windows name: os.system, exec*, spawn*, remove",
-    "subprocess.*": "runs any program",
-    "pty.*": "runs any program on a terminal",
-    "builtins.eval": "evaluates Python source from the file",
-    "builtins.exec": "executes Python source from the file",
-    "builtins.compile": "compiles Python source from the file into code objects",
-    "builtins.getattr": "reaches any attribute of any object (e.g. a module's system())",
-    "builtins.setattr": "changes attributes of modules and classes: global state",
-    "builtins.delattr": "removes attributes of modules and classes: global state",
-    "builtins.__import__": "imports any module (importing runs its code)",
-    "builtins.open": "reads or overwrites any file",
-    "builtins.globals": "hands out a module's namespace to change",
-    "builtins.breakpoint": "starts a debugger",
-    "importlib.*": "imports any module (importing runs its code)",
-    "runpy.*": "runs any module or script",
-    "code.InteractiveInterpreter": "runs Python source from the file",
-    "code.InteractiveConsole": "runs Python source from the file",
-    "code.interact": "starts an interactive interpreter",
-    "timeit.*": "runs Python source given as a string",
-    "pdb.*": "runs Python source under the debugger",
-    "ctypes.*": "calls any C function, reads and writes any memory",
-    "shutil.*": "moves, overwrites and deletes files",
-    "socket.*": "opens network connections",
-    "types.FunctionType": "makes a function from a code object in the file",
-    "types.CodeType": "makes a code object from bytes in the file",
-    "marshal.loads": "makes code objects from bytes in the file",
-    "operator.attrgetter": "reaches any attribute of any object",
-    "operator.methodcaller": "calls any method of any object",
-    "pickle.*": "unpickles bytes from the file with no allowlist (any global, any code)",
-    "_pickle.*": "unpickles bytes from the file with no allowlist (any global, any code)",
-    "dill.*": "unpickles bytes from the file with no allowlist, including code",
-    "cloudpickle.*": "unpickles bytes from the file with no allowlist, including code",
-    "joblib.load": "unpickles a file with no allowlist",
-    "torch.load": "may run torch.load(weights_only=False) on bytes from the file",
-    "torch.serialization.load": "may run torch.load(weights_only=False) on bytes from the file",
-    "torch.storage._load_from_bytes": "torch.load(weights_only=False) on bytes from the file",
-    "torch.jit.*": "compiles and runs TorchScript code from the file",
-    "torch.hub.*": "downloads and runs code",
-    "torch._C._jit_*": "compiles and runs TorchScript code",
-}
-
-
-def danger(name: str) -> str | None:
-    """Why ``name`` is a known gadget (``DANGEROUS``), or None; ``__builtin__`` is builtins."""
-    if name.startswith("__builtin__."):
-        name = "builtins." + name[len("__builtin__.") :]
-    if name in DANGEROUS:
-        return DANGEROUS[name]
-    for pattern, reason in DANGEROUS.items():
-        if pattern.endswith("*") and name.startswith(pattern[:-1]):
-            return reason
-    return None
 
 
 def allow_code(name: str, split: tuple[str, str] | None = None) -> str | None:
@@ -148,7 +89,8 @@ GROUP = "compatshim.allow"  # process_allow.GROUP, without importing it here
 class GlobalUse:
     """One ``module.name`` the pickle refers to; ``entry`` is the allowlist entry covering it.
 
-    For a global not covered: ``dangerous`` says why it is a known gadget, else ``allow``
+    For a global not covered: ``dangerous`` says why it is denied (``deny.py``: no allow
+    source can admit it) or reached through getattr, else ``allow``
     is the code that would admit it for one call (None for a name that is not a dotted
     Python name, which nothing can define) and ``allow_everywhere`` the lines that admit
     it for every load in the process, one a source. ``allowed_by`` names the
@@ -240,8 +182,8 @@ def _use(
     note = "not on compatshim's allowlist" if entry is None else entry.problem()
     if entry is not None and note is None:
         return GlobalUse(name, count, entry.qualname, entry.kind)
-    allowed_by = None if reached else _process_wide(split or (module, attr))
-    reason = GETATTR_ONLY if reached else danger(name)
+    reason = GETATTR_ONLY if reached else denied(name)  # denied: no source admits it
+    allowed_by = None if reason is not None else _process_wide(split or (module, attr))
     plain = reason is None and allowed_by is None
     return GlobalUse(
         name,

@@ -46,6 +46,7 @@ from ._container import (
 from ._machine import Source
 from ._safe import Budget, SafeMachine, UserAllow, check_result
 from .allowlist import covering
+from .deny import denied
 from .errors import CheckpointError, UnsafeCheckpointError
 from .process_allow import ProcessAllow, admits
 
@@ -295,9 +296,13 @@ def refusals(globals_named: Iterable[str], allow: UserAllow) -> list[str]:
     out = []
     for qualname in globals_named:
         module, _, name = qualname.rpartition(".")
+        entry = covering(module, name)
+        if denied(qualname) is not None:  # no allow source admits it: only a curated rule
+            if entry is None or not entry.applies():
+                out.append(qualname)
+            continue
         if (module, name) in allow.named:
             continue
-        entry = covering(module, name)
         if (entry is None or not entry.applies()) and not admits(module, name):
             out.append(qualname)
     return out

@@ -32,7 +32,9 @@ from typing import Any, Callable, Container, Iterable
 from .._text import short
 from . import _numpy, _objects, _omegaconf, _partial, _tensors
 from ._machine import MAX_NESTING, Machine, Source
-from .allowlist import Entry, enum_member, lookup, storage_type
+from .allowlist import Entry, covering, enum_member, lookup, storage_type
+from .deny import REFUSAL as DENIED_REFUSAL
+from .deny import denied, denied_object
 from .errors import CheckpointError, UnsafeCheckpointError
 
 Builder = Callable[[Any, Any], None]
@@ -208,10 +210,21 @@ class SafeMachine(Machine):
         return found
 
     def _resolve(self, module: str, name: str) -> Any:
-        try:
-            user = self.allow.resolve(module, name)
-        except (ImportError, LookupError) as exc:
-            raise refused(f"{module}.{name}", f"in allow= but cannot be imported: {exc}") from None
+        reason = denied(f"{module}.{name}")  # before every allow source: none can override it
+        if reason is not None:
+            if covering(module, name) is None:
+                raise refused(f"{module}.{name}", f"{DENIED_REFUSAL}: {reason}")
+            user = _MISSING  # the curated entry's own checked rule, never allow='s object
+        else:
+            try:
+                user = self.allow.resolve(module, name)
+            except (ImportError, LookupError) as exc:
+                raise refused(
+                    f"{module}.{name}", f"in allow= but cannot be imported: {exc}"
+                ) from None
+            reason = None if user is _MISSING else denied_object(user)
+            if reason is not None:
+                raise refused(f"{module}.{name}", f"{DENIED_REFUSAL}: {reason}")
         if user is not _MISSING:
             self._roles[id(user)] = Role(f"{module}.{name}", "user", f"{module}.{name}", user)
             return user

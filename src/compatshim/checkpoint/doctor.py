@@ -59,8 +59,12 @@ def safe_load_row() -> DoctorRow:
         detail = f"off: {_settings.SAFE_LOAD} is set but {_settings.DISABLE} names {patch}"
     else:
         detail = (
-            "on: every torch.load is weights-only (torch's weights-only unpickler on 2.6+, "
-            "then compatshim.checkpoint.load), weights_only=False included"
+            "on: every torch.load is read by compatshim.checkpoint.load alone (torch's own "
+            "unpickler never sees the file), weights_only=False included, honouring torch's "
+            "add_safe_globals; torch.serialization._load/_legacy_load refuse the full "
+            "unpickler (torch.load references taken before install()); NOT covered: "
+            "numpy.load(allow_pickle=True), plain pickle, torch.distributed.checkpoint "
+            ".metadata"
         )
         if not _settings.auto():
             detail += f", in processes that call compatshim.install() ({_settings.AUTO} is not set)"

@@ -44,6 +44,8 @@ from .. import _settings
 from .._engine import decisions
 from ._safe import _MISSING, _UNRESOLVED, UserAllow
 from .allowlist import covering
+from .deny import REFUSAL as DENIED_REFUSAL
+from .deny import denied, denied_key
 
 GROUP = "compatshim.allow"
 MAX_FILE_BYTES = 1 << 20
@@ -76,6 +78,10 @@ def allow(*globals: Any, reason: str) -> None:
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError("allow() needs a reason: why these globals are trusted")
     found = _keyed(UserAllow(globals))  # the same items, and the same errors, as allow=
+    for key, obj in found.items():
+        why = None if key[0] == RESOLVER else denied_key(*key, obj)
+        if why is not None:
+            raise ValueError(f"{_qualname(key)} is {DENIED_REFUSAL}: {why}")
     with _lock:
         for key, obj in found.items():
             _code[key] = (
@@ -132,6 +138,8 @@ def declared(module: str, name: str) -> tuple[Any, Allowed] | None:
 
 
 def _first(key: Key) -> tuple[Any, Allowed] | None:
+    if key[0] != RESOLVER and denied(_qualname(key)) is not None:
+        return None  # the deny list comes before every source (deny.py)
     for source in _sources():
         hit = source.get(key)
         if hit is not None:
@@ -203,6 +211,8 @@ def _strings(names: Iterable[tuple[str, str, str]]) -> dict[Key, tuple[Any, Allo
     for qualname, reason, source in names:
         if qualname.startswith(RESOLVER):
             key, obj = (RESOLVER, qualname[len(RESOLVER) :]), None
+        elif _denied_entry(qualname, None, source):
+            continue
         else:
             module, _, name = qualname.rpartition(".")
             key, obj = (module, name), _UNRESOLVED
@@ -231,14 +241,18 @@ def _from_file() -> dict[Key, tuple[Any, Allowed]]:
         return {}
     try:
         stat = os.stat(path)
+        _regular(stat.st_mode)  # a FIFO or device would block or never end every load
         key = (path, stat.st_mtime_ns, stat.st_size)
         with _lock:
             if _file is not None and _file[0] == key:
                 return _file[1]
         if stat.st_size > MAX_FILE_BYTES:
             raise _settings.SettingError(f"larger than {MAX_FILE_BYTES} bytes")
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read(MAX_FILE_BYTES)
+        # non-blocking open: a FIFO swapped in after the stat must not block here either
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb") as handle:
+            _regular(os.fstat(handle.fileno()).st_mode)
+            text = handle.read(MAX_FILE_BYTES).decode("utf-8")
         entries = _strings(_parse_file(text, path))
     except (OSError, ValueError) as exc:
         decisions.warn_once(
@@ -250,6 +264,13 @@ def _from_file() -> dict[Key, tuple[Any, Allowed]]:
     with _lock:
         _file = (key, entries)
     return entries
+
+
+def _regular(mode: int) -> None:
+    import stat
+
+    if not stat.S_ISREG(mode):
+        raise _settings.SettingError("not a regular file")
 
 
 def _parse_file(text: str, path: str) -> list[tuple[str, str, str]]:
@@ -315,8 +336,23 @@ def _entry_point_items(value: Any, source: str) -> dict[Key, tuple[Any, Allowed]
         if isinstance(item, str):
             _settings.qualnames(item, source)
         for key, obj in _keyed(UserAllow([item])).items():
-            out[key] = (obj, Allowed(_qualname(key), reason, source))
+            if key[0] == RESOLVER or not _denied_entry(_qualname(key), obj, source):
+                out[key] = (obj, Allowed(_qualname(key), reason, source))
     return out
+
+
+def _denied_entry(qualname: str, obj: Any, source: str) -> bool:
+    """Whether an entry names a denied global (warned about once, then ignored)."""
+    module, _, name = qualname.rpartition(".")
+    why = denied_key(module, name, obj)
+    if why is None:
+        return False
+    decisions.warn_once(
+        "allow",
+        f"denied:{source}:{qualname}",
+        f"compatshim: {qualname} ({source}) is ignored: {DENIED_REFUSAL}: {why}",
+    )
+    return True
 
 
 def _reset() -> None:

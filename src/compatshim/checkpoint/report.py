@@ -17,6 +17,7 @@ import sys
 import unicodedata
 
 from ._inspect import CheckpointInfo, inspect
+from .deny import REFUSAL as DENIED
 from .errors import CheckpointError
 
 
@@ -92,7 +93,7 @@ def _global_lines(info: CheckpointInfo) -> list[str]:
             continue
         lines.append(f"    {name} x{use.count}: UNKNOWN: {printable(use.note)}")
         if use.dangerous:
-            lines.append(f"      known dangerous: {use.dangerous}")
+            lines.append(f"      {DENIED}: {use.dangerous}")
         elif use.allow:
             lines.append(f"      to allow it for one call: {printable(use.allow, 2 * MAX_SHOWN)}")
             lines.append("      for every load in the process (torch.load too), one of:")

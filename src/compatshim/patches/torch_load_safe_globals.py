@@ -53,13 +53,19 @@ The fix
     ``fs.torch_load`` retries such a refusal with ``weights_only=False``,
     which this mode leaves alone; hardened mode is the answer there.
 
+    compatshim's loader honours what ``torch.serialization.add_safe_globals``
+    and ``safe_globals`` registered (as ``allow=``; the deny list still applies).
+
     Hardened mode (``COMPATSHIM_SAFE_LOAD=1`` when the patch applies, with
     ``COMPATSHIM_AUTO=1`` or ``compatshim.install()``): every call is
     weights-only, ``weights_only=False`` and ``pickle_module=`` included
-    (pickle options are dropped: they only serve torch's full unpickler).
-    On torch 2.6+ torch's weights-only unpickler tries first (it honours
-    ``torch.serialization.add_safe_globals``), then compatshim's loader as
-    above; before 2.6 (CVE-2025-32434) compatshim's loader reads every file.
+    (pickle options are dropped: they only serve torch's full unpickler), and
+    compatshim's loader reads every file first and alone, on every torch:
+    torch's weights-only unpickler never sees a file, so its failures on
+    hostile files (a deep tuple key overflows the C stack while hashing; a
+    9-byte length claim raises a bare ``MemoryError``; code execution before
+    2.6, CVE-2025-32434) cannot happen in this process. PyTorch Geometric's
+    ``add_safe_globals`` registrations keep working.
     A refusal raises :class:`~compatshim.checkpoint.UnsafeCheckpointError`
     (a ``pickle.UnpicklingError``) with ``refused``, advice to allow
     process-wide, and never torch's wording. The probe then also asks
@@ -78,6 +84,20 @@ The fix
     on loads torch accepts (measured: bench/bench_torch_load_patch.py) and,
     on a refused load, a second read of the file, once per resume.
 
+Limits of hardened mode
+    ``torch.serialization._load`` and ``_legacy_load`` (the loaders inside
+    ``torch.load``) refuse torch's full unpickler, so a ``torch.load``
+    reference taken before ``compatshim.install()`` and
+    ``torch.distributed._serialization._streaming_load(weights_only=False)``
+    cannot run code either (that private stream reader still parses its own
+    framing with torch's weights-only unpickler before the guard refuses); such a
+    stale reference with ``weights_only=True``
+    still reaches torch's weights-only unpickler (``COMPATSHIM_AUTO=1`` arms at
+    ``import torch``, before any reference can be taken). Not covered, because
+    they are not torch's loaders: ``numpy.load(allow_pickle=True)``, plain
+    ``pickle``, and ``torch.distributed.checkpoint``'s ``.metadata`` (a plain
+    ``pickle.load``). The doctor's ``checkpoint-safe-load`` row says so.
+
 Confirmed
     Right after the fix, by :func:`confirm` (both attributes are the wrapper);
     end to end, by the probe through the wrapper, when ``status()`` or the
@@ -85,7 +105,7 @@ Confirmed
     with compatshim's loader).
 
 The revert
-    Both attributes get the original function object back (Patcher).
+    Every attribute gets the original function object back (Patcher).
 """
 
 from __future__ import annotations
@@ -198,7 +218,31 @@ def _retry(f: Any, start: int | None, args: tuple[Any, ...], kwargs: dict[str, A
     if start is not None:
         f.seek(start)
     map_location = args[1] if len(args) > 1 else kwargs.get("map_location")
-    return load(f, map_location, mmap=_mmap(kwargs))
+    return load(f, map_location, allow=_torch_safe_globals(), mmap=_mmap(kwargs))
+
+
+def _torch_safe_globals() -> list[Any]:
+    """What ``torch.serialization.add_safe_globals`` / ``safe_globals`` registered (PyG
+    registers its data classes), as ``allow=`` entries for compatshim's loader: a file
+    torch's loader would accept for them loads here too. Globals compatshim's allowlist
+    lists keep its checked handling; the deny list refuses what it always refuses."""
+    import sys
+
+    from ..checkpoint.allowlist import covering
+
+    get = getattr(sys.modules.get("torch.serialization"), "get_safe_globals", None)
+    if get is None:  # torch < 2.4: no registrations
+        return []
+    found = []
+    for item in get():
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str):
+            name = item[1]
+        else:
+            name = f"{getattr(item, '__module__', '')}.{getattr(item, '__qualname__', '')}"
+        entry = covering(*name.rpartition(".")[::2])
+        if entry is None or not entry.applies():
+            found.append(item)
+    return found
 
 
 def _plain(exc: BaseException) -> str:
@@ -209,25 +253,18 @@ def _plain(exc: BaseException) -> str:
     return text[: -len(ADVICE)] if ADVICE and text.endswith(ADVICE) else text
 
 
-# Modules whose globals run code or reach the system: never advised as allow entries.
-_NEVER_ADVISED = frozenset(
-    {
-        *("builtins", "os", "posix", "nt", "subprocess", "sys", "runpy", "importlib", "pickle"),
-        *("marshal", "shutil", "ctypes", "operator", "functools", "code", "codecs", "io", "socket"),
-    }
-)
-
-
 def _how_to_allow(refused: tuple[str, ...]) -> str:
     """Advice for a ``torch.load`` caller; never torch's (its wording sends PyG to unsafe loads)."""
     import re
 
+    from ..checkpoint.deny import denied
+
     names = [n for n in refused if re.fullmatch(r"[A-Za-z_][\w.]*\.[A-Za-z_]\w*", n)]
-    risky = [n for n in names if n.partition(".")[0] in _NEVER_ADVISED]
+    risky = [n for n in names if denied(n) is not None]
     if risky:
         return (
-            f" The file names {', '.join(risky)}, which can run code or reach the system: "
-            "it may be malicious; do not allow it."
+            f" The file names {', '.join(risky)}, which can run code or reach the system "
+            "(denied: no allow source can admit it): it may be malicious."
         )
     if not names:
         return ""
@@ -262,7 +299,7 @@ def _through_compatshim(
     refusal: BaseException | None,
     hardened: bool,
 ) -> Any:
-    """Load what torch refused (``refusal``) or, hardened on torch < 2.6, every file.
+    """Load what torch refused (``refusal``) or, hardened, every file.
 
     A refusal by compatshim too raises torch's own error with ``refused`` and a
     note when not hardened; hardened, compatshim's error (never torch's wording).
@@ -293,19 +330,9 @@ def _through_compatshim(
             "even if the caller carries on"
         )
         raise refusal from None
-    if refusal is not None:  # hardened before torch 2.6, every load comes here: not recorded
+    if refusal is not None:  # hardened, every load comes here: not recorded
         _record("retried", f"{what}: torch refused it, compatshim.checkpoint.load loaded it")
     return loaded
-
-
-def _weights_only_call(
-    args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The same load, weights-only: ``f``, ``map_location`` and ``mmap`` kept, pickle options
-    (``pickle_module``, ``encoding``...) dropped: they only serve torch's full unpickler."""
-    kept = {k: v for k, v in kwargs.items() if k in ("f", "map_location", "mmap")}
-    kept["weights_only"] = True
-    return args[:2], kept
 
 
 def _skipped_by_warnings(function: Callable[..., Any]) -> None:
@@ -328,11 +355,11 @@ def _skipped_by_warnings(function: Callable[..., Any]) -> None:
     function.__code__ = code.replace(co_filename=name)
 
 
-def _wrap(original: Callable[..., Any], hardened: bool, torch_checks: bool) -> Callable[..., Any]:
+def _wrap(original: Callable[..., Any], hardened: bool) -> Callable[..., Any]:
     """``torch.load`` that retries torch's weights-only refusals through compatshim's loader.
 
-    ``hardened``: every call is weights-only; ``torch_checks``: torch's weights-only
-    unpickler is trusted to try first (2.6+), else compatshim reads every file.
+    ``hardened``: compatshim's loader reads every file first and alone (torch's
+    weights-only unpickler never sees it: its crashes on hostile files would be ours).
     """
     import functools
     import pickle
@@ -342,13 +369,11 @@ def _wrap(original: Callable[..., Any], hardened: bool, torch_checks: bool) -> C
         f = args[0] if args else kwargs.get("f")
         start = _position(f)
         if hardened:
-            if not torch_checks:
-                return _through_compatshim(f, start, args, kwargs, None, True)
-            args, kwargs = _weights_only_call(args, kwargs)
+            return _through_compatshim(f, start, args, kwargs, None, True)
         try:
             return original(*args, **kwargs)
         except pickle.UnpicklingError as refusal:
-            if not hardened and not _was_weights_only(kwargs, args):
+            if not _was_weights_only(kwargs, args):
                 raise
             return _through_compatshim(f, start, args, kwargs, refusal, hardened)
 
@@ -356,6 +381,33 @@ def _wrap(original: Callable[..., Any], hardened: bool, torch_checks: bool) -> C
     load.__compatshim_original__ = original  # type: ignore[attr-defined]
     load.__compatshim_hardened__ = hardened  # type: ignore[attr-defined]
     return load
+
+
+def _guard_inner(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """Hardened: ``torch.serialization._load`` / ``_legacy_load`` (what ``torch.load`` runs
+    inside, also called directly by ``torch.distributed._serialization`` and reached through
+    a ``torch.load`` reference taken before ``install()``) refuse torch's full unpickler."""
+    import functools
+    import sys
+
+    @functools.wraps(original)
+    def inner(*args: Any, **kwargs: Any) -> Any:
+        pickle_module = args[2] if len(args) > 2 else kwargs.get("pickle_module")
+        weights_only = sys.modules.get("torch._weights_only_unpickler")
+        if pickle_module is None or pickle_module is not weights_only:
+            from ..checkpoint import UnsafeCheckpointError
+
+            raise UnsafeCheckpointError(
+                f"torch.serialization.{name} with the unpickler {_describe(pickle_module)} "
+                "refused: COMPATSHIM_SAFE_LOAD=1, and it runs any code in a file (a torch.load "
+                "reference taken before compatshim.install(), or torch's private loaders); "
+                "call torch.load, or compatshim.checkpoint.load",
+                (f"torch.serialization.{name}",),
+            )
+        return original(*args, **kwargs)
+
+    inner.__compatshim_original__ = original  # type: ignore[attr-defined]
+    return inner
 
 
 def _saved(torch: ModuleType, payload: Any, name: str) -> Any:
@@ -448,16 +500,17 @@ def apply(torch: ModuleType, patcher: Patcher) -> None:
     from torch import serialization
 
     from .. import _settings
-    from .._engine.versions import version_at_least
 
     hardened = _settings.safe_load()
-    # torch's own weights-only unpickler could run code from a crafted file before 2.6
-    # (CVE-2025-32434): hardened, compatshim's loader then reads every file itself.
-    torch_checks = version_at_least(str(torch.__version__), "2.6")
     wrapped: dict[int, Callable[..., Any]] = {}
     for owner in (torch, serialization):
         original = vars(owner)["load"]
         if getattr(original, "__compatshim_original__", None) is not None:
             continue  # already ours (installed twice by hand): wrapping again would nest
-        replacement = wrapped.setdefault(id(original), _wrap(original, hardened, torch_checks))
+        replacement = wrapped.setdefault(id(original), _wrap(original, hardened))
         patcher.setattr(owner, "load", replacement)
+    if hardened:
+        for name in ("_load", "_legacy_load"):
+            inner = vars(serialization).get(name)
+            if callable(inner) and getattr(inner, "__compatshim_original__", None) is None:
+                patcher.setattr(serialization, name, _guard_inner(inner, name))
