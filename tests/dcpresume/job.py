@@ -19,6 +19,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 import compatshim.ema
+import compatshim.optim
 import compatshim.rng
 
 GLOBAL_BATCH = 4  # divisible by every world size the tests use (1, 2, 4)
@@ -26,7 +27,7 @@ DECAY = 0.9
 
 
 def fully_shard_api() -> Any:
-    """``fully_shard`` where the release has it (2.6+ public, 2.4-2.5 under _composable), else None."""
+    """``fully_shard`` where the release has it (public in 2.6+, _composable in 2.4-2.5)."""
     try:
         from torch.distributed.fsdp import fully_shard  # type: ignore[attr-defined]
     except ImportError:
@@ -85,7 +86,7 @@ def train(rank: int, world: int, layout: str, folder: str, save_at: int, steps: 
     start = 0
     if resume:
         state = _state(model, ema, opt, sched, -1)
-        dcp.load(state, checkpoint_id=folder)
+        compatshim.optim.load_dcp(state, {"optim": opt}, checkpoint_id=folder)
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         sched.load_state_dict(state["sched"])
         if ema is not None:

@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.checkpoint.state_dict")  # torch >= 2.2
 
 import torch.distributed.checkpoint as dcp  # noqa: E402
+from tests.dcpresume.optim_job import OPTIMIZERS, SAVED, build, step  # noqa: E402
 from torch.distributed.checkpoint.state_dict import (  # noqa: E402
     StateDictOptions,
     get_state_dict,
@@ -28,7 +29,6 @@ from torch.distributed.checkpoint.state_dict import (  # noqa: E402
 )
 
 from compatshim.optim import OptimizerStateError, adapt_state_dict, load_dcp  # noqa: E402
-from tests.dcpresume.optim_job import OPTIMIZERS, SAVED, build, step  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "torch2.4.1"
 FORMS = {"dcp-nested": False, "dcp-flat": True}
@@ -66,7 +66,7 @@ def test_a_plain_dcp_load_of_the_old_state_fails(name: str, form: str) -> None:
     """The reported failure (pytorch 146157, torchtitan 886), nested and flattened alike."""
     model, optimizer = build(name)
     state, _ = _template(model, optimizer, FORMS[form])
-    with pytest.raises(BaseException, match="Missing key in checkpoint.*decoupled_weight_decay"):
+    with pytest.raises(BaseException, match=r"Missing key in checkpoint.*decoupled_weight_decay"):
         dcp.load(state, checkpoint_id=FIXTURES / name / form)
 
 
@@ -92,7 +92,7 @@ def test_a_key_no_release_added_still_fails_naming_it(tmp_path: Path) -> None:
     model, optimizer = build("adamw")
     state, _ = _template(model, optimizer, False)
     state["model"]["extra.weight"] = torch.zeros(1)
-    with pytest.raises(BaseException, match="Missing key in checkpoint.*extra.weight"):
+    with pytest.raises(BaseException, match=r"Missing key in checkpoint.*extra\.weight"):
         load_dcp(state, {"optim": optimizer}, checkpoint_id=FIXTURES / "adamw" / "dcp-nested")
 
 

@@ -37,7 +37,7 @@ class OptimizerStateError(ValueError):
 
 
 def _class_name(optimizer: Any) -> str:
-    """The nearest torch.optim class in the optimizer's MRO (a user subclass behaves as its base)."""
+    """The nearest torch.optim class in the MRO: a user subclass behaves as its base."""
     for cls in type(optimizer).__mro__:
         if cls.__module__.startswith("torch.optim"):
             return cls.__name__
@@ -67,7 +67,7 @@ def _fix_group(group: Mapping[str, Any], optimizer: Any, where: str) -> dict[str
 
 
 def adapt_state_dict(state_dict: Mapping[str, Any], optimizer: Any) -> dict[str, Any]:
-    """``state_dict`` (nested or DCP-flattened) with param groups as ``optimizer``'s release has them.
+    """``state_dict`` (nested or DCP-flattened), param groups as ``optimizer``'s release has them.
 
     The input is left unchanged; state tensors are shared, not copied.
     """
@@ -103,9 +103,7 @@ def _group_paths(prefix: str, optim_sd: dict[str, Any]) -> list[tuple[dict[str, 
             found += [(group, key, f"{prefix}.{_GROUPS}.{i}.{key}") for key in group]
     else:
         found += [
-            (optim_sd, key, f"{prefix}.{key}")
-            for key in optim_sd
-            if key.startswith(f"{_GROUPS}.")
+            (optim_sd, key, f"{prefix}.{key}") for key in optim_sd if key.startswith(f"{_GROUPS}.")
         ]
     return found
 
@@ -128,18 +126,19 @@ def load_dcp(
     DCP paths (empty when the checkpoint needed nothing). Any other key the
     checkpoint lacks fails as ``dcp.load`` fails, naming it.
     """
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import load
 
-    reader = storage_reader or dcp.FileSystemReader(checkpoint_id)
+    reader = storage_reader or FileSystemReader(checkpoint_id)
     saved = set(reader.read_metadata().state_dict_metadata)
     filled: list[str] = []
-    for top, optimizer in optimizers.items():
+    for top in optimizers:
         for container, key, path in _group_paths(top, state_dict[top]):
             # any other missing key is left in the plan: DCP's own error names it
             if path not in saved and key.rpartition(".")[2] in OLD_BEHAVIOUR:
                 del container[key]
                 filled.append(path)
-    dcp.load(
+    load(
         state_dict,
         checkpoint_id=checkpoint_id,
         storage_reader=reader,
