@@ -38,6 +38,30 @@ def fully_shard_api() -> Any:
     return fully_shard
 
 
+def fsdp2_cpu_problem() -> str | None:
+    """Why FSDP2 cannot run on CPU ranks here, or None.
+
+    torch 2.4's ``fully_shard`` makes ``torch.cuda.Stream`` objects at its first
+    forward (no CPU path); later releases take streams from the device handle.
+    """
+    import importlib
+    import inspect
+
+    if fully_shard_api() is None:
+        return f"torch {torch.__version__} has no fully_shard (FSDP2; 2.4+)"
+    for name in ("torch.distributed.fsdp._fully_shard._fsdp_param_group",
+                 "torch.distributed._composable.fsdp._fsdp_param_group"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if "torch.cuda.Stream(" in inspect.getsource(module):
+            return (f"torch {torch.__version__}'s fully_shard creates torch.cuda.Stream at its "
+                    "first forward: it needs CUDA, no CPU ranks")
+        return None
+    return f"torch {torch.__version__}: fully_shard's param-group module not found"
+
+
 def _batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(1000 + step)
     x = torch.randn(GLOBAL_BATCH, 6, generator=gen)

@@ -20,13 +20,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.checkpoint.state_dict")  # torch >= 2.2
 
-from tests.dcpresume.job import fully_shard_api, train  # noqa: E402
+from tests.dcpresume.job import fsdp2_cpu_problem, train  # noqa: E402
 from tests.harness.dist import run_ranks  # noqa: E402
 
 SAVE_AT, STEPS = 2, 4
 TIMEOUT = 240.0
+_NO_FSDP2 = fsdp2_cpu_problem()
 LAYOUTS = ["ddp", pytest.param("fsdp2", marks=pytest.mark.skipif(
-    fully_shard_api() is None, reason="this torch has no fully_shard (FSDP2): 2.4+"))]
+    _NO_FSDP2 is not None, reason=str(_NO_FSDP2)))]
 
 _saved: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
 
