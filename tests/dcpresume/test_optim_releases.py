@@ -21,7 +21,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.checkpoint.state_dict")  # torch >= 2.2
 
 import torch.distributed.checkpoint as dcp  # noqa: E402
-from tests.dcpresume.optim_job import OPTIMIZERS, SAVED, build, step  # noqa: E402
 from torch.distributed.checkpoint.state_dict import (  # noqa: E402
     StateDictOptions,
     get_state_dict,
@@ -29,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (  # noqa: E402
 )
 
 from compatshim.optim import OptimizerStateError, adapt_state_dict, load_dcp  # noqa: E402
+from tests.dcpresume.optim_job import OPTIMIZERS, SAVED, build, step  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "torch2.4.1"
 FORMS = {"dcp-nested": False, "dcp-flat": True}
