@@ -18,6 +18,7 @@ __all__ = [
     "find_unpicklable",
     "install",
     "master",
+    "optim",
     "rng",
     "status",
     "uninstall",
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from . import dist as dist
     from . import ema as ema
     from . import master as master
+    from . import optim as optim
     from . import rng as rng
     from .cloning import clone_module
     from .pickling import Finding, find_unpicklable
@@ -40,7 +42,7 @@ _LAZY = {
     "find_unpicklable": ("compatshim.pickling", "find_unpicklable"),
     "Finding": ("compatshim.pickling", "Finding"),
 }
-_SUBMODULES = {"checkpoint", "dist", "ema", "master", "rng"}
+_SUBMODULES = {"checkpoint", "dist", "ema", "master", "optim", "rng"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,37 @@
+"""Param-group keys torch.optim added across releases, and how a release without them behaved.
+
+Measured with each optimizer's ``param_groups[0]`` on torch 2.1.2, 2.4.1 and
+2.15.0 (no key was removed in that span):
+
+- 2.1 -> 2.4: ``capturable`` (ASGD, Adadelta, Adamax, RAdam, RMSprop, Rprop),
+  ``fused`` (Adagrad, SGD), ``maximize`` (NAdam, RAdam),
+  ``decoupled_weight_decay`` (RAdam);
+- 2.4 -> 2.15: ``decoupled_weight_decay`` (Adam, AdamW), ``maximize`` (LBFGS).
+
+A release that lacked a key behaved as the key's "off" value: no capturable or
+differentiable graph, no fused or forced foreach kernel, minimising, and weight
+decay coupled into the gradient, except AdamW, which was always decoupled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# key -> the value a release without the key behaved as
+OLD_BEHAVIOUR: dict[str, Any] = {
+    "capturable": False,
+    "differentiable": False,
+    "foreach": None,
+    "fused": None,
+    "maximize": False,
+    "decoupled_weight_decay": False,
+}
+# per optimizer class, where the class behaved otherwise
+OLD_BEHAVIOUR_BY_CLASS: dict[str, dict[str, Any]] = {
+    "AdamW": {"decoupled_weight_decay": True},
+}
+
+
+def old_value(optimizer_class: str, key: str) -> Any:
+    """What a release without ``key`` behaved as, for an optimizer of this class name."""
+    return OLD_BEHAVIOUR_BY_CLASS.get(optimizer_class, {}).get(key, OLD_BEHAVIOUR[key])

@@ -1,0 +1,148 @@
+"""One training job for the resume tests: runs on real gloo ranks via ``run_ranks``.
+
+The model is tiny and the data a fixed global batch per step (each rank takes
+its slice), so a replicated (DDP) or FSDP2 run computes the same losses at any
+world size up to float rounding. The saving run goes on past its checkpoint:
+it is the uninterrupted run the resumed one is compared with.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+import compatshim.ema
+import compatshim.optim
+import compatshim.rng
+
+GLOBAL_BATCH = 4  # divisible by every world size the tests use (1, 2, 4)
+DECAY = 0.9
+
+
+def fully_shard_api() -> Any:
+    """``fully_shard`` where the release has it (public in 2.6+, _composable in 2.4-2.5)."""
+    try:
+        from torch.distributed.fsdp import fully_shard  # type: ignore[attr-defined]
+    except ImportError:
+        try:
+            from torch.distributed._composable.fsdp import fully_shard
+        except ImportError:
+            return None
+    return fully_shard
+
+
+def fsdp2_cpu_problem() -> str | None:
+    """Why FSDP2 cannot run on CPU ranks here, or None.
+
+    torch 2.4's ``fully_shard`` makes ``torch.cuda.Stream`` objects at its first
+    forward (no CPU path); later releases take streams from the device handle.
+    """
+    import importlib
+    import inspect
+
+    if fully_shard_api() is None:
+        return f"torch {torch.__version__} has no fully_shard (FSDP2; 2.4+)"
+    for name in ("torch.distributed.fsdp._fully_shard._fsdp_param_group",
+                 "torch.distributed._composable.fsdp._fsdp_param_group"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if "torch.cuda.Stream(" in inspect.getsource(module):
+            return (f"torch {torch.__version__}'s fully_shard creates torch.cuda.Stream at its "
+                    "first forward: it needs CUDA, no CPU ranks")
+        return None
+    return f"torch {torch.__version__}: fully_shard's param-group module not found"
+
+
+def _batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(GLOBAL_BATCH, 6, generator=gen)
+    y = torch.randn(GLOBAL_BATCH, 3, generator=gen)
+    per = GLOBAL_BATCH // world
+    return x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
+
+
+def _build(layout: str, world: int) -> tuple[Any, torch.nn.Module, Any, Any, Any]:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    ema = copy.deepcopy(net) if layout == "ddp" else None
+    if layout == "ddp":
+        model: Any = torch.nn.parallel.DistributedDataParallel(net)
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (world,))
+        shard = fully_shard_api()
+        shard(net[0], mesh=mesh)
+        shard(net[2], mesh=mesh)
+        model = shard(net, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    return model, net, ema, opt, sched
+
+
+def _state(model: Any, ema: Any, opt: Any, sched: Any, step: int) -> dict[str, Any]:
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "sched": sched.state_dict(), "step": step}
+    if ema is not None:
+        state["ema"] = ema.state_dict()
+    return state
+
+
+def train(rank: int, world: int, layout: str, folder: str, save_at: int, steps: int,
+          resume: bool) -> dict[str, Any]:
+    """Train to ``steps``; save at ``save_at`` (or, with ``resume``, load from there first).
+
+    Returns the global losses and this rank's draws from torch's generator after
+    each step, the step counters seen after loading, the RNG restore report and
+    the final EMA and model parameters (full tensors).
+    """
+    model, net, ema, opt, sched = _build(layout, world)
+    out: dict[str, Any] = {"losses": {}, "draws": {}}
+    start = 0
+    if resume:
+        state = _state(model, ema, opt, sched, -1)
+        compatshim.optim.load_dcp(state, {"optim": opt}, checkpoint_id=folder)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        sched.load_state_dict(state["sched"])
+        if ema is not None:
+            ema.load_state_dict(state["ema"])
+        start = int(state["step"])
+        out["optim_steps"] = sorted({float(s["step"]) for s in opt.state.values()})
+        out["sched_epoch"] = sched.last_epoch
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report = compatshim.rng.load(Path(folder) / "rng.pt")  # last: nothing draws after it
+        out["rng"] = {"restored": report.restored, "derived": report.derived,
+                      "saved_world": report.saved_world_size,
+                      "warned": [type(w.message).__name__ for w in caught]}
+    for step in range(start, steps):
+        if step == save_at and not resume:
+            dcp.save(_state(model, ema, opt, sched, step), checkpoint_id=folder)
+            compatshim.rng.save(Path(folder) / "rng.pt")
+        x, y = _batch(step, rank, world)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        if ema is not None:
+            compatshim.ema.update_ema(ema, net, decay=DECAY)
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        out["losses"][step] = float(total) / world
+        out["draws"][step] = float(torch.rand(()))  # this rank's stream, step by step
+    full: dict[str, Any] = {}
+    for name, value in net.state_dict().items():
+        full[name] = (value.full_tensor() if hasattr(value, "full_tensor") else value).tolist()
+    out["params"] = full  # plain lists: a tensor sent to the parent would outlive its rank
+    out["ema"] = {k: v.tolist() for k, v in ema.state_dict().items()} if ema is not None else None
+    return out
