@@ -72,7 +72,12 @@ def load(folder: Path | str, state_dict: dict[str, Any]) -> None:
 
 
 def save_ranks(rank: int, world_size: int, folder: str) -> int:
-    """Each gloo rank saves its own tensor (so each writes a data file) and the shared state."""
+    """Each gloo rank saves its own tensor (so each writes a data file) and the shared state.
+
+    Run with ``run_ranks(..., init=False)``: the group is made here and left to the
+    process's exit (on torch 2.1 ``destroy_process_group`` can hang once a peer is gone).
+    """
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
     own = {f"rank{rank}.w": torch.full((2, rank + 1), float(rank))}
     state_dict = {**state(), **own}
     writer = dcp.FileSystemWriter(folder)

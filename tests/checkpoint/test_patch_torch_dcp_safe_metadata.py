@@ -85,7 +85,11 @@ def test_hardened_dcp_load_of_a_genuine_folder_equals_the_saved_state(
     result = _run(child, "load", genuine)
     assert result["ok"], result
     assert result["values"] == _expected()
-    assert (result["defect"], result["fixed"], result["pickle_is_module"]) == ("present", True, False)
+    assert (result["defect"], result["fixed"], result["pickle_is_module"]) == (
+        "present",
+        True,
+        False,
+    )
 
 
 @pytest.mark.parametrize("mode", ["load", "reader"])
