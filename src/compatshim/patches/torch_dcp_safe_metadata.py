@@ -40,8 +40,10 @@ The fix
     seeks from the end the wrong way and reads past its slice.
 
 Not covered
-    torch 2.1's separate ``_fsspec_filesystem.FsspecReader`` (its own
-    ``pickle.load``; from 2.2 on the fsspec reader is a ``FileSystemReader``).
+    The separate ``_fsspec_filesystem.FsspecReader`` of older torch (its own
+    ``pickle.load``; seen in 2.1.2 and 2.2.2; in 2.5.1 it is a ``FileSystemReader``
+    subclass, covered). A second target would be that module, which 2.15 still
+    ships as a shim that warns (DeprecationWarning) on import.
 
 Confirmed
     Right after the fix by :func:`confirm` (the stand-in is in place); end to
