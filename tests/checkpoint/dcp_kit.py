@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+ROOT = str(Path(__file__).resolve().parents[2])  # where ``tests`` is a package
+
 
 class Payload:
     """Pickles as ``os.system("touch MARKER")``."""
@@ -107,3 +109,55 @@ def digest(state_dict: dict[str, Any]) -> dict[str, Any]:
         "step": state_dict["step"],
         "extra": state_dict["extra"],
     }
+
+
+# The hardened child: reads a folder one way (``mode``) and prints one RESULT line.
+CHILD = r"""
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import filesystem
+import compatshim
+from tests.checkpoint.dcp_kit import digest, load, template
+
+mode, folder = sys.argv[1], sys.argv[2]
+result = {"pickle_is_module": type(filesystem.pickle).__name__ == "module"}
+try:
+    if mode == "load":
+        loaded = template()
+        load(folder, loaded)
+        result["values"] = digest(loaded)
+    elif mode == "reader":
+        dcp.FileSystemReader(folder).read_metadata()
+    elif mode == "to_torch_save":
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        dcp_to_torch_save(folder, sys.argv[3])
+        result["values"] = digest(torch.load(sys.argv[3]))
+    elif mode == "lightning":  # what lightning's consolidate_checkpoint runs
+        from lightning.fabric.utilities.load import _load_distributed_checkpoint
+        result["values"] = digest(_load_distributed_checkpoint(__import__("pathlib").Path(folder)))
+    elif mode == "accelerate":  # accelerate merge-weights
+        from accelerate.utils import merge_fsdp_weights
+        merge_fsdp_weights(folder, sys.argv[3], safe_serialization=False)
+        result["values"] = digest(torch.load(sys.argv[3] + "/pytorch_model.bin"))
+    result["ok"] = True
+except BaseException as exc:  # DCP raises CheckpointException, a BaseException
+    result.update(ok=False, type=type(exc).__name__, error=str(exc)[-3000:])
+row = [s for s in compatshim.status() if s.name == "torch-dcp-safe-metadata"][0]
+result.update(defect=row.defect, fixed=row.fixed)
+print("RESULT " + json.dumps(result))
+"""
+
+
+def run_hardened(tmp_path: Path, mode: str, *args: Any, hardened: bool = True) -> dict[str, Any]:
+    """:data:`CHILD` in a fresh interpreter armed by ``COMPATSHIM_AUTO=1`` and, unless
+    ``hardened=False``, ``COMPATSHIM_SAFE_LOAD=1``; its RESULT record."""
+    from tests.checkpoint.test_hardened import run_child
+
+    script = tmp_path / "dcp_child.py"
+    script.write_text(CHILD)
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    if not hardened:
+        env["COMPATSHIM_SAFE_LOAD"] = "0"
+    return run_child(script, mode, *map(str, args), **env)
