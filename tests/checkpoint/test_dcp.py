@@ -16,8 +16,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.checkpoint")
 
-from tests.checkpoint.dcp_kit import poison_metadata, save, save_ranks, state  # noqa: E402
-from tests.harness.dist import run_ranks  # noqa: E402
 from torch.distributed.checkpoint import metadata as dcp_metadata  # noqa: E402
 
 from compatshim.checkpoint import (  # noqa: E402
@@ -26,6 +24,8 @@ from compatshim.checkpoint import (  # noqa: E402
     inspect,
     load,
 )
+from tests.checkpoint.dcp_kit import poison_metadata, save, save_ranks, state  # noqa: E402
+from tests.harness.dist import run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 SRC = str(Path(__file__).resolve().parents[2] / "src")
