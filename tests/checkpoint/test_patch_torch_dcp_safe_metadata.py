@@ -103,3 +103,33 @@ def test_dcp_to_torch_save_refuses_a_poisoned_metadata_and_converts_a_genuine_on
     result = _run(tmp_path, "to_torch_save", tmp_path / "bad", tmp_path / "bad.pt")
     assert not marker.exists()
     assert not result["ok"] and "system refused" in result["error"], result
+
+
+@pytest.mark.parametrize("safe_load", ["0", "1"])
+def test_the_doctor_row_says_it_is_off_unless_hardened(
+    monkeypatch: pytest.MonkeyPatch, safe_load: str
+) -> None:
+    from compatshim._records import PatchStatus
+    from compatshim.doctor import patch_row
+
+    monkeypatch.setenv("COMPATSHIM_SAFE_LOAD", safe_load)
+    absent = PatchStatus(
+        name="torch-dcp-safe-metadata",
+        description="...",
+        distribution="torch",
+        installed_version="2.15.0",
+        requires=">=2.1",
+        tested=">=2.1,<2.16",
+        range_position="tested",
+        armed=True,
+        disabled=False,
+        targets=["torch.distributed.checkpoint.filesystem"],
+        targets_imported=["torch.distributed.checkpoint.filesystem"],
+        defect="absent",
+        applied=False,
+        applied_targets=[],
+        fixed=None,
+    )
+    row = patch_row(absent)
+    assert ("off unless COMPATSHIM_SAFE_LOAD=1" in row.detail) == (safe_load == "0"), row.detail
+    assert row.present is False
