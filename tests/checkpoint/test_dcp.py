@@ -192,3 +192,23 @@ def test_the_crafted_forms_load_when_their_fields_are_right(tmp_path: Path) -> N
     index = _newobj_build(dcp_metadata.MetadataIndex, {"fqn": "w", "offset": torch.Size([0])})
     path.write_bytes(b"\x80\x02}" + index[2:] + b"K\x01s.")
     assert load(path) == {dcp_metadata.MetadataIndex("w", [0]): 1}
+
+
+FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("*/dcp.metadata"))
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.parent.name)
+def test_a_metadata_written_by_another_torch_loads_as_pickle_load_gives(fixture: Path) -> None:
+    """``.metadata`` of ``dcp_kit.save(folder, state())`` under torch 2.1.2 and 2.15.0; where
+    torch itself cannot read it (2.15's on 2.1: no ``_MEM_FORMAT_ENCODING``), a clear refusal."""
+    try:
+        with open(fixture, "rb") as file:
+            expected = pickle.load(file)  # our own fixture
+    except AttributeError as missing:
+        with pytest.raises(CheckpointError, match="does not exist in this install"):
+            load(fixture)
+        assert "_MEM_FORMAT_ENCODING" in str(missing)
+        return
+    loaded = load(fixture)
+    assert loaded == expected
+    assert {"model.w", "model.b", "step"} <= set(loaded.state_dict_metadata)
