@@ -53,7 +53,9 @@ def _run(argv: Sequence[str] | None) -> int:
     inspect = commands.add_parser(
         "inspect", help="what a checkpoint needs and holds, and whether compatshim can load it"
     )
-    inspect.add_argument("file", help="a torch.save file or pickle")
+    inspect.add_argument(
+        "file", help="a torch.save file, pickle, safetensors file or DCP checkpoint folder"
+    )
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
     if args.command == "inspect":

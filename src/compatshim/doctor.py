@@ -65,6 +65,15 @@ def _status(data: dict[str, Any]) -> PatchStatus:
     return PatchStatus(**{k: v for k, v in data.items() if k in known})
 
 
+#: patches whose probe finds a defect only in hardened mode, and what stays unsafe without it
+HARDENED_ONLY = {
+    "torch-dcp-safe-metadata": (
+        "torch.distributed.checkpoint reads a folder's .metadata with pickle.load, "
+        "which runs any code in it"
+    ),
+}
+
+
 def patch_row(patch: PatchStatus) -> DoctorRow:
     """The doctor's line for one patch, from its ``status()`` record."""
     version = patch.installed_version
@@ -81,6 +90,8 @@ def patch_row(patch: PatchStatus) -> DoctorRow:
         detail = f"{where}: defect {state}; disabled by {_settings.DISABLE}"
     elif present is None:
         detail = patch.error or "target not imported, not probed"
+    elif not present and patch.name in HARDENED_ONLY and not _settings.safe_load():
+        detail = f"{where}: off unless {_settings.SAFE_LOAD}=1 ({HARDENED_ONLY[patch.name]})"
     elif not present:
         detail = f"{where}: defect absent, nothing to do"
     else:

@@ -38,6 +38,8 @@ from ._container import (
     read_zip_directory,
     sniff,
 )
+from ._dcp import DcpInfo
+from ._dcp import is_folder as is_dcp_folder
 from ._machine import Source
 from .allowlist import covering, numpy_core
 from .deny import denied
@@ -150,6 +152,7 @@ class CheckpointInfo:
     refusals: tuple[str, ...] = field(default_factory=tuple)
     named_tensors: tuple[NamedTensor, ...] = field(default_factory=tuple)  # safetensors only
     metadata: dict[str, str] | None = None  # safetensors' __metadata__
+    dcp: DcpInfo | None = None  # a torch.distributed.checkpoint folder (_dcp.py)
 
     @property
     def unknown(self) -> tuple[str, ...]:
@@ -321,7 +324,15 @@ def _info(
 
 
 def inspect(f: Any) -> CheckpointInfo:
-    """See the module docstring; raises CheckpointError for a damaged or unknown file."""
+    """See the module docstring; raises CheckpointError for a damaged or unknown file.
+
+    A torch.distributed.checkpoint folder: its ``.metadata`` as above, then, when
+    loadable, read with ``load``'s machine (torch is imported; no tensor data is read).
+    """
+    if is_dcp_folder(f):
+        from ._dcp import inspect_folder
+
+        return inspect_folder(f, inspect)
     try:
         return read(f, _read)
     except UnsafeCheckpointError as exc:

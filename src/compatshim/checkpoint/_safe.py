@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Container, Iterable
 
 from .._text import short
-from . import _numpy, _objects, _omegaconf, _partial, _tensors
+from . import _dcp, _numpy, _objects, _omegaconf, _partial, _tensors
 from ._machine import MAX_NESTING, Machine, Source
 from .allowlist import Entry, covering, enum_member, lookup, storage_type
 from .deny import REFUSAL as DENIED_REFUSAL
@@ -526,12 +526,17 @@ HANDLERS: dict[str, Handler] = {
     "torch.device": lambda m, f, a: _tensors.make_device(f, a),
     "copyreg._reconstructor": lambda m, f, a: m._reconstructor(a),
     "torch.storage._load_from_bytes": lambda m, f, a: m._storage_from_bytes(a),
+    "torch.serialization._get_layout": lambda m, f, a: _dcp.layout(a),
 }
 
 
 @functools.cache
 def _instance_builder(what: str) -> Builder:
-    """BUILD for plain instances named ``what`` (one function per name, not per object)."""
+    """BUILD for plain instances named ``what`` (one function per name, not per object);
+    DCP's ``TensorProperties`` has its own (tuple state, ``_dcp.BUILDERS``)."""
+    special = _dcp.BUILDERS.get(what)
+    if special is not None:
+        return special
     return lambda inst, state: _objects.set_instance_dict(inst, state, what)
 
 

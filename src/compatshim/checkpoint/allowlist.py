@@ -696,7 +696,64 @@ def _build_table() -> tuple[Entry, ...]:
             "DeepAR's default head: beta float and __init_args__; no __setstate__ or __new__",
         )
     )
+    e += _dcp_rows()
     return tuple(e)
+
+
+# torch.distributed.checkpoint (DCP): the globals a folder's .metadata names, read from real
+# checkpoints saved by torch 2.1.2 (save_state_dict) and 2.15.0 (dcp.save); the classes were
+# checked in the source of 2.1.2, 2.2.2, 2.5.1, 2.13.0 and 2.15.0. Bounded above: the tuple
+# state of TensorProperties is rebuilt field by field (_dcp.py), so a new layout is refused.
+_DCP = ">=2.1,<2.16"
+_DCP_MODULE = "torch.distributed.checkpoint.metadata"
+_SHARD_MODULE = "torch.distributed._shard.sharded_tensor.metadata"  # 2.1-2.2's, kept since
+
+
+def _dcp_rows() -> list[Entry]:
+    dataclass_reason = "DCP dataclass, no __setstate__: str-named fields into a fresh __dict__"
+    rows = [
+        Entry(module, name, "torch", _DCP, "instance", dataclass_reason)
+        for module, name in (
+            (_DCP_MODULE, "Metadata"),
+            (_DCP_MODULE, "MetadataIndex"),
+            (_DCP_MODULE, "TensorStorageMetadata"),
+            (_DCP_MODULE, "ChunkStorageMetadata"),
+            (_DCP_MODULE, "BytesStorageMetadata"),
+            (_DCP_MODULE, "StorageMeta"),
+            ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        )
+    ]
+    for module, enum_name in (
+        (_DCP_MODULE, "_MEM_FORMAT_ENCODING"),
+        (_SHARD_MODULE, "MEM_FORMAT_ENCODING"),
+    ):
+        rows.append(
+            Entry(
+                module,
+                "TensorProperties",
+                "torch",
+                _DCP,
+                "instance",
+                "its __setstate__ is never called: the 5- or 6-field tuple state is checked "
+                "field by field (dtype, layout, bools, memory-format member, int strides)",
+            )
+        )
+        rows.append(
+            Entry(
+                module, enum_name, "torch", _DCP, "enum", "memory-format code: an existing member"
+            )
+        )
+    rows.append(
+        Entry(
+            "torch.serialization",
+            "_get_layout",
+            "torch",
+            _DCP,
+            "rebuild",
+            "re-implemented: a torch.layout by its name ('torch.strided'), nothing else",
+        )
+    )
+    return rows
 
 
 ENTRIES: tuple[Entry, ...] = _build_table()

@@ -109,6 +109,28 @@ def _global_lines(info: CheckpointInfo) -> list[str]:
     return lines
 
 
+def _dcp_lines(info: CheckpointInfo) -> list[str]:
+    """A DCP folder: who wrote it, its tensors, its non-tensor items (then .metadata's pickle)."""
+    found = info.dcp
+    if found is None:
+        return []
+    ranks = "unknown" if found.world_size is None else str(found.world_size)
+    lines = [
+        f"  saved by {ranks} rank(s): {len(found.data_files)} data files"
+        + (f", DCP format {printable(found.version, 40)}" if found.version else ""),
+        *_tensor_lines(info),
+    ]
+    items = ", ".join(printable(name, 80) for name in found.items[:MAX_TENSORS_SHOWN])
+    more = (
+        f" and {len(found.items) - MAX_TENSORS_SHOWN} more"
+        if len(found.items) > MAX_TENSORS_SHOWN
+        else ""
+    )
+    lines.append(f"  non-tensor items ({len(found.items)}): {items or '-'}{more}")
+    lines.append("  .metadata:")
+    return lines
+
+
 def render(info: CheckpointInfo) -> str:
     w = info.writer
     dtypes = ", ".join(f"{printable(k, 40)} x{v}" for k, v in info.dtypes.items())
@@ -121,6 +143,7 @@ def render(info: CheckpointInfo) -> str:
         lines += _tensor_lines(info)
         lines.append("  globals: none (safetensors holds no pickle)")
     else:
+        lines += _dcp_lines(info)
         lines += [
             f"  writer: pickle protocol {w.pickle_protocol}"
             + (f", archive version {printable(w.archive_version)}" if w.archive_version else "")

@@ -65,6 +65,19 @@ CATALOGUE: tuple[Patch, ...] = (
         ),
     ),
     Patch(
+        name="torch-dcp-safe-metadata",
+        distribution="torch",
+        requires=">=2.1",
+        tested=">=2.1,<2.16",
+        targets=("torch.distributed.checkpoint.filesystem",),
+        description=(
+            "hardened mode (COMPATSHIM_SAFE_LOAD=1) only: a torch.distributed.checkpoint "
+            "folder's .metadata, which torch reads with pickle.load, is read by "
+            "compatshim.checkpoint's loader (DCP's classes allow-listed); a poisoned one is "
+            "refused naming its globals, never run"
+        ),
+    ),
+    Patch(
         name="numpy-core-names",
         distribution="numpy",
         requires=">=1.17",

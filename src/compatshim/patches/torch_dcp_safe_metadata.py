@@ -1,0 +1,200 @@
+"""Patch ``torch-dcp-safe-metadata``: hardened mode covers torch.distributed.checkpoint folders.
+
+What breaks
+    A DCP checkpoint folder (``dcp.save``, ``save_state_dict``; what FSDP,
+    torchtitan, Lightning's distributed checkpoints and accelerate's
+    ``SHARDED_STATE_DICT`` write) holds a ``.metadata`` that torch reads with a
+    plain ``pickle.load`` (``FileSystemReader.read_metadata`` in
+    ``torch/distributed/checkpoint/filesystem.py``, 2.1 to 2.15; upstream calls
+    DCP a trusted environment). Every reader of the folder gets there:
+    ``dcp.load``/``load_state_dict``, ``format_utils.dcp_to_torch_save``,
+    Lightning's consolidation and accelerate's ``merge-weights``. So with
+    ``COMPATSHIM_SAFE_LOAD=1``, which makes every ``torch.load`` weights-only,
+    a poisoned ``.metadata`` still ran its payload. (The folder's non-tensor
+    items go through ``torch.load``, which hardened mode already covers.)
+
+Which versions
+    torch 2.1 (DCP's ``FileSystemReader``) to 2.15, tested on 2.1 and 2.15.
+    Only in hardened mode: armed without ``COMPATSHIM_SAFE_LOAD=1`` the probe
+    reports nothing to do and DCP behaves as torch's.
+
+How it is detected
+    Hardened only: a ``FileSystemReader`` of a temporary folder whose
+    ``.metadata`` pickles a ``types.SimpleNamespace`` (harmless, and off
+    compatshim's allowlist): the defect is present while ``read_metadata``
+    hands it back, i.e. unpickles whatever global the file names.
+
+The fix
+    The module's ``pickle`` (which its reader calls ``pickle.load`` on and its
+    writer ``pickle.dump``) becomes a stand-in whose ``load`` is compatshim's
+    loader, pickles only, with DCP's classes on the allowlist
+    (``compatshim.checkpoint._dcp``); everything else is the real module. A
+    refusal raises :class:`~compatshim.checkpoint.UnsafeCheckpointError` (a
+    ``pickle.UnpicklingError``) naming the refused globals; nothing runs.
+    ``torch.distributed.checkpoint`` is never imported by compatshim: the patch
+    applies when the user's code imports its ``filesystem`` module.
+
+    Before torch 2.6 (where hardened mode reads every ``torch.load`` with
+    compatshim's loader) the module's ``_create_file_view`` also hands each
+    item's own bytes to ``torch.load`` as a ``BytesIO``: torch's file view
+    seeks from the end the wrong way and reads past its slice.
+
+Not covered
+    The separate ``_fsspec_filesystem.FsspecReader`` of older torch (its own
+    ``pickle.load``; seen in 2.1.2 and 2.2.2; in 2.5.1 it is a ``FileSystemReader``
+    subclass, covered). A second target would be that module, which 2.15 still
+    ships as a shim that warns (DeprecationWarning) on import.
+
+Confirmed
+    Right after the fix by :func:`confirm` (the stand-in is in place); end to
+    end by the probe when ``status()`` or the doctor asks.
+
+The revert
+    The module's ``pickle`` attribute gets the real module back (Patcher).
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any
+
+    from .._engine.patching import Patcher
+
+_NAME = "torch-dcp-safe-metadata"
+
+
+class SafePickle:
+    """``pickle`` as DCP's filesystem module sees it: ``load`` reads without running code."""
+
+    def __init__(self, real: ModuleType) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def load(self, file: Any, **_: Any) -> Any:
+        """``pickle.load(file)`` through compatshim's loader (pickle options ignored)."""
+        import io
+
+        from ..checkpoint import CheckpointError
+        from ..checkpoint._dcp import read_metadata
+
+        what = repr(getattr(file, "name", "a DCP .metadata stream"))
+        if not _seekable(file):
+            data = io.BytesIO(file.read())
+            data.name = getattr(file, "name", "<DCP .metadata>")  # type: ignore[attr-defined]
+            file = data
+        try:
+            return read_metadata(file)
+        except CheckpointError as why:  # UnsafeCheckpointError included
+            _record("refused", f"{what}: {type(why).__name__}")
+            raise _refusal(why, what) from None
+
+
+def _seekable(file: Any) -> bool:
+    try:
+        return bool(file.seekable())
+    except Exception:
+        return False
+
+
+def _refusal(why: BaseException, what: str) -> BaseException:
+    from ..checkpoint import UnsafeCheckpointError
+    from .torch_load_safe_globals import _how_to_allow, _plain
+
+    refused = tuple(getattr(why, "refused", ()))
+    text = _plain(why)
+    if not isinstance(why, UnsafeCheckpointError):
+        text = f"{what}: compatshim.checkpoint.load could not read it as a DCP .metadata ({text})"
+    return UnsafeCheckpointError(
+        f"{text}. COMPATSHIM_SAFE_LOAD=1: torch.distributed.checkpoint's .metadata is read "
+        f"without running code from it.{_how_to_allow(refused)}",
+        refused,
+    )
+
+
+def _record(event: str, detail: str) -> None:
+    from .._engine import decisions
+
+    decisions.record(_NAME, event, detail)
+
+
+def _readers(module: ModuleType) -> list[type]:
+    """The classes of ``module`` that define their own ``read_metadata``."""
+    return [
+        value
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and value.__module__ == module.__name__
+        and "read_metadata" in vars(value)
+    ]
+
+
+def _runs_any_global(reader: type) -> bool:
+    """Whether ``reader(folder).read_metadata()`` hands back a pickled SimpleNamespace."""
+    import os
+    import pickle
+    import shutil
+    import tempfile
+    import types
+
+    folder = tempfile.mkdtemp(prefix="compatshim-dcp-probe-")
+    try:
+        with open(os.path.join(folder, ".metadata"), "wb") as file:
+            pickle.dump(types.SimpleNamespace(), file)
+        try:
+            found = reader(folder).read_metadata()
+        except pickle.UnpicklingError:
+            return False
+        return type(found) is types.SimpleNamespace
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def probe(module: ModuleType) -> bool:
+    """Hardened mode only: True while a reader of this module unpickles any global."""
+    from .. import _settings
+
+    if not _settings.safe_load():
+        return False
+    return any(_runs_any_global(reader) for reader in _readers(module))
+
+
+def confirm(module: ModuleType) -> bool:
+    """The stand-in is the module's ``pickle`` (the probe would load compatshim's loader)."""
+    return isinstance(vars(module).get("pickle"), SafePickle)
+
+
+def _file_slice(file: Any, offset: int, length: int) -> Any:
+    """The item's bytes as a BytesIO (stands for DCP's ``_create_file_view``; see apply)."""
+    import io
+
+    file.seek(offset)
+    data = file.read(length)
+    if len(data) != length:
+        raise OSError(f"DCP data file ends before the item's {length} bytes at offset {offset}")
+    return io.BytesIO(data)
+
+
+def apply(module: ModuleType, patcher: Patcher) -> None:
+    import pickle
+    import sys
+
+    from .._engine.versions import version_at_least
+
+    current = vars(module).get("pickle")
+    if current is not pickle:
+        raise LookupError(
+            f"{module.__name__}.pickle is {current!r}, not the pickle module: layout not known"
+        )
+    patcher.setattr(module, "pickle", SafePickle(pickle))
+    # Hardened, before torch 2.6 every torch.load is read by compatshim's loader, and DCP
+    # hands it each item as torch's _ReaderView, which seeks from the end the wrong way
+    # and reads past its slice: the zip reader then finds no archive. The item's own bytes
+    # (as later torch releases read them) load the same.
+    torch = sys.modules.get("torch")
+    view = vars(module).get("_create_file_view")
+    if view is not None and not version_at_least(str(getattr(torch, "__version__", "")), "2.6"):
+        patcher.setattr(module, "_create_file_view", _file_slice)

@@ -1,0 +1,163 @@
+"""Real torch.distributed.checkpoint folders for the DCP tests, on every torch from 2.1.
+
+torch 2.1 has ``save_state_dict``/``load_state_dict`` (``no_dist=True`` without a
+process group); 2.2+ has ``save``/``load``. ``poison_*`` write hostile copies whose
+payload would touch a marker file (the tests assert it never exists).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+ROOT = str(Path(__file__).resolve().parents[2])  # where ``tests`` is a package
+
+
+class Payload:
+    """Pickles as ``os.system("touch MARKER")``."""
+
+    def __init__(self, marker: Path | str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> Any:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def state(extra: Any = None) -> dict[str, Any]:
+    """A small model + training state; ``zeros_like`` of it is the load template."""
+    return {
+        "model": {
+            "w": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+            "b": torch.tensor([1.5, -2.0, 0.25, 4.0], dtype=torch.bfloat16),
+        },
+        "step": 7,
+        "extra": {"name": "run-1", "lrs": [0.1, 0.01]} if extra is None else extra,
+    }
+
+
+def template() -> dict[str, Any]:
+    return {
+        "model": {"w": torch.zeros(3, 4), "b": torch.zeros(4, dtype=torch.bfloat16)},
+        "step": 0,
+        "extra": {"name": "", "lrs": []},
+    }
+
+
+def save(folder: Path | str, state_dict: dict[str, Any]) -> None:
+    """One process, no process group."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        writer = dcp.FileSystemWriter(str(folder))
+        if hasattr(dcp, "save"):
+            dcp.save(state_dict, storage_writer=writer)
+        else:
+            dcp.save_state_dict(state_dict, storage_writer=writer, no_dist=True)
+
+
+def load(folder: Path | str, state_dict: dict[str, Any]) -> None:
+    """``dcp.load`` (2.2+) or ``load_state_dict`` (2.1), in place."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reader = dcp.FileSystemReader(str(folder))
+        if hasattr(dcp, "load"):
+            dcp.load(state_dict, storage_reader=reader)
+        else:
+            dcp.load_state_dict(state_dict, storage_reader=reader, no_dist=True)
+
+
+def save_ranks(rank: int, world_size: int, folder: str) -> int:
+    """Each gloo rank saves its own tensor (so each writes a data file) and the shared state.
+
+    Run with ``run_ranks(..., init=False)``: the group is made here and left to the
+    process's exit (on torch 2.1 ``destroy_process_group`` can hang once a peer is gone).
+    """
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    own = {f"rank{rank}.w": torch.full((2, rank + 1), float(rank))}
+    state_dict = {**state(), **own}
+    writer = dcp.FileSystemWriter(folder)
+    if hasattr(dcp, "save"):
+        dcp.save(state_dict, storage_writer=writer)
+    else:
+        dcp.save_state_dict(state_dict, storage_writer=writer)
+    dist.barrier()
+    return rank
+
+
+def poison_metadata(source: Path, target: Path, marker: Path) -> None:
+    """A copy of ``source`` whose ``.metadata`` also holds the payload (our own file: read
+    with pickle here, in the test process, on purpose)."""
+    shutil.copytree(source, target)
+    with open(source / ".metadata", "rb") as file:
+        metadata = pickle.load(file)
+    metadata.planner_data = {"poison": Payload(marker)}
+    with open(target / ".metadata", "wb") as file:
+        pickle.dump(metadata, file)
+
+
+def digest(state_dict: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "w": state_dict["model"]["w"].tolist(),
+        "b": state_dict["model"]["b"].float().tolist(),
+        "step": state_dict["step"],
+        "extra": state_dict["extra"],
+    }
+
+
+# The hardened child: reads a folder one way (``mode``) and prints one RESULT line.
+CHILD = r"""
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import filesystem
+import compatshim
+from tests.checkpoint.dcp_kit import digest, load, template
+
+mode, folder = sys.argv[1], sys.argv[2]
+result = {"pickle_is_module": type(filesystem.pickle).__name__ == "module"}
+try:
+    if mode == "load":
+        loaded = template()
+        load(folder, loaded)
+        result["values"] = digest(loaded)
+    elif mode == "reader":
+        dcp.FileSystemReader(folder).read_metadata()
+    elif mode == "to_torch_save":
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        dcp_to_torch_save(folder, sys.argv[3])
+        result["values"] = digest(torch.load(sys.argv[3]))
+    elif mode == "lightning":  # what lightning's consolidate_checkpoint runs
+        from lightning.fabric.utilities.load import _load_distributed_checkpoint
+        result["values"] = digest(_load_distributed_checkpoint(__import__("pathlib").Path(folder)))
+    elif mode == "accelerate":  # accelerate merge-weights
+        from accelerate.utils import merge_fsdp_weights
+        merge_fsdp_weights(folder, sys.argv[3], safe_serialization=False)
+        result["values"] = digest(torch.load(sys.argv[3] + "/pytorch_model.bin"))
+    result["ok"] = True
+except BaseException as exc:  # DCP raises CheckpointException, a BaseException
+    result.update(ok=False, type=type(exc).__name__, error=str(exc)[-3000:])
+row = [s for s in compatshim.status() if s.name == "torch-dcp-safe-metadata"][0]
+result.update(defect=row.defect, fixed=row.fixed)
+print("RESULT " + json.dumps(result))
+"""
+
+
+def run_hardened(tmp_path: Path, mode: str, *args: Any, hardened: bool = True) -> dict[str, Any]:
+    """:data:`CHILD` in a fresh interpreter armed by ``COMPATSHIM_AUTO=1`` and, unless
+    ``hardened=False``, ``COMPATSHIM_SAFE_LOAD=1``; its RESULT record."""
+    from tests.checkpoint.test_hardened import run_child
+
+    script = tmp_path / "dcp_child.py"
+    script.write_text(CHILD)
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    if not hardened:
+        env["COMPATSHIM_SAFE_LOAD"] = "0"
+    return run_child(script, mode, *map(str, args), **env)

@@ -1,0 +1,135 @@
+"""Patch ``torch-dcp-safe-metadata``: hardened mode covers a DCP folder's ``.metadata``.
+
+Every hostile folder is read in a fresh interpreter started as a user's job starts
+(``COMPATSHIM_AUTO=1 COMPATSHIM_SAFE_LOAD=1``, the start-up hook arms compatshim);
+its payload would touch a marker file, which must never exist. The armed but not
+hardened control shows the same folder runs its payload through torch's own reader.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch.distributed.checkpoint")
+
+from tests.checkpoint.dcp_kit import (  # noqa: E402
+    Payload,
+    digest,
+    poison_metadata,
+    run_hardened,
+    save,
+    state,
+)
+from tests.checkpoint.test_hardened import TIMEOUT_S  # noqa: E402
+
+pytestmark = pytest.mark.timeout(2 * TIMEOUT_S)
+
+
+@pytest.fixture()
+def genuine(tmp_path: Path) -> Path:
+    folder = tmp_path / "genuine"
+    save(folder, state())
+    return folder
+
+
+def _expected() -> dict[str, Any]:
+    return json.loads(json.dumps(digest(state())))
+
+
+def _run(tmp_path: Path, mode: str, *args: Any, hardened: bool = True) -> dict[str, Any]:
+    return run_hardened(tmp_path, mode, *args, hardened=hardened)
+
+
+def test_hardened_dcp_load_of_a_genuine_folder_equals_the_saved_state(
+    tmp_path: Path, genuine: Path
+) -> None:
+    result = _run(tmp_path, "load", genuine)
+    assert result["ok"], result
+    assert result["values"] == _expected()
+    assert (result["defect"], result["fixed"], result["pickle_is_module"]) == (
+        "present",
+        True,
+        False,
+    )
+
+
+@pytest.mark.parametrize("mode", ["load", "reader"])
+def test_hardened_refuses_a_poisoned_metadata_and_never_runs_it(
+    genuine: Path, tmp_path: Path, mode: str
+) -> None:
+    marker = tmp_path / "ran"
+    poison_metadata(genuine, tmp_path / "bad", marker)
+    result = _run(tmp_path, mode, tmp_path / "bad")
+    assert not marker.exists()
+    assert not result["ok"]
+    # torch 2.1 raises compatshim's error; 2.15's dcp.load wraps it in an AssertionError
+    assert "posix.system refused" in result["error"] or "os.system refused" in result["error"]
+    assert "COMPATSHIM_SAFE_LOAD=1" in result["error"]
+    if mode == "reader":
+        assert result["type"] == "UnsafeCheckpointError", result
+
+
+def test_armed_but_not_hardened_dcp_behaves_as_torch_s(genuine: Path, tmp_path: Path) -> None:
+    """The control: the same poisoned folder runs its payload through torch's reader."""
+    marker = tmp_path / "ran"
+    poison_metadata(genuine, tmp_path / "bad", marker)
+    result = _run(tmp_path, "reader", tmp_path / "bad", hardened=False)
+    assert result["pickle_is_module"] and result["defect"] == "absent", result
+    assert marker.exists()
+
+
+def test_hardened_refuses_a_poisoned_non_tensor_item(tmp_path: Path) -> None:
+    """Items are torch.save'd and read by torch.load(weights_only=False): hardened refuses."""
+    marker = tmp_path / "ran"
+    save(tmp_path / "bad", state(extra=Payload(marker)))
+    result = _run(tmp_path, "load", tmp_path / "bad")
+    assert not marker.exists()
+    assert not result["ok"] and "system refused" in result["error"], result
+
+
+def test_dcp_to_torch_save_refuses_a_poisoned_metadata_and_converts_a_genuine_one(
+    genuine: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch.distributed.checkpoint.format_utils")
+    result = _run(tmp_path, "to_torch_save", genuine, tmp_path / "out.pt")
+    assert result["ok"] and result["values"] == _expected(), result
+    marker = tmp_path / "ran"
+    poison_metadata(genuine, tmp_path / "bad", marker)
+    result = _run(tmp_path, "to_torch_save", tmp_path / "bad", tmp_path / "bad.pt")
+    assert not marker.exists()
+    assert not result["ok"] and "system refused" in result["error"], result
+
+
+@pytest.mark.parametrize("safe_load", ["0", "1"])
+def test_the_doctor_row_says_it_is_off_unless_hardened(
+    monkeypatch: pytest.MonkeyPatch, safe_load: str
+) -> None:
+    from compatshim._records import PatchStatus
+    from compatshim.doctor import patch_row
+
+    monkeypatch.setenv("COMPATSHIM_SAFE_LOAD", safe_load)
+    absent = PatchStatus(
+        name="torch-dcp-safe-metadata",
+        description="...",
+        distribution="torch",
+        installed_version="2.15.0",
+        requires=">=2.1",
+        tested=">=2.1,<2.16",
+        range_position="tested",
+        armed=True,
+        disabled=False,
+        targets=["torch.distributed.checkpoint.filesystem"],
+        targets_imported=["torch.distributed.checkpoint.filesystem"],
+        defect="absent",
+        applied=False,
+        applied_targets=[],
+        fixed=None,
+    )
+    row = patch_row(absent)
+    assert ("off unless COMPATSHIM_SAFE_LOAD=1" in row.detail) == (safe_load == "0"), row.detail
+    assert row.present is False
