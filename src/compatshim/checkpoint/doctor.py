@@ -62,9 +62,9 @@ def safe_load_row() -> DoctorRow:
             "on: every torch.load is read by compatshim.checkpoint.load alone (torch's own "
             "unpickler never sees the file), weights_only=False included, honouring torch's "
             "add_safe_globals; torch.serialization._load/_legacy_load refuse the full "
-            "unpickler (torch.load references taken before install()); NOT covered: "
-            "numpy.load(allow_pickle=True), plain pickle, torch.distributed.checkpoint "
-            ".metadata"
+            "unpickler (torch.load references taken before install()); DCP .metadata by "
+            "torch-dcp-safe-metadata (not torch 2.1-2.2's fsspec reader); NOT covered: "
+            "numpy.load(allow_pickle=True), plain pickle"
         )
         if not _settings.auto():
             detail += f", in processes that call compatshim.install() ({_settings.AUTO} is not set)"
