@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import compatshim.rng as rng
 from compatshim._records import DoctorRow
@@ -39,3 +41,41 @@ def test_doctor_rows_import_no_framework() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+
+def _accelerate_row(tmp_path: Path, handler: str) -> dict[str, object] | None:
+    """The row for a fake accelerate 1.15.0 (dist-info + checkpointing.py), in a fresh
+    interpreter: versions are read from metadata once per process."""
+    info = tmp_path / "accelerate-1.15.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: accelerate\nVersion: 1.15.0\n")
+    (tmp_path / "accelerate").mkdir()
+    (tmp_path / "accelerate" / "checkpointing.py").write_text(
+        f"def load_accelerator_state():\n    try:\n        pass\n{handler}"
+    )
+    code = (
+        f"import sys, json; sys.path.insert(0, {str(tmp_path)!r})\n"
+        "import compatshim.rng as r\n"
+        "rows = [x.as_dict() for x in r.doctor_rows()]\n"
+        "assert 'accelerate' not in sys.modules\n"
+        "print(json.dumps([x for x in rows if x['name'] == 'rng.accelerate-swallowed-restore']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    found = json.loads(done.stdout)
+    return found[0] if found else None
+
+
+def test_a_swallowing_accelerate_is_reported_without_failing_the_verdict(tmp_path: Path) -> None:
+    swallowing = "    except Exception:\n        logger.info('Could not load random states')\n"
+    row = _accelerate_row(tmp_path, swallowing)
+    assert row is not None and row["present"] is True and row["fixed"] is None
+    assert "compatshim.rng.load" in str(row["detail"])
+    assert "accelerate 1.15.0" in str(row["detail"])
+
+
+def test_an_accelerate_that_raises_is_not_reported(tmp_path: Path) -> None:
+    row = _accelerate_row(tmp_path, "    except Exception:\n        raise\n")
+    assert row is not None and row["present"] is False

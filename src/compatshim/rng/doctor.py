@@ -5,11 +5,61 @@ Cheap: versions come from installed metadata; no framework is imported.
 
 from __future__ import annotations
 
+from importlib import metadata
+from pathlib import Path
+
 from .._engine.versions import installed_version, version_at_least
 from .._records import DoctorRow
 
+# accelerate's load_accelerator_state wraps its whole RNG restore in ``except Exception`` and
+# logs this at INFO, so a resume that restores no generator looks like one that restored all
+ACCELERATE_SWALLOW = "Could not load random states"
+
+
+def accelerate_swallows_rng_errors() -> bool | None:
+    """Whether the installed accelerate's ``checkpointing.py`` holds the swallowing handler.
+
+    Read as text from the installed files (accelerate is never imported); None where
+    accelerate is not installed or its file cannot be read.
+    """
+    try:
+        source = metadata.distribution("accelerate").locate_file("accelerate/checkpointing.py")
+        text = Path(str(source)).read_text(encoding="utf-8")
+    except (metadata.PackageNotFoundError, OSError, UnicodeDecodeError):
+        return None
+    return "except Exception" in text and ACCELERATE_SWALLOW in text
+
+
+def accelerate_row() -> DoctorRow | None:
+    version = installed_version("accelerate")
+    if version is None:
+        return None
+    swallows = accelerate_swallows_rng_errors()
+    return DoctorRow(
+        name="rng.accelerate-swallowed-restore",
+        kind="hazard",
+        applies=True,
+        present=swallows,
+        fixed=None,  # compatshim does not patch accelerate: reported, never fails the verdict
+        detail=(
+            f"accelerate {version}: Accelerator.load_state swallows every RNG restore failure "
+            f"(logged at INFO: {ACCELERATE_SWALLOW!r}; e.g. a checkpoint from more GPUs, or one "
+            "without CUDA states resumed on a GPU machine), so the run goes on with fresh "
+            "streams; call compatshim.rng.load(checkpoint_dir) after load_state: it restores "
+            "accelerate's random_states_N.pkl and reports (or warns about) what it could not"
+            if swallows
+            else f"accelerate {version}: no swallowing RNG handler found in "
+            "accelerate/checkpointing.py"
+        ),
+    )
+
 
 def doctor_rows() -> list[DoctorRow]:
+    accelerate = accelerate_row()
+    return _torch_rows() + ([accelerate] if accelerate is not None else [])
+
+
+def _torch_rows() -> list[DoctorRow]:
     torch = installed_version("torch")
     numpy = installed_version("numpy")
     versions = f"torch {torch or 'not installed'}, numpy {numpy or 'not installed'}"
