@@ -19,6 +19,7 @@ Python stacks via faulthandler first). Nothing is left running after
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
 import multiprocessing as mp
 import os
@@ -28,11 +29,17 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from multiprocessing.connection import wait
 from typing import Any, Callable
 
 from tests.harness.zygote import ZygoteFailed, zygote_for
 
 GRACE = 30.0  # seconds on top of the timeout for the zygote to kill, join and answer
+EXIT_GRACE = 30.0  # seconds a rank that reported may take to destroy its group and end
+# before destroying the group, a moment without the GIL: a gloo worker that still has to drop a
+# finished work's tensors needs the GIL, and ~ProcessGroupGloo joins the workers while holding it
+# (pytorch issue 56297; seen here on torch 2.1 at load 18: rank 0 stuck in destroy_process_group)
+SETTLE = 0.1
 # a zygote's start is one import of torch.distributed and torch._dynamo: 4-7 s on an idle
 # 2-core box, 30 s at load 16; it is bounded apart from the call's own timeout
 START_LIMIT = 300.0
@@ -67,13 +74,24 @@ class _Job:
     timeout: float
 
 
-def _child(payload: bytes, rank: int, queue: Any, forked: bool) -> None:
+def _report(conn: Any, kind: str, value: Any) -> None:
+    """Send this rank's outcome now, from this thread (no feeder thread that needs the GIL)."""
+    with contextlib.suppress(OSError):
+        conn.send((kind, value))
+        conn.close()
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+
+
+def _child(payload: bytes, rank: int, conn: Any, forked: bool) -> None:
     """One rank: the job is unpickled here, so only the ranks import the test's modules."""
     _trace(rank, "started")
     try:
         job: _Job = pickle.loads(payload)
     except BaseException as exc:
-        queue.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        _report(conn, "error", _error(exc))
         return
     os.environ.update(job.env)
     os.environ.update(
@@ -96,15 +114,16 @@ def _child(payload: bytes, rank: int, queue: Any, forked: bool) -> None:
             _trace(rank, f"init_process_group({job.backend!r})")
         result = job.fn(rank, job.world_size, *job.args)
         _trace(rank, f"{getattr(job.fn, '__name__', 'fn')} returned")
-        queue.put((rank, "ok", pickle.dumps(result)))
+        _report(conn, "ok", pickle.dumps(result))
     except BaseException as exc:  # report everything to the parent
-        queue.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        _report(conn, "error", _error(exc))
     finally:
         if job.init:
             try:
                 import torch.distributed as dist
 
                 if dist.is_initialized():
+                    time.sleep(SETTLE)
                     dist.destroy_process_group()
                     _trace(rank, "destroy_process_group()")
             except Exception:
@@ -118,30 +137,41 @@ def _child(payload: bytes, rank: int, queue: Any, forked: bool) -> None:
 def _run_here(method: str, payload: bytes, world_size: int, timeout: float) -> dict[int, Any]:
     """Start the ranks from this process and collect ``{rank: (kind, value)}`` (none: stuck)."""
     ctx: Any = mp.get_context(method)
-    queue = ctx.Queue()
-    procs = [
-        ctx.Process(target=_child, args=(payload, rank, queue, method == "fork"), daemon=True)
-        for rank in range(world_size)
-    ]
-    _trace(method, f"starting {world_size} ranks")
-    for proc in procs:
-        proc.start()
-    _trace(method, "ranks started")
-    outcomes: dict[int, Any] = {}
+    procs, readers = [], {}
     deadline = time.monotonic() + timeout
+    _trace(method, f"starting {world_size} ranks")
     try:
-        while len(outcomes) < world_size and time.monotonic() < deadline:
-            try:
-                rank, kind, value = queue.get(timeout=0.2)
-                outcomes[rank] = (kind, value)
-            except Exception:
-                for rank, proc in enumerate(procs):
-                    if rank not in outcomes and proc.exitcode is not None:
-                        time.sleep(0.2)  # let a late queue message land
-                        if rank not in outcomes and queue.empty():
-                            outcomes[rank] = ("exit", proc.exitcode)
-        for proc in procs:
-            proc.join(timeout=max(0.1, deadline - time.monotonic()))
+        for rank in range(world_size):
+            reader, writer = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=_child, args=(payload, rank, writer, method == "fork"), daemon=True
+            )
+            proc.start()
+            writer.close()  # before the next fork: a rank's pipe ends (EOF) when that rank does
+            procs.append(proc)
+            readers[reader] = rank
+        _trace(method, "ranks started")
+        outcomes: dict[int, Any] = {}
+        while readers and time.monotonic() < deadline:
+            for reader in wait(list(readers), timeout=max(0.0, deadline - time.monotonic())):
+                rank = readers.pop(reader)
+                try:
+                    outcomes[rank] = reader.recv()
+                except EOFError:  # it ended without a word: its exit code says how
+                    procs[rank].join(5)
+                    outcomes[rank] = ("exit", procs[rank].exitcode)
+                reader.close()
+        # every rank reported or the time is up: the ones that reported may take EXIT_GRACE to end
+        leave_by = min(deadline, time.monotonic() + EXIT_GRACE) if not readers else 0.0
+        for rank, proc in enumerate(procs):
+            proc.join(max(0.0, leave_by - time.monotonic()))
+            if proc.is_alive() and rank in outcomes:
+                print(
+                    f"run_ranks: rank {rank} reported, then did not end within {EXIT_GRACE:.0f}s "
+                    "(killed; a hang in destroy_process_group, pytorch issue 56297?)",
+                    file=sys.stderr,
+                    flush=True,
+                )
     finally:
         for proc in procs:
             if proc.is_alive():
