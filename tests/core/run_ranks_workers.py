@@ -47,3 +47,12 @@ def exit_handler_writes(rank: int, world_size: int, folder: str) -> None:
 
 def unpicklable_result(rank: int, world_size: int) -> Any:
     return lambda: rank
+
+
+def draws(rank: int, world_size: int) -> tuple[int, int]:
+    """One draw from numpy's and Python's global generators, never seeded by the test."""
+    import random
+
+    import numpy
+
+    return int(numpy.random.randint(2**62)), random.getrandbits(62)

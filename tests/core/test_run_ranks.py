@@ -70,3 +70,13 @@ def test_exit_handlers_run_in_forked_ranks(tmp_path: Path) -> None:
 def test_a_result_that_cannot_pickle_is_the_rank_error() -> None:
     with pytest.raises(RanksFailed, match=r"rank 0: error: .*(pickle|lambda)"):
         run_ranks(workers.unpicklable_result, 1, timeout=60)
+
+
+def test_global_generators_differ_between_ranks_and_calls() -> None:
+    """Like fresh interpreters: nothing drawn in one rank repeats in another (seeded at start)."""
+    pytest.importorskip("numpy")
+    first = run_ranks(workers.draws, 2, init=False, timeout=60)
+    second = run_ranks(workers.draws, 2, init=False, timeout=60)
+    numpy_draws = [d[0] for d in first + second]
+    python_draws = [d[1] for d in first + second]
+    assert len(set(numpy_draws)) == len(set(python_draws)) == 4, (first, second)

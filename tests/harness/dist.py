@@ -7,7 +7,10 @@ environment that has imported ``torch.distributed`` once, so a call costs its
 work and not two interpreter starts, two ``import torch`` and two shutdowns
 (about 95% of a small test's time, and what timed tests out on a busy
 machine). ``fresh=True`` starts each rank as a new ``spawn`` interpreter, as
-torchrun would, for a test about interpreter start or exit itself.
+torchrun would, for a test about interpreter start or exit itself. What a fork
+does not give: each fresh rank draws its own string-hash seed (set iteration
+order differs between torchrun ranks unless ``PYTHONHASHSEED`` is set); forked
+ranks share the zygote's. A test about order across ranks uses ``fresh=True``.
 
 The parent collects each rank's return value or traceback; if any rank is
 still running when the timeout expires, all ranks are killed and
@@ -97,6 +100,10 @@ def _child(payload: bytes, rank: int, conn: Any, forked: bool) -> None:
     os.environ.update(
         {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(job.world_size)}
     )
+    if forked:  # a fresh interpreter seeds numpy's global generator from entropy at import
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:  # (Python's random reseeds itself after a fork)
+            numpy.random.seed()
     faulthandler.dump_traceback_later(max(job.timeout - 3, 1), exit=False)
     _trace(rank, "job unpickled (the test's modules imported)")
     try:
