@@ -116,7 +116,7 @@ def place(storage: Any, saved: str, target: str | None = None) -> Any:
     restore: Any = serialization.default_restore_location
     try:
         return restore(storage, location)
-    except RuntimeError as exc:  # torch's words: no CUDA here, no such device index, ...
+    except Exception as exc:  # torch's words: no CUDA here, no such device index, out of memory
         raise CheckpointError(
             f"a storage saved on {saved!r} cannot be placed on {location!r}: "
             f"{plain_text(exc)} (map_location='cpu' loads every storage to the CPU)"
