@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 import torch
-from tests.checkpoint.helpers import assert_same
 
 from compatshim.checkpoint import CheckpointError, load
+from tests.checkpoint.helpers import assert_same
 
 CUDA = torch.cuda.is_available()
 FORMS: dict[str, Any] = {
