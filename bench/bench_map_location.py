@@ -121,7 +121,7 @@ def compare(
     return median(a), median(b)
 
 
-def main(repeats: int = 5) -> dict[str, float]:
+def main(repeats: int = 9) -> dict[str, float]:
     import torch
 
     import compatshim.checkpoint._load  # noqa: F401  (imports are not what is measured)
