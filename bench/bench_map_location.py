@@ -107,9 +107,12 @@ def compare(
     theirs = lambda: torch.load(  # noqa: E731
         str(path), map_location=map_location, weights_only=True, mmap=mmap
     )
-    if in_a_row:
-        a = [timed(ours, sync) for _ in range(repeats + 1)][1:]
-        b = [timed(theirs, sync) for _ in range(repeats + 1)][1:]
+    if in_a_row:  # blocks in A B B A order, so that a machine load that drifts cancels out
+        half = repeats // 2 + 1
+        a = [timed(ours, sync) for _ in range(half + 1)][1:]
+        b = [timed(theirs, sync) for _ in range(half + 1)][1:]
+        b += [timed(theirs, sync) for _ in range(half + 1)][1:]
+        a += [timed(ours, sync) for _ in range(half + 1)][1:]
         return median(a), median(b)
     timed(ours, sync)
     timed(theirs, sync)
@@ -170,10 +173,10 @@ def main(repeats: int = 9) -> dict[str, float]:
         f"Device: {device}. '-': a form torch cannot place on this machine (a CUDA location "
         "without CUDA; compatshim raises CheckpointError there, tested). Contenders alternate "
         "in one process on the same file in the page cache, each result dropped after its "
-        "call, no gc.collect(); 'calls in a row': each contender's calls back to back (the "
-        "procedure of the 2026-11-27 GPU run, where a load whose storages outlived its result "
-        "showed as "
-        "1.48x). Shared machine: compare the ratios."
+        "call, no gc.collect(); 'calls in a row': each contender's calls back to back, "
+        "in blocks ordered A B B A (the procedure of the 2026-11-27 GPU run, where a load "
+        "whose storages outlived its result showed as 1.48x). Shared machine: compare the "
+        "ratios."
     )
     print(json.dumps(ratios))
     return ratios
