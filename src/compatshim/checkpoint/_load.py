@@ -27,6 +27,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import sys
 from typing import IO, Any, Callable, Iterable
 
 from . import _safetensors, _tensors
@@ -37,6 +38,7 @@ from ._container import (
     StorageDecl,
     ZipDirectory,
     declare_storage,
+    plain_text,
     read,
     read_legacy,
     read_zip_directory,
@@ -60,32 +62,41 @@ ADVICE = (
 
 
 def restorer(map_location: Any) -> Restore:
-    """torch.load's map_location semantics: None, str, torch.device, dict or callable."""
-    import torch
-    from torch import serialization
+    """torch.load's map_location semantics: None, str, torch.device, dict or callable.
 
-    default_restore_location: Any = serialization.default_restore_location
-
-    def to(storage: Any, location: str) -> Any:
-        if location == "cpu" and storage.device.type == "cpu":
-            return storage
-        if not LOCATION.fullmatch(location):
-            raise CheckpointError(f"storage location {location[:40]!r} is not a device name")
-        return default_restore_location(storage, location)
-
+    ``(storage, saved location) -> storage`` where it must live; a storage already on its
+    target is returned as it is (no copy). What torch cannot place (a CUDA location on a
+    machine without CUDA, a device index it lacks) and what a callable gets wrong are
+    :class:`CheckpointError` naming the saved and the target location.
+    """
     if map_location is None:
-        return to
-    if isinstance(map_location, (str, torch.device)):
-        target = str(map_location)
-        return lambda storage, _: to(storage, target)
+        return place
+    target = one_target(map_location)
+    if target is not None:
+        return lambda storage, saved: place(storage, saved, target)
     if isinstance(map_location, dict):
         mapping = {str(k): str(v) for k, v in map_location.items()}
-        return lambda storage, location: to(storage, mapping.get(location, location))
+        return lambda storage, saved: place(storage, saved, mapping.get(saved, saved))
     if callable(map_location):
 
-        def call(storage: Any, location: str) -> Any:
-            result = map_location(storage, location)
-            return to(storage, location) if result is None else result
+        def call(storage: Any, saved: str) -> Any:
+            import torch
+
+            try:
+                result = map_location(storage, saved)
+            except Exception as exc:
+                raise CheckpointError(
+                    f"map_location raised {type(exc).__name__} for a storage saved on "
+                    f"{saved!r}: {plain_text(exc)}"
+                ) from None
+            if result is None:
+                return place(storage, saved)
+            if not isinstance(result, torch.UntypedStorage):
+                raise CheckpointError(
+                    f"map_location returned {type(result).__name__} for a storage saved on "
+                    f"{saved!r}, not a storage (torch.UntypedStorage) or None"
+                )
+            return result
 
         return call
     raise TypeError(
@@ -94,16 +105,45 @@ def restorer(map_location: Any) -> Restore:
     )
 
 
+def place(storage: Any, saved: str, target: str | None = None) -> Any:
+    """``storage`` (read to the CPU) on ``target`` (default: where it was saved)."""
+    location = saved if target is None else target
+    if location == "cpu" and storage.device.type == "cpu":
+        return storage
+    if not LOCATION.fullmatch(location):
+        raise CheckpointError(f"storage location {location[:40]!r} is not a device name")
+    from torch import serialization
+
+    restore: Any = serialization.default_restore_location
+    try:
+        return restore(storage, location)
+    except Exception as exc:  # torch's words: no CUDA here, no such device index, out of memory
+        raise CheckpointError(
+            f"a storage saved on {saved!r} cannot be placed on {location!r}: "
+            f"{plain_text(exc)} (map_location='cpu' loads every storage to the CPU)"
+        ) from None
+
+
+def one_target(map_location: Any) -> str | None:
+    """The one location a str or ``torch.device`` sends every storage to, else None."""
+    if isinstance(map_location, str):
+        return map_location
+    torch = sys.modules.get("torch")  # no torch.device exists before torch is imported
+    if torch is not None and isinstance(map_location, torch.device):
+        return str(map_location)
+    return None
+
+
 class ZipStorages:
     """Storages of a zip file by key: the id checked, its size against the record, then
     read or mmapped."""
 
     def __init__(
-        self, reader: Any, directory: ZipDirectory, restore: Restore, what: str, mapped: Any
+        self, reader: Any, directory: ZipDirectory, restore: Restore | None, what: str, mapped: Any
     ) -> None:
         self.reader = reader
         self.directory = directory
-        self.restore = restore
+        self.restore = restore  # None: every storage goes to meta, so none is read
         self.what = what
         self.mapped = mapped
         self.declared: dict[str, StorageDecl] = {}
@@ -113,8 +153,6 @@ class ZipStorages:
             data = bytes(reader.get_record("byteorder"))
             if data not in (b"little", b"big"):
                 raise CheckpointError(f"{what}: byteorder record holds {data[:20]!r}")
-            import sys
-
             self.swap = data.decode() != sys.byteorder
 
     def __call__(self, type_name: str | None, rest: tuple[Any, ...]) -> Any:
@@ -128,17 +166,25 @@ class ZipStorages:
         self.directory.storage_record(decl, self.what)
         name = f"data/{decl.key}"
         nbytes = decl.nbytes
-        if self.mapped is not None:
-            offset = self.reader.get_record_offset(name)
-            untyped = self.mapped[offset : offset + nbytes]
+        if self.restore is None:  # nothing to read: the record's size was checked above
+            storage_type: Any = torch.UntypedStorage
+            untyped = storage_type(nbytes, device="meta")
         else:
-            untyped = self.reader.get_storage_from_record(name, nbytes, torch.uint8)
-            untyped = untyped.untyped_storage()
-        if self.swap and decl.item_size > 1:
-            untyped.byteswap(dtype)
-        typed = _tensors.typed_storage(self.restore(untyped, decl.location), dtype)
+            untyped = self._read(name, nbytes)
+            if self.swap and decl.item_size > 1:
+                untyped.byteswap(dtype)
+            untyped = self.restore(untyped, decl.location)
+        typed = _tensors.typed_storage(untyped, dtype)
         self.loaded[decl.key] = typed
         return typed
+
+    def _read(self, name: str, nbytes: int) -> Any:
+        if self.mapped is not None:
+            offset = self.reader.get_record_offset(name)
+            return self.mapped[offset : offset + nbytes]
+        import torch
+
+        return self.reader.get_storage_from_record(name, nbytes, torch.uint8).untyped_storage()
 
 
 class LegacyStorages:
@@ -192,6 +238,7 @@ class Loader:
 
     def __init__(self, map_location: Any, allow: Iterable[Any], mmap: bool, depth: int = 0):
         self.map_location = map_location
+        self.restore = restorer(map_location)  # a wrong type is a TypeError before any read
         self.allow: UserAllow = ProcessAllow(allow)  # allow=, then process-wide entries
         self.mmap = mmap
         self.depth = depth
@@ -208,7 +255,7 @@ class Loader:
         if kind == "zip":
             return self._zip(file, what, path)
         if kind == "safetensors":
-            return _safetensors.load(file, path, restorer(self.map_location), self.mmap)
+            return _safetensors.load(file, path, self.restore, self.mmap)
         if self.mmap:
             raise CheckpointError(
                 f"{what}: mmap=True needs torch's zip format (torch.save's default since 1.6) "
@@ -224,8 +271,7 @@ class Loader:
         if type(first) is not int or first != LEGACY_MAGIC:
             return first
         legacy = read_legacy(file)
-        restore = restorer(self.map_location)
-        storages = LegacyStorages(file, legacy.found.storages, legacy.offsets, restore)
+        storages = LegacyStorages(file, legacy.found.storages, legacy.offsets, self.restore)
         return self._run(Source(file), storages)
 
     def _zip(self, file: IO[bytes], what: str, path: str | None) -> Any:
@@ -241,7 +287,9 @@ class Loader:
             size = os.path.getsize(path)
             mapped = torch.UntypedStorage.from_file(path, False, size)
         reader = torch._C.PyTorchFileReader(path if path is not None else file)
-        storages = ZipStorages(reader, directory, restorer(self.map_location), what, mapped)
+        # every storage to meta: none is read (torch 2.15 reads none either)
+        restore = None if one_target(self.map_location) == "meta" else self.restore
+        storages = ZipStorages(reader, directory, restore, what, mapped)
         data = bytes(reader.get_record("data.pkl"))
         return self._run(Source(io.BytesIO(data)), storages)
 

@@ -119,7 +119,6 @@ class Machine:
         # id) and id -> its depth (two dicts: no extra tuple per entry for the collector)
         self._nest: dict[int, Any] = {}
         self._depth: dict[int, int] = {}
-        self._dispatch = self._build_dispatch()
 
     # ------------------------------------------------------------------ hooks
     def find_global(self, module: str, name: str) -> Any:
@@ -150,7 +149,9 @@ class Machine:
     def run(self) -> Any:
         """Execute opcodes up to STOP and return the object; the source stays after STOP."""
         read1 = self.source.read1
-        dispatch = self._dispatch
+        # built per run, never stored: its handlers refer back to the machine, and that cycle
+        # kept every object of a load (its storages too) alive until the next gc collection
+        dispatch = self._build_dispatch()
         try:
             while True:
                 op = read1(1)

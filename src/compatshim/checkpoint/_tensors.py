@@ -135,6 +135,11 @@ def _rebuild(
     untyped = storage._untyped_storage if hasattr(storage, "_untyped_storage") else storage
     items = untyped.nbytes() // _item_size(dtype)
     offset, size_t, stride_t = check_view(offset, size, stride, items, what)
+    if untyped.device.type == "meta":
+        # one meta storage per view: torch < 2.2's set_ shrinks a meta storage to the view it
+        # is given, and a shared one would then be too small for the next view (meta holds no
+        # data, so nothing is shared that could differ)
+        untyped = torch.UntypedStorage(untyped.nbytes(), device="meta")
     tensor = torch.empty((0,), dtype=dtype, device=untyped.device)
     tensor.set_(untyped, offset, size_t, stride_t)
     if requires_grad:

@@ -1,0 +1,186 @@
+"""compatshim.checkpoint.load vs torch.load(weights_only=True) for every ``map_location`` form.
+
+Two files of each shape: saved on the CPU, and saved with every storage tagged ``cuda:0``
+(what a GPU run writes; made here by replacing ``torch.serialization.location_tag`` while
+saving). Shapes: a 512 MiB state dict (64 x 8 MiB float32 plus small buffers; half the
+1 GiB of ``bench_checkpoint`` so that two loads in flight fit a shared 24 GiB machine)
+where reading bytes dominates, and 10 000 small tensors where the per-storage placement
+call does. Forms: ``"cpu"``, ``torch.device("cpu")``, ``{"cuda:0": "cpu"}``,
+``lambda s, loc: s``, ``None``, and with CUDA ``"cuda"``; ``mmap=True`` with ``"cpu"``.
+A form torch cannot place on this machine (a CUDA location without CUDA) is left out.
+
+Contenders alternate in one process on the same file in the page cache; each result is
+dropped right after its call, as a user's would be, and nothing calls ``gc.collect()``.
+Alternating hides a load whose storages outlive its result (a reference cycle): the next
+call, whichever contender, page-faults fresh memory. So one row per file runs each
+contender's calls back to back (the procedure of the 2026-11-27 GPU run, where that
+defect showed as 1.48x with ``"cpu"``). Medians.
+
+``main()`` prints Markdown and returns the ratios (compatshim / torch).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from _common import median, table
+
+MIB = 2**20
+
+
+def big_state() -> dict[str, Any]:
+    import torch
+
+    torch.manual_seed(0)
+    state = {}
+    for index in range(64):
+        state[f"layers.{index}.weight"] = torch.randn(1024, 2048)
+        state[f"layers.{index}.bias"] = torch.randn(2048)
+        state[f"layers.{index}.norm.num_batches_tracked"] = torch.tensor(7)
+    return state
+
+
+def many_state() -> dict[str, Any]:
+    import torch
+
+    return {f"layer{i}.weight": torch.full((4,), float(i)) for i in range(10_000)}
+
+
+def save(state: dict[str, Any], path: Path, saved_on: str) -> Path:
+    import torch
+
+    original = torch.serialization.location_tag
+    if saved_on != "cpu":
+        torch.serialization.location_tag = lambda storage: saved_on
+    try:
+        torch.save(state, path)
+    finally:
+        torch.serialization.location_tag = original
+    return path
+
+
+def forms(saved_on: str) -> dict[str, tuple[Any, bool, bool]]:
+    """label -> (map_location, mmap, in a row), the forms torch can place on this machine."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    out: dict[str, tuple[Any, bool, bool]] = {
+        '"cpu"': ("cpu", False, False),
+        'torch.device("cpu")': (torch.device("cpu"), False, False),
+        '{"cuda:0": "cpu"}': ({"cuda:0": "cpu"}, False, False),
+        "lambda s, loc: s": (lambda storage, location: storage, False, False),
+    }
+    if saved_on == "cpu" or cuda:
+        out["None"] = (None, False, False)
+    if cuda:
+        out['"cuda"'] = ("cuda", False, False)
+    out['"cpu", mmap=True'] = ("cpu", True, False)
+    out['"cpu", calls in a row'] = ("cpu", False, True)
+    return out
+
+
+def timed(fn: Callable[[], Any], sync: Callable[[], None]) -> float:
+    sync()
+    start = time.perf_counter()
+    result = fn()
+    sync()
+    took = time.perf_counter() - start
+    del result
+    return took
+
+
+def compare(
+    path: Path, map_location: Any, mmap: bool, repeats: int, in_a_row: bool = False
+) -> tuple[float, float]:
+    """Median seconds (compatshim, torch), one warm-up each; alternating, or (``in_a_row``)
+    each contender's calls back to back, the procedure of the 2026-11-27 GPU run."""
+    import torch
+
+    from compatshim.checkpoint import load
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    ours = lambda: load(path, map_location=map_location, mmap=mmap)  # noqa: E731
+    theirs = lambda: torch.load(  # noqa: E731
+        str(path), map_location=map_location, weights_only=True, mmap=mmap
+    )
+    if in_a_row:  # blocks in A B B A order, so that a machine load that drifts cancels out
+        half = repeats // 2 + 1
+        a = [timed(ours, sync) for _ in range(half + 1)][1:]
+        b = [timed(theirs, sync) for _ in range(half + 1)][1:]
+        b += [timed(theirs, sync) for _ in range(half + 1)][1:]
+        a += [timed(ours, sync) for _ in range(half + 1)][1:]
+        return median(a), median(b)
+    timed(ours, sync)
+    timed(theirs, sync)
+    a, b = [], []
+    for index in range(repeats):
+        pair = ((ours, a), (theirs, b)) if index % 2 == 0 else ((theirs, b), (ours, a))
+        for fn, into in pair:
+            into.append(timed(fn, sync))
+    return median(a), median(b)
+
+
+def main(repeats: int = 9) -> dict[str, float]:
+    import torch
+
+    import compatshim.checkpoint._load  # noqa: F401  (imports are not what is measured)
+
+    folder = Path(tempfile.mkdtemp(prefix="bench_map_location_"))
+    ratios: dict[str, float] = {}
+    shapes = {"512 MiB state dict (192 tensors)": big_state, "10 000 small tensors": many_state}
+    for title, make in shapes.items():
+        state = make()
+        nbytes = sum(t.numel() * t.element_size() for t in state.values())
+        files = {
+            on: save(state, folder / f"{on.replace(':', '')}.pt", on) for on in ("cpu", "cuda:0")
+        }
+        del state
+        rows: dict[str, list[str]] = {}
+        for saved_on, path in files.items():
+            for label, (map_location, mmap, in_a_row) in forms(saved_on).items():
+                ours, theirs = compare(path, map_location, mmap, repeats, in_a_row)
+                ratio = ours / theirs
+                ratios[f"{title} | saved on {saved_on} | {label}"] = ratio
+                rows.setdefault(label, ["-"] * 6)
+                at = 0 if saved_on == "cpu" else 3
+                rows[label][at : at + 3] = [
+                    f"{ours * 1e3:.1f}",
+                    f"{theirs * 1e3:.1f}",
+                    f"{ratio:.2f}x",
+                ]
+        for path in files.values():
+            path.unlink()
+        print(f"## checkpoint.load vs torch.load(weights_only=True) by map_location: {title}\n")
+        print(f"{nbytes / MIB:.1f} MiB of tensor data; ms are medians of {repeats}.\n")
+        header = (
+            "map_location",
+            "CPU-saved: compatshim ms",
+            "torch ms",
+            "ratio",
+            "CUDA-saved: compatshim ms",
+            "torch ms",
+            "ratio",
+        )
+        print(table(header, [(label, *cells) for label, cells in rows.items()]))
+        print()
+    folder.rmdir()
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA"
+    print(
+        f"Device: {device}. '-': a form torch cannot place on this machine (a CUDA location "
+        "without CUDA; compatshim raises CheckpointError there, tested). Contenders alternate "
+        "in one process on the same file in the page cache, each result dropped after its "
+        "call, no gc.collect(); 'calls in a row': each contender's calls back to back, "
+        "in blocks ordered A B B A (the procedure of the 2026-11-27 GPU run, where a load "
+        "whose storages outlived its result showed as 1.48x). Shared machine: compare the "
+        "ratios."
+    )
+    print(json.dumps(ratios))
+    return ratios
+
+
+if __name__ == "__main__":
+    main()

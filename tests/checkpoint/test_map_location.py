@@ -1,0 +1,217 @@
+"""Every ``map_location`` form places storages as ``torch.load(weights_only=True)`` does.
+
+Files saved on the CPU and files whose storages are tagged ``cuda:0`` (what a GPU run
+writes; made here by replacing ``torch.serialization.location_tag`` while saving), in the
+zip and the legacy format, read with each form torch takes. Where torch places them,
+ours are the same (device, dtype, values, strides, storage sharing between views); where
+torch cannot (a CUDA location on a machine without CUDA), ours is a CheckpointError. The
+CUDA forms run on every machine: with CUDA they compare placements, without it they check
+the error, so no test assumes either.
+"""
+
+from __future__ import annotations
+
+import gc
+import pickle
+import weakref
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from compatshim.checkpoint import CheckpointError, load
+from tests.checkpoint.helpers import assert_same
+
+CUDA = torch.cuda.is_available()
+FORMS: dict[str, Any] = {
+    "none": None,
+    "cpu": "cpu",
+    "device-cpu": torch.device("cpu"),
+    "dict-cuda-to-cpu": {"cuda:0": "cpu"},
+    "callable-same": lambda storage, location: storage,
+    "callable-none": lambda storage, location: None,
+    "cuda": "cuda",
+    "device-cuda0": torch.device("cuda", 0),
+    "dict-cpu-to-cuda": {"cpu": "cuda:0"},
+    "callable-cuda": lambda storage, location: storage.cuda(0),
+    "meta": "meta",
+}
+
+
+def state() -> dict[str, Any]:
+    """A state dict with what placement must keep: views of one storage, dtypes, a Parameter."""
+    torch.manual_seed(0)
+    base = torch.arange(24, dtype=torch.float32)
+    return {
+        "weight": torch.randn(4, 3),
+        "param": torch.nn.Parameter(torch.ones(3)),
+        "frozen": torch.nn.Parameter(torch.ones(2), requires_grad=False),
+        "base": base,
+        "view": base[2:10],
+        "strided": base.view(4, 6)[:, ::2],
+        "transposed": base.view(4, 6).t(),
+        "half": torch.arange(4, dtype=torch.float16),
+        "int64": torch.arange(3),
+        "bool": torch.tensor([True, False]),
+        "empty": torch.empty(0, 3),
+        "scalar": torch.tensor(3.5),
+        "step": 7,
+        "nested": {"lr": 1e-3, "betas": (0.9, 0.999), "list": [torch.zeros(2)]},
+    }
+
+
+def save(path: Path, saved_on: str, zip_format: bool = True) -> Path:
+    """``state()`` as torch.save writes it on ``saved_on`` ("cpu" or "cuda:0")."""
+    original = torch.serialization.location_tag
+    if saved_on != "cpu":
+        torch.serialization.location_tag = lambda storage: saved_on
+    try:
+        torch.save(state(), path, _use_new_zipfile_serialization=zip_format)
+    finally:
+        torch.serialization.location_tag = original
+    return path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+    folder = tmp_path_factory.mktemp("map_location")
+    return {
+        (on, fmt): save(folder / f"{on.replace(':', '')}-{fmt}.pt", on, fmt == "zip")
+        for on in ("cpu", "cuda:0")
+        for fmt in ("zip", "legacy")
+    }
+
+
+def test_the_cuda_saved_file_names_cuda(files: dict[tuple[str, str], Path]) -> None:
+    with zipfile.ZipFile(files["cuda:0", "zip"]) as archive:
+        pickle_name = next(n for n in archive.namelist() if n.endswith("/data.pkl"))
+        data = archive.read(pickle_name)
+    assert b"cuda:0" in data and b"cpu" not in data
+    assert b"cuda:0" in files["cuda:0", "legacy"].read_bytes()
+
+
+def torch_or_error(path: Path, map_location: Any, mmap: bool = False) -> Any:
+    """torch.load's result, or what it raised placing a storage (no CUDA here, say; torch
+    2.1 wraps that RuntimeError in an UnpicklingError)."""
+    try:
+        return torch.load(str(path), map_location=map_location, weights_only=True, mmap=mmap)
+    except (RuntimeError, pickle.UnpicklingError) as exc:
+        return exc
+
+
+@pytest.mark.parametrize("fmt", ["zip", "legacy"])
+@pytest.mark.parametrize("saved_on", ["cpu", "cuda:0"])
+@pytest.mark.parametrize("form", list(FORMS))
+def test_each_form_places_as_torch_does(
+    files: dict[tuple[str, str], Path], form: str, saved_on: str, fmt: str
+) -> None:
+    path, map_location = files[saved_on, fmt], FORMS[form]
+    expected = torch_or_error(path, map_location)
+    if isinstance(expected, Exception):
+        with pytest.raises(CheckpointError) as caught:
+            load(path, map_location=map_location)
+        assert f"saved on '{saved_on}'" in str(caught.value)
+        assert "map_location" in str(caught.value)
+        return
+    got = load(path, map_location=map_location)
+    assert_same(expected, got)
+    assert {t.device for t in tensors(got)} == {t.device for t in tensors(expected)}
+
+
+@pytest.mark.parametrize("saved_on", ["cpu", "cuda:0"])
+@pytest.mark.parametrize("form", ["none", "cpu", "dict-cuda-to-cpu", "callable-same", "cuda"])
+def test_each_form_with_mmap(files: dict[tuple[str, str], Path], form: str, saved_on: str) -> None:
+    path, map_location = files[saved_on, "zip"], FORMS[form]
+    expected = torch_or_error(path, map_location, mmap=True)
+    if isinstance(expected, Exception):
+        with pytest.raises(CheckpointError, match=f"saved on '{saved_on}'"):
+            load(path, map_location=map_location, mmap=True)
+        return
+    assert_same(expected, load(path, map_location=map_location, mmap=True))
+
+
+def tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in tensors(item)]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in tensors(item)]
+    return []
+
+
+def test_cuda_saved_file_without_map_location_on_a_cpu_machine(
+    files: dict[tuple[str, str], Path],
+) -> None:
+    if CUDA:
+        pytest.skip("this machine has CUDA: a cuda-saved file loads to it (compared above)")
+    assert "CUDA" in str(torch_or_error(files["cuda:0", "zip"], None))
+    with pytest.raises(CheckpointError) as caught:
+        load(files["cuda:0", "zip"])
+    message = str(caught.value)
+    assert "saved on 'cuda:0'" in message and "map_location='cpu'" in message
+    assert "damaged" not in message
+
+
+def test_a_device_index_the_machine_lacks_is_a_checkpoint_error(tmp_path: Path) -> None:
+    path = save(tmp_path / "c.pt", "cuda:99")
+    assert isinstance(torch_or_error(path, None), Exception)
+    with pytest.raises(CheckpointError, match="saved on 'cuda:99'"):
+        load(path)
+    got = load(path, map_location={"cuda:99": "cpu"})
+    assert_same(torch.load(path, map_location={"cuda:99": "cpu"}, weights_only=True), got)
+
+
+def test_the_callable_sees_what_torch_passes(files: dict[tuple[str, str], Path]) -> None:
+    """One call per storage with a CPU storage and the saved location; its result is kept."""
+
+    def recorder(seen: list[Any]) -> Any:
+        return lambda s, loc: seen.append((type(s), s.device.type, s.nbytes(), loc)) or s
+
+    for path in files.values():
+        theirs: list[Any] = []
+        ours: list[Any] = []
+        torch.load(path, map_location=recorder(theirs), weights_only=True)
+        load(path, map_location=recorder(ours))
+        assert ours == theirs and ours
+
+
+@pytest.mark.parametrize(
+    ("bad_form", "message"),
+    [
+        (lambda s, loc: torch.zeros(2), "returned Tensor"),
+        (lambda s, loc: 1 / 0, "raised ZeroDivisionError"),
+        ({"cuda:0": "no such device!"}, "not a device name"),
+    ],
+    ids=["returns-a-tensor", "raises", "bad-device-name"],
+)
+def test_a_wrong_map_location_is_a_checkpoint_error(
+    files: dict[tuple[str, str], Path], bad_form: Any, message: str
+) -> None:
+    with pytest.raises(CheckpointError, match=message):
+        load(files["cuda:0", "zip"], map_location=bad_form)
+
+
+def test_map_location_of_another_type_is_a_type_error(files: dict[tuple[str, str], Path]) -> None:
+    with pytest.raises(TypeError, match="map_location must be"):
+        load(files["cpu", "zip"], map_location=3)
+
+
+@pytest.mark.parametrize("form", ["none", "cpu", "callable-same", "meta"])
+def test_the_result_is_freed_when_dropped(files: dict[tuple[str, str], Path], form: str) -> None:
+    """No reference cycle keeps a load's storages: they go with the result, not at the next
+    collection (a second load would otherwise page-fault fresh memory: 1.48x torch.load)."""
+    path = files["cpu", "zip"]
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        got = load(path, map_location=FORMS[form])
+        alive = weakref.ref(got["weight"])
+        del got
+        assert alive() is None, "the loaded tensors outlive the result until gc runs"
+    finally:
+        if enabled:
+            gc.enable()
