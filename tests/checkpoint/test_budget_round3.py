@@ -31,7 +31,7 @@ from tests.checkpoint.corpus import P2, P4, STOP, b, call, g, n, t, tensor, torc
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 SECONDS = 60  # the child's wall-clock limit: a regression fails here instead of hanging CI
-FAST = 15.0  # what a refusal may take on a shared 2-core box (each case took > 17 s before)
+FAST = 15.0  # what a refusal may take on a shared 2-core box (before: over 25 s, or +300 MB)
 Builder = Callable[[Path], Path]
 CASES: dict[str, tuple[Builder, tuple[str, ...]]] = {}
 MODES = ("inspect", "load", "armed")
@@ -225,8 +225,8 @@ def any_nodes_sharing_one_long_interpolation(folder: Path) -> Path:
 
 @case("rng")
 def rng_dict_holding_itself(folder: Path) -> Path:
-    """A dict whose 20 values are the dict itself: the format search walked 20**5 paths."""
-    keys = b"".join(u(f"k{i}") + get(0) for i in range(20))
+    """A dict whose 30 values are the dict itself: the format search walked 30**5 paths."""
+    keys = b"".join(u(f"k{i}") + get(0) for i in range(30))
     return _write(folder, P2 + b"}" + put(0) + b"(" + keys + b"u" + STOP)
 
 
