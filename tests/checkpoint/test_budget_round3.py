@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+
 from tests.checkpoint.corpus import P2, P4, STOP, b, call, g, n, t, tensor, torch_zip, u
 
 SRC = Path(__file__).resolve().parents[2] / "src"
