@@ -36,6 +36,7 @@ FAST = 15.0  # what a refusal may take on a shared 2-core box (before: over 25 s
 Builder = Callable[[Path], Path]
 CASES: dict[str, tuple[Builder, tuple[str, ...]]] = {}
 MODES = ("inspect", "load", "armed")
+HARMLESS = {"any_nodes_sharing_one_long_interpolation"}  # node references: loads, checked once
 
 
 def case(*modes: str) -> Callable[[Builder], Builder]:
@@ -315,7 +316,8 @@ def test_round3_hostile_file_is_refused_quickly_within_memory(name: str, tmp_pat
     assert [r["mode"] for r in results] == list(modes), results
     for found in results:
         # inspect reports what it cannot judge without loading (a shape, an entropy)
-        allowed = ("refused", "loaded") if found["mode"] == "inspect" else ("refused",)
+        loads = found["mode"] == "inspect" or name in HARMLESS
+        allowed = ("refused", "loaded") if loads else ("refused",)
         assert found["outcome"] in allowed, found
         assert float(found["seconds"]) < FAST, found  # type: ignore[arg-type]
         assert float(found["rss"]) < memory_bound_mb(path), found  # type: ignore[arg-type]
