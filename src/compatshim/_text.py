@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["short"]
+__all__ = ["cut", "names", "short"]
 
 
 def short(value: Any) -> str:
@@ -24,3 +24,16 @@ def short(value: Any) -> str:
     else:
         return f"a {type(value).__name__}"
     return text if len(text) < 60 else text[:57] + "..."
+
+
+def cut(text: str, limit: int = 200) -> str:
+    """``text`` (a name the file wrote, already a str) at most about ``limit`` characters."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 40]}... ({len(text)} characters)"
+
+
+def names(items: list[str], limit: int = 20) -> str:
+    """A comma-separated list of at most ``limit`` of ``items``, each cut, and how many more."""
+    shown = ", ".join(cut(item) for item in items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")

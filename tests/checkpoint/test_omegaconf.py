@@ -62,7 +62,7 @@ def plain_hparams() -> DictConfig:
         "which": "name",
         "computed_key": "${model.${which}}",
         "text": "lr is ${lr} and name ${model.name}",
-        "escaped": "\\${oc.env:HOME}",
+        "escaped": "\\${lr}",
         "path": "/data/${model.name}",
     }
     if HAS_BYTES:
@@ -157,7 +157,7 @@ def test_loaded_config_is_usable(tmp_path: pathlib.Path) -> None:
     assert loaded.ref == 0.1 and loaded.relative.up == 0.1 and loaded.computed_key == "tiny"
     assert loaded.select == "tiny" and loaded.select_missing == 7 and loaded.item == 8
     assert list(loaded["keys"]) == ["name", "dropout", "flag", "big"]
-    assert loaded.escaped == "${oc.env:HOME}"
+    assert loaded.escaped == "${lr}"
     loaded.model.name = "other"
     assert loaded.nested_ref == "other"
     merged = OmegaConf.merge(loaded, {"lr": 0.5})
@@ -210,6 +210,8 @@ HOSTILE = {
     "computed_name": "${${which}:1}",
     "computed_dotted": "${oc.${which}:HOME}",
     "escaped_after_live": "${lr}\\${eval:1}",
+    "escaped": "\\${eval:1}",
+    "escaped_env": "\\${oc.env:HOME}",
     "decode": "${oc.decode:'1'}",
     "create": "${oc.create:{}}",
     "values": "${oc.dict.values:model}",
@@ -429,9 +431,16 @@ def test_check_text_rules() -> None:
     safe = SAFE_RESOLVERS
     assert check_text("plain", safe) is None
     assert check_text("${a.b} ${..c} ${d[0]} ${e.${f}.g}", safe) is None
-    assert check_text("\\${oc.env:HOME}", safe) is None
+    # escaped: omegaconf hands back "${oc.env:HOME}", live once saved and read again
+    assert check_text("\\${oc.env:HOME}", safe) == "oc.env"
     assert check_text("\\\\${oc.env:HOME}", safe) == "oc.env"  # an escaped backslash
-    assert check_text("\\\\\\${oc.env:HOME}", safe) is None
+    assert check_text("\\\\\\${oc.env:HOME}", safe) == "oc.env"
+    assert check_text("\\${a.b}", safe) is None
+    # "${d}{oc.env:X}" with d = "$" resolves to "${oc.env:X}": live where the load holds a "$"
+    assert check_text("${d}{oc.env:X}", safe) is None
+    assert check_text("${d}{oc.env:X}", safe, dollar=True) == "oc.env"
+    assert check_text("{eval:1}", safe, dollar=True) == "eval"
+    assert check_text("{epoch:02d}-{step}", safe) is None  # a format string, no "$" around
     assert check_text("${oc.select:a,${oc.env:X}}", safe) == "oc.env"
     assert check_text("${oc.env:X}", safe | {"oc.env"}) is None
     assert check_text("${${a}:x}", safe) == ""

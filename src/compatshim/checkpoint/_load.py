@@ -30,6 +30,7 @@ import os
 import sys
 from typing import IO, Any, Callable, Iterable
 
+from .._text import names
 from . import _safetensors, _tensors
 from ._container import (
     LEGACY_MAGIC,
@@ -334,7 +335,7 @@ class Loader:
         if not others:
             return first
         return UnsafeCheckpointError(
-            f"{first}; the file also names {', '.join(others)}, not allow-listed either",
+            f"{first}; the file also names {names(others)}, not allow-listed either",
             (*first.refused, *others),
         )
 

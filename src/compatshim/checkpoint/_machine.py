@@ -13,8 +13,21 @@ is iterative (no Python recursion per level of nesting); tuples and frozensets
 (the containers ``hash`` recurses into, in C, without a recursion check) are
 refused beyond ``MAX_NESTING`` levels *when they are built*, so no value the file
 makes can crash a dict key, a set or the caller's ``hash()``; copyreg extension
-codes and out-of-band buffers are refused. Errors other than the library's
-own are turned into :class:`CheckpointError` by the caller (``run``).
+codes and out-of-band buffers are refused.
+
+Hashing is charged by what it costs, not by the bytes that ask for it: a tuple's
+hash is not cached and visits every element of its expansion (a memoized DAG
+``T(i+1) = (Ti, Ti)`` of 40 levels is 701 bytes and 2**40 elements), so each
+tuple/frozenset carries its expanded size (elements, plus the digits of ints
+over 60 bits, whose hash is not cached either), one over ``hash_allowance`` is
+refused when built, and every key the machine or a handler hashes is charged
+its expanded size against that allowance (:meth:`Machine.charge_keys`), as is a
+STACK_GLOBAL name built from memoized strings. Keys that can be made to share one
+hash value (ints over 60 bits, tuples, frozensets, complex numbers; str and bytes
+hashes are salted per process) are counted by hash: more than ``MAX_CLASHES``
+different keys with one hash is a collision file (each insert would probe them all).
+Errors other than the library's own are turned into :class:`CheckpointError` by
+the caller (``run``).
 """
 
 from __future__ import annotations
@@ -30,6 +43,10 @@ from .errors import CheckpointError, UnsafeCheckpointError
 MAX_MARK_DEPTH = 2000
 MAX_NESTING = 1000
 MAX_LINE = 1 << 20
+HASH_PER_BYTE = 16  # hashing allowance: elements hashed per byte of the pickle, plus the floor
+HASH_FLOOR = 1 << 24  # ~0.3 s of tuple hashing at worst
+MAX_CLASHES = 64  # different keys sharing one full hash value
+_SMALL_INT = 1 << 60  # ints below this (in magnitude) hash to themselves in O(1)
 HIGHEST_PROTOCOL = 5
 SMALL_READ = 1 << 16  # a read this short is done first and its length checked after
 _I32 = struct.Struct("<i")
@@ -104,10 +121,14 @@ def _unquote(line: bytes) -> bytes:
     raise CheckpointError("STRING opcode argument is not quoted")
 
 
+_NONE = object()
+
+
 class Machine:
     """Opcode decoding; subclasses supply the policy hooks."""
 
     encoding = "utf-8"
+    _last_size = 1  # expanded size found by the latest ``nesting`` call
 
     def __init__(self, source: Source) -> None:
         self.source = source
@@ -119,6 +140,10 @@ class Machine:
         # id) and id -> its depth (two dicts: no extra tuple per entry for the collector)
         self._nest: dict[int, Any] = {}
         self._depth: dict[int, int] = {}
+        self._size: dict[int, int] = {}  # id -> expanded size, where not len + 1
+        self.hash_left = HASH_PER_BYTE * max(source.end, 0) + HASH_FLOOR
+        self._first_of_hash: dict[int, Any] = {}  # hash -> the first counted key with it
+        self._clashes: dict[int, int] = {}  # hash -> different keys seen with it
 
     # ------------------------------------------------------------------ hooks
     def find_global(self, module: str, name: str) -> Any:
@@ -176,26 +201,109 @@ class Machine:
         return self.stack[-1]
 
     def nesting(self, items: Any) -> int:
-        """Depth of a tuple/frozenset made of ``items``; refused beyond :data:`MAX_NESTING`."""
+        """Depth of a tuple/frozenset made of ``items``; refused beyond :data:`MAX_NESTING`,
+        or when hashing it once would cost more than the whole hashing allowance. Its
+        expanded size is kept for :meth:`hashable` (one attribute: no tuple per call)."""
         deepest = 0
+        size = 1
         nest = self._nest
         for item in items:
             kind = type(item)
             if kind is tuple or kind is frozenset:
                 key = id(item)
-                depth = self._depth[key] if nest.get(key) is item else 1
+                plain = len(item) + 1
+                if nest.get(key) is item:
+                    depth = self._depth[key]
+                    size += self._size.get(key, plain)
+                else:
+                    depth = 1
+                    size += plain
                 if depth > deepest:
                     deepest = depth
+            elif kind is int and not -_SMALL_INT < item < _SMALL_INT:
+                size += 1 + (item.bit_length() >> 5)
+            else:
+                size += 1
         if deepest >= MAX_NESTING:
             raise CheckpointError(f"tuples or frozensets nested deeper than {MAX_NESTING} levels")
+        if size > self.hash_allowance():
+            raise CheckpointError(
+                f"a tuple or frozenset of {size} elements once its shared parts are expanded "
+                f"(hashing it visits each): over the {self.hash_allowance()} this file allows"
+            )
+        self._last_size = size
         return deepest + 1
 
+    def hash_allowance(self) -> int:
+        return HASH_PER_BYTE * max(self.source.end, 0) + HASH_FLOOR
+
     def hashable(self, value: Any, depth: int) -> Any:
-        """Remember a tuple/frozenset deeper than one level (keeps it alive for ``id``)."""
-        if depth > 1:
+        """Remember a tuple/frozenset deeper than one level or dearer to hash than its length
+        (keeps it alive for ``id``); ``depth`` from :meth:`nesting` of its items, just before."""
+        size = self._last_size
+        if depth > 1 or size > len(value) + 1:
             self._nest[id(value)] = value
             self._depth[id(value)] = depth
+            if size != len(value) + 1:
+                self._size[id(value)] = size
         return value
+
+    def expanded(self, value: Any) -> int:
+        """Elements hashing ``value`` visits (a tuple or frozenset this machine saw built)."""
+        key, plain = id(value), len(value) + 1
+        return self._size.get(key, plain) if self._nest.get(key) is value else plain
+
+    def charge_keys(self, keys: Any) -> None:
+        """Charge hashing ``keys`` (each use of a shared tuple costs its expanded size) and
+        count keys that share one hash value; str and bytes cache their (salted) hash."""
+        for key in keys:
+            kind = type(key)
+            if kind is str or kind is bytes:
+                continue
+            if kind is int:
+                if -_SMALL_INT < key < _SMALL_INT:
+                    continue
+                cost = 1 + (key.bit_length() >> 5)
+            elif kind is tuple or kind is frozenset:
+                cost = self.expanded(key)
+            elif kind is complex:
+                cost = 1
+            else:
+                continue
+            self.charge(cost, "hashing the file's keys")
+            self._count_clash(key)
+
+    def charge(self, units: int, what: str) -> None:
+        """Draw ``units`` (elements hashed, characters copied) from the work allowance."""
+        self.hash_left -= units
+        if self.hash_left < 0:
+            raise CheckpointError(
+                f"{what} visits more than {self.hash_allowance()} elements or characters "
+                "(a shared tuple, long int or string costs its full size at every use): "
+                "the file asks for far more work than it holds"
+            )
+
+    def _count_clash(self, key: Any) -> None:
+        try:
+            value = hash(key)
+        except TypeError:
+            return  # the container's own insert raises it
+        first = self._first_of_hash.get(value, _NONE)
+        if first is _NONE:
+            self._first_of_hash[value] = key
+            return
+        try:
+            if first is key or (type(first) is type(key) and bool(first == key)):
+                return
+        except Exception:  # an element's own comparison failed: count it as different
+            pass
+        clashes = self._clashes.get(value, 0) + 1
+        self._clashes[value] = clashes
+        if clashes > MAX_CLASHES:
+            raise CheckpointError(
+                f"more than {MAX_CLASHES} different keys share one hash value: a hash-collision "
+                "file (every insert would compare it with all of them)"
+            )
 
     def _pop_mark(self) -> list[Any]:
         if not self.metastack:
@@ -387,6 +495,8 @@ class Machine:
     def _push_hashable(self, kind: Callable[[list[Any]], Any]) -> None:
         items = self._pop_mark()
         depth = self.nesting(items)  # before frozenset() hashes the items
+        if kind is frozenset:
+            self.charge_keys(items)
         self.stack.append(self.hashable(kind(items), depth))
 
     def _tuple(self, count: int) -> None:
@@ -408,6 +518,7 @@ class Machine:
         items = self._pop_mark()
         if len(items) % 2:
             raise CheckpointError("DICT opcode with an odd number of items")
+        self.charge_keys(items[::2])
         target: dict[Any, Any] = {}
         self.set_items(target, items)
         self.stack.append(target)
@@ -415,16 +526,20 @@ class Machine:
     def _setitem(self) -> None:
         value = self._pop()
         key = self._pop()
+        if type(key) is not str:
+            self.charge_keys((key,))
         self.set_items(self._top(), [key, value])
 
     def _setitems(self) -> None:
         items = self._pop_mark()
         if len(items) % 2:
             raise CheckpointError("SETITEMS opcode with an odd number of items")
+        self.charge_keys(items[::2])
         self.set_items(self._top(), items)
 
     def _additems(self) -> None:
         items = self._pop_mark()
+        self.charge_keys(items)
         self.add_items(self._top(), items)
 
     def _put(self, index: int) -> None:
@@ -450,6 +565,7 @@ class Machine:
         module = self._pop()
         if type(module) is not str or type(name) is not str:
             raise CheckpointError("STACK_GLOBAL needs two strings")
+        self.charge(len(module) + len(name), "naming globals")  # memoized text, used again
         self.stack.append(self.find_global(module, name))
 
     def _reduce(self) -> None:

@@ -117,8 +117,8 @@ def _checked_dtype(value: Any, what: str) -> Any:
 def _shape(value: Any, what: str) -> tuple[int, ...]:
     if type(value) is not tuple or len(value) > MAX_DIMS:
         raise CheckpointError(f"{what}: shape is {short(value)}, expected a tuple of ints")
-    for dim in value:
-        if type(dim) is not int or dim < 0:
+    for dim in value:  # each within int64 before any product (a huge int multiplies slowly)
+        if type(dim) is not int or not 0 <= dim < 2**63:
             raise CheckpointError(f"{what}: shape holds {short(dim)}")
     return value
 
@@ -209,6 +209,7 @@ BIT_GENERATORS = ("MT19937", "PCG64", "PCG64DXSM", "Philox", "SFC64")
 MAX_RANDOM_OBJECTS = 4096
 _COST = {"MT19937": 8}
 MAX_POOL_SIZE = 256  # SeedSequence mixing costs entropy words x pool size
+MAX_ENTROPY_WORDS = 1024  # entropy + spawn key; SeedSequence() draws 4 (128 bits)
 
 Schema = Any  # dict of field -> Schema | range of allowed ints | ((kind, itemsize), length)
 _U32, _U64 = ("u", 4), ("u", 8)
@@ -425,6 +426,11 @@ def set_seed_sequence_state(seq: Any, state: Any) -> None:
         raise CheckpointError(f"numpy SeedSequence state is {short(state)}")
     entropy, children, pool, pool_size, spawn_key = state
     words = entropy if type(entropy) in (list, tuple) else [entropy]
+    if _entropy_words(words) + _entropy_words(spawn_key) > MAX_ENTROPY_WORDS:
+        raise CheckpointError(  # numpy's int-to-words conversion is quadratic in the digits
+            f"numpy SeedSequence entropy of more than {MAX_ENTROPY_WORDS} 32-bit words "
+            "(numpy's own is 4)"
+        )
     if type(entropy) is np.ndarray:  # SeedSequence keeps the entropy it was given
         words = [] if entropy.ndim == 1 and entropy.dtype.kind in "iu" else [None]
         words += [0] if entropy.size == 0 or entropy.min() >= 0 else [None]
@@ -442,6 +448,13 @@ def set_seed_sequence_state(seq: Any, state: Any) -> None:
     seq.__init__(entropy, spawn_key=spawn_key, pool_size=pool_size, n_children_spawned=children)
     if not np.array_equal(seq.pool, pool):
         raise CheckpointError("numpy SeedSequence state: its pool does not follow from its entropy")
+
+
+def _entropy_words(values: Any) -> int:
+    """32-bit words of the Python ints among ``values`` (numpy's own are bounded by type)."""
+    if type(values) not in (list, tuple):
+        return 0
+    return len(values) + sum(v.bit_length() >> 5 for v in values if type(v) is int)
 
 
 def _whole(value: Any, np: Any) -> bool:

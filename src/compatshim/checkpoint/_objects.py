@@ -40,6 +40,22 @@ def _iterable(args: tuple[Any, ...], what: str) -> Any:
     raise bad(what, args)
 
 
+def keys_hashed(key: str, args: tuple[Any, ...]) -> Any:
+    """The values the constructor ``key`` hashes when given ``args`` (charged first by the
+    machine: a shared tuple costs its expanded size at every use)."""
+    if len(args) != 1:
+        return ()
+    items = args[0]
+    kind = type(items)
+    if key in ("builtins.set", "builtins.frozenset") and kind in (list, tuple, set, frozenset):
+        return items
+    if key == "collections.OrderedDict" and kind in (list, tuple):
+        return [p[0] for p in items if type(p) in (list, tuple) and len(p) == 2]
+    if key == "collections.Counter" and kind is dict:
+        return items
+    return ()
+
+
 def make_set(_: Any, args: tuple[Any, ...]) -> Any:
     return set(_iterable(args, "set"))
 

@@ -45,8 +45,11 @@ Interpolation policy (:func:`check_text`)
     load in the process, ``torch.load`` included; those sources are read only when a
     config calls a resolver outside :data:`SAFE_RESOLVERS`. A resolver name computed
     by an interpolation (``${${x}:...}``) is refused whatever is allowed; NAME must
-    be a plain resolver name (``eval``, ``oc.env``). ``\\${`` before the first interpolation is
-    plain text (omegaconf's escape); after one, every ``${`` is treated as live.
+    be a plain resolver name (``eval``, ``oc.env``). Text that becomes interpolation syntax
+    after one resolution is live too: an escaped ``\\${`` (omegaconf hands it back as
+    ``${``, which a saved-and-reloaded hparams.yaml resolves), and, where the load holds
+    a bare ``$``, a ``{`` that a reference can join to it (``${d}{oc.env:X}``, d = "$").
+    Shared strings are scanned once.
     The scan reads each ``${`` once, without regular expressions or recursion:
     work is linear in the string's length.
 """
@@ -126,12 +129,18 @@ def resolver_name(entry: str) -> str:
 class Builder:
     """The omegaconf objects of one load: made empty, built once from checked state."""
 
-    def __init__(self, role_of: RoleOf, resolvers: Container[str]) -> None:
+    def __init__(
+        self, role_of: RoleOf, resolvers: Container[str], charge: Callable[[int, str], None]
+    ) -> None:
         self.role_of = role_of
         self.resolvers = resolvers  # beside SAFE_RESOLVERS; asked only about other names
+        self.charge = charge  # the load's budget: BUILD copies content, once per container
         self.made: dict[int, tuple[Any, str]] = {}  # id -> (object, qualname)
         self.built: set[int] = set()
         self.meta_owner: dict[int, int] = {}
+        self.contents: set[int] = set()  # ids of the _content dicts/lists already copied
+        self.checked: dict[int, tuple[str, str | None]] = {}  # id(text) -> (text, verdict)
+        self.dollar = False  # the load holds a "$" that starts no "${" (see check_text)
 
     # ------------------------------------------------------------------ construction
     def new(self, cls: Any, qualname: str) -> Any:
@@ -279,6 +288,13 @@ class Builder:
             meta.ref_type = typing.Any
         _parameterise(meta)
         content = state.get("_content")
+        if type(content) in (dict, list) and content:
+            # one container's own content: a second BUILD naming it would be refused at the
+            # end (its nodes held twice), after copying it again and again in between
+            if id(content) in self.contents:
+                raise unsafe(f"{what}._content shared with another container refused", what)
+            self.contents.add(id(content))
+            self.charge(50 * len(content), f"{what}._content")
         fresh_content: Any
         if content is None or type(content) is str:
             fresh_content = content
@@ -329,6 +345,7 @@ class Builder:
                     "_parent",
                 )
             self._depth(obj, depth)
+        texts: list[tuple[str, Any, bool]] = []  # (text, node, is a key)
         for obj, qualname in self.made.values():
             if qualname in (_META, _CMETA):
                 continue
@@ -336,13 +353,15 @@ class Builder:
             if qualname in (_DICT, _LIST):
                 content = state["_content"]
                 if type(content) is str:
-                    self._check(content, obj)
+                    texts.append((content, obj, False))
                 elif type(content) is dict:
-                    for key in content:
-                        if type(key) is str:
-                            self._check(key, obj, key=True)
+                    texts.extend((key, obj, True) for key in content if type(key) is str)
             elif type(state["_val"]) is str:
-                self._check(state["_val"], obj)
+                texts.append((state["_val"], obj, False))
+        unique = {id(text): text for text, _, _ in texts}  # shared strings scanned once
+        self.dollar = any(bare_dollar(text) for text in unique.values())
+        for text, node, key in texts:
+            self._check(text, node, key)
 
     def _depth(self, obj: Any, depth: dict[int, int]) -> None:
         chain = []
@@ -361,7 +380,12 @@ class Builder:
                 raise CheckpointError(f"omegaconf containers nested deeper than {MAX_DEPTH} levels")
 
     def _check(self, text: str, node: Any, key: bool = False) -> None:
-        name = check_text(text, self.resolvers)
+        known = self.checked.get(id(text))  # a string shared by many nodes is scanned once
+        if known is not None and known[0] is text:
+            name = known[1]
+        else:
+            name = check_text(text, self.resolvers, self.dollar)
+            self.checked[id(text)] = (text, name)
         if name is None:
             return
         where = path_of(node) + (f" (a key {short(text)})" if key else "")
@@ -427,32 +451,48 @@ _HEAD_STOP = frozenset("\\{}():'\" \t")
 _WS = " \t"
 
 
-def check_text(text: str, allowed: Container[str]) -> str | None:
+def check_text(text: str, allowed: Container[str], dollar: bool = False) -> str | None:
     """The first resolver in ``text`` outside :data:`SAFE_RESOLVERS` and ``allowed`` ("" for a
     computed name, never allowed), or None.
 
-    Examines every ``${`` (after omegaconf's top-level ``\\${`` escapes) on its own,
-    so an error in following the nesting can never hide a resolver call.
+    Examines every ``${`` on its own, so an error in following the nesting can never
+    hide a resolver call. Escaped ones (``\\${``) too: omegaconf returns them as
+    ``${...}`` text, which is live again once the resolved config is saved (Lightning
+    writes hparams.yaml) and read back. ``dollar``: the load holds a ``$`` that starts
+    no ``${`` (``d = "$"``), so ``${d}{oc.env:X}`` resolves to ``${oc.env:X}``: a ``{``
+    at the start, or after ``}`` or ``$``, is examined as if it were ``${``.
     """
-    start = text.find("${")
-    if start < 0:
-        return None
-    live = False
-    position = start
+    if dollar and text.startswith("{"):
+        name = _live_name(_resolver_at("$" + text, 0), allowed)
+        if name is not None:
+            return name
+    position = text.find("${")
     while position >= 0:
-        if not live:
-            backslashes = 0
-            while position - backslashes > 0 and text[position - backslashes - 1] == "\\":
-                backslashes += 1
-            live = backslashes % 2 == 0
-        if live:
-            name = _resolver_at(text, position)
-            if name is not None and (
-                name == "" or (name not in SAFE_RESOLVERS and name not in allowed)
-            ):
-                return name
+        name = _live_name(_resolver_at(text, position), allowed)
+        if name is not None:
+            return name
         position = text.find("${", position + 2)
+    if dollar:
+        position = text.find("{", 1)
+        while position >= 0:
+            if text[position - 1] == "}":  # after "$": examined above as "${"
+                name = _live_name(_resolver_at(text, position - 1), allowed)
+                if name is not None:
+                    return name
+            position = text.find("{", position + 1)
     return None
+
+
+def _live_name(name: str | None, allowed: Container[str]) -> str | None:
+    if name is not None and (name == "" or (name not in SAFE_RESOLVERS and name not in allowed)):
+        return name
+    return None
+
+
+def bare_dollar(text: str) -> bool:
+    """Whether ``text`` holds a ``$`` that starts no ``${`` (one resolution can join it to a
+    following ``{``)."""
+    return text.count("$") != text.count("${")
 
 
 def _resolver_at(text: str, position: int) -> str | None:

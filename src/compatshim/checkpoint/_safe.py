@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Container, Iterable
 
-from .._text import short
+from .._text import cut, short
 from . import _dcp, _numpy, _objects, _omegaconf, _partial, _tensors
 from ._machine import MAX_NESTING, Machine, Source
 from .allowlist import Entry, covering, enum_member, lookup, storage_type
@@ -84,7 +84,23 @@ def weight(args: Any) -> int:
     return total
 
 
-_SIZED = frozenset({str, bytes, bytearray, tuple, list, dict, set, frozenset})  # built by calls
+# built by calls, charged sys.getsizeof of what was built (C sizes: no code of the file runs)
+_SIZED = frozenset(
+    {
+        str,
+        bytes,
+        bytearray,
+        tuple,
+        list,
+        dict,
+        set,
+        frozenset,
+        collections.OrderedDict,
+        collections.Counter,
+        collections.defaultdict,
+        collections.deque,
+    }
+)
 _ITEM_BYTES: dict[type, int] = {
     str: 1,
     bytes: 1,
@@ -317,6 +333,7 @@ class SafeMachine(Machine):
         return made
 
     def _construct(self, func: Any, args: tuple[Any, ...], key: str) -> Any:
+        self.charge_keys(_objects.keys_hashed(key, args))  # before the constructor hashes them
         made = _objects.CONSTRUCTORS[key](func, args)
         if isinstance(made, collections.deque):
             self.register_dict(made)  # owned: APPENDS may fill it
@@ -418,7 +435,9 @@ class SafeMachine(Machine):
 
     def _new_omegaconf(self, cls: Any, key: str) -> Any:
         if self._omegaconf is None:
-            self._omegaconf = _omegaconf.Builder(self.role_of, self.allow.resolvers)
+            self._omegaconf = _omegaconf.Builder(
+                self.role_of, self.allow.resolvers, self.budget.charge
+            )
         made = self._omegaconf.new(cls, key)
         self.register_builder(made, self._omegaconf.build)
         return made
@@ -550,7 +569,7 @@ def _user_build(inst: Any, state: Any) -> None:
 
 
 def refused(qualname: str, why: str) -> UnsafeCheckpointError:
-    return UnsafeCheckpointError(f"global {qualname} refused: {why}", (qualname,))
+    return UnsafeCheckpointError(f"global {cut(qualname)} refused: {cut(why, 400)}", (qualname,))
 
 
 def check_result(

@@ -60,7 +60,10 @@ DTYPES: dict[str, tuple[str | None, int]] = {
     "I64": ("int64", 64),
     "U64": ("uint64", 64),
 }
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+# A string, or an unclosed one up to the end: the star always stops where its tail matches,
+# so no start fails after scanning to the end (``"(...)*"`` alone is quadratic on
+# ``{"a\"\"\"...`` unclosed: every later quote starts another scan to the end).
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*(?:"|\\?\Z)', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 

@@ -68,8 +68,8 @@ def _ints(value: Any, what: str, name: str) -> tuple[int, ...]:
     torch = _torch()
     if type(value) not in (tuple, list, torch.Size) or len(value) > MAX_DIMS:
         raise CheckpointError(f"{what}: {name} is {short(value)}, expected a tuple of ints")
-    for item in value:
-        if type(item) is not int or item < 0:
+    for item in value:  # each under 2**62 before any product (a huge int multiplies slowly)
+        if type(item) is not int or not 0 <= item <= MAX_NUMEL:
             raise CheckpointError(f"{what}: {name} holds {short(item)}")
     return tuple(value)
 

@@ -179,9 +179,13 @@ def convert(obj: Mapping[str, Any], layout: str, where: str = "state") -> Parts:
     return parts
 
 
-def _find(obj: Any, path: str, depth: int, found: list[tuple[str, Any, str]]) -> None:
-    if not isinstance(obj, Mapping) or depth > _SEARCH_DEPTH:
+def _find(obj: Any, path: str, depth: int, found: list[tuple[str, Any, str]],
+          seen: set[int]) -> None:  # fmt: skip
+    """Each mapping visited once (a dict holding itself, or one dict under many keys, is one
+    place, not an exponential number of paths); keys shown bounded (they come from the file)."""
+    if not isinstance(obj, Mapping) or depth > _SEARCH_DEPTH or id(obj) in seen:
         return
+    seen.add(id(obj))
     if is_state(obj) or is_file(obj):
         found.append((path, obj, "compatshim"))
         return
@@ -190,8 +194,8 @@ def _find(obj: Any, path: str, depth: int, found: list[tuple[str, Any, str]]) ->
         found.append((path, obj, layout))
         return
     for key, value in obj.items():
-        if isinstance(value, Mapping):
-            _find(value, f"{path}[{key!r}]", depth + 1, found)
+        if isinstance(value, Mapping) and id(value) not in seen:
+            _find(value, f"{path}[{short(key)}]", depth + 1, found, seen)
 
 
 def single_rank_file(parts: Parts, source: str, saved_rank: int | None) -> dict[str, Any]:
@@ -201,7 +205,7 @@ def single_rank_file(parts: Parts, source: str, saved_rank: int | None) -> dict[
 def to_file(obj: Any, *, saved_rank: int | None = None, what: str = "the object") -> dict[str, Any]:
     """A compatshim file dict for ``obj``: compatshim's own, or a known layout anywhere inside."""
     found: list[tuple[str, Any, str]] = []
-    _find(obj, "", 0, found)
+    _find(obj, "", 0, found, set())
     if not found:
         top = (
             sorted(short(k) for k in list(obj)[:50])[:12]
@@ -213,7 +217,8 @@ def to_file(obj: Any, *, saved_rank: int | None = None, what: str = "the object"
             f"format and these layouts, up to {_SEARCH_DEPTH} dicts deep: {describe_layouts()}"
         )
     if len(found) > 1:
-        paths = ", ".join(f"{p or '<top>'} ({layout})" for p, _, layout in found)
+        paths = ", ".join(f"{p or '<top>'} ({layout})" for p, _, layout in found[:12])
+        paths += f" and {len(found) - 12} more" if len(found) > 12 else ""
         raise RNGStateError(f"several RNG states in {what}: {paths}; pass the one you mean")
     path, inner, layout = found[0]
     where = f"state{path}"

@@ -1,0 +1,404 @@
+"""The third round of budget attacks (issue 26, item 1): each case failed before its fix.
+
+Each hostile file is read in a fresh interpreter by ``checkpoint.load``,
+``checkpoint.inspect``, the armed ``torch.load`` (patch
+``torch-load-safe-globals``) or ``compatshim.rng.read``, with a time limit and a
+peak-memory bound that scales with the file's size: before, these took minutes
+(a 701-byte memoized tuple DAG as a dict key is 2**40 hashes), gigabytes (a
+memoized 1 MiB module name used by 100 000 globals) or let a raw MemoryError
+escape. The only acceptable outcomes are a typed refusal (``CheckpointError``,
+``UnsafeCheckpointError``/``pickle.UnpicklingError``; ``RNGStateError`` for
+``rng.read``), quickly and within memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.checkpoint.corpus import P2, P4, STOP, b, call, g, n, t, tensor, torch_zip, u
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+SECONDS = 60  # the child's wall-clock limit: a regression fails here instead of hanging CI
+FAST = 15.0  # what a refusal may take on a shared 2-core box (before: over 25 s, or +300 MB)
+Builder = Callable[[Path], Path]
+CASES: dict[str, tuple[Builder, tuple[str, ...]]] = {}
+MODES = ("inspect", "load", "armed")
+HARMLESS = {"any_nodes_sharing_one_long_interpolation"}  # node references: loads, checked once
+
+
+def case(*modes: str) -> Callable[[Builder], Builder]:
+    def register(build: Builder) -> Builder:
+        CASES[build.__name__] = (build, modes or MODES)
+        return build
+
+    return register
+
+
+def put(index: int) -> bytes:
+    return b"r" + index.to_bytes(4, "little")
+
+
+def get(index: int) -> bytes:
+    return b"j" + index.to_bytes(4, "little")
+
+
+def long4(value: int) -> bytes:
+    raw = value.to_bytes((value.bit_length() + 8) // 8, "little", signed=True)
+    return b"\x8b" + struct.pack("<i", len(raw)) + raw
+
+
+def _write(folder: Path, data: bytes, name: str = "hostile.pkl") -> Path:
+    path = folder / name
+    path.write_bytes(data)
+    return path
+
+
+# --------------------------------------------------------------------------- 1: hashing
+
+
+def _tuple_dag(depth: int) -> bytes:
+    """T0 = None, T(i+1) = (Ti, Ti), memoized: 2**depth elements to hash in ~10 bytes a level."""
+    out = b"N" + put(0) + b"0"
+    for index in range(1, depth + 1):
+        out += get(index - 1) + get(index - 1) + b"\x86" + put(index) + b"0"
+    return out + get(depth)
+
+
+@case()
+def tuple_dag_as_dict_key(folder: Path) -> Path:
+    return _write(folder, P2 + b"}" + _tuple_dag(40) + b"N" + b"s" + STOP)
+
+
+@case()
+def tuple_dag_in_a_set(folder: Path) -> Path:
+    return _write(folder, P4 + b"\x8f(" + _tuple_dag(40) + b"\x90" + STOP)
+
+
+@case()
+def tuple_dag_in_a_frozenset_call(folder: Path) -> Path:
+    arg = b"](" + _tuple_dag(40) + b"e"
+    return _write(folder, P2 + call(g("builtins", "frozenset"), arg) + STOP)
+
+
+@case()
+def tuple_dag_in_ordered_dict_pairs(folder: Path) -> Path:
+    pairs = b"](" + b"(" + _tuple_dag(40) + b"Nt" + b"e"
+    return _write(folder, P2 + call(g("collections", "OrderedDict"), pairs) + STOP)
+
+
+@case()
+def flat_tuple_reused_as_key(folder: Path) -> Path:
+    """One tuple of 100 000 ints used as the key of 200 000 dicts: each SETITEM hashes it."""
+    flat = b"(" + b"K\x01" * 100_000 + b"t" + put(0) + b"0"
+    return _write(folder, P2 + flat + b"](" + (b"}" + get(0) + b"Ns") * 200_000 + b"e" + STOP)
+
+
+# --------------------------------------------------------------------------- 2: shared names
+
+
+@case()
+def memoized_module_name_for_many_globals(folder: Path) -> Path:
+    """A 1 MiB module name, memoized, then 100 000 STACK_GLOBALs naming it with other names."""
+    head = P4 + u("m" * (1 << 20)) + put(0) + b"0"
+    body = b"".join(get(0) + u(f"n{i}") + b"\x930" for i in range(100_000))
+    return _write(folder, head + body + b"N" + STOP)
+
+
+# --------------------------------------------------------------------------- 3: safetensors
+
+
+@case("inspect", "load")  # torch.load hands .safetensors paths to the safetensors package
+def safetensors_header_unclosed_escapes(folder: Path) -> Path:
+    header = b'{"a' + b'\\"' * 50_000
+    return _write(folder, struct.pack("<Q", len(header)) + header, "hostile.safetensors")
+
+
+# --------------------------------------------------------------------------- 6/7: big ints
+
+
+@case()
+def seed_sequence_huge_entropy(folder: Path) -> Path:
+    """numpy SeedSequence whose entropy is one 300 KB int (numpy's conversion is quadratic)."""
+    entropy = 0x1234567890ABCDEF1234567890ABCDEF
+    data = pickle.dumps(np.random.SeedSequence(entropy), 2)
+    literal = b"\x8a\x10" + entropy.to_bytes(16, "little")
+    assert data.count(literal) == 1
+    return _write(folder, data.replace(literal, long4(7**360_000)))
+
+
+@case()
+def tensor_shape_of_one_huge_int(folder: Path) -> Path:
+    """A size of 64 references to one 60 KB int: the element count multiplied them."""
+    big = long4(3**300_000) + put(0) + b"0"
+    size = b"(" + get(0) * 64 + b"t"
+    stride = b"(" + n(1) * 64 + b"t"
+    rebuild = tensor(1, (1,), (1,)).replace(t(n(1)) + t(n(1)), size + stride)
+    return torch_zip(folder / "hostile.pt", P2 + big + rebuild + STOP, {"data/0": b"\0" * 4})
+
+
+@case()
+def numpy_shape_of_one_huge_int(folder: Path) -> Path:
+    """An ndarray's BUILD state with a shape of 64 references to one 60 KB int."""
+    big = long4(3**300_000) + put(0) + b"0"
+    recon = g("numpy._core.multiarray", "_reconstruct")
+    array = call(recon, g("numpy", "ndarray"), t(n(0)), b(b"b"))
+    dtype = call(g("numpy", "dtype"), u("f8"), b"\x89", b"\x88")
+    dtype += t(n(3), u("<"), b"N", b"N", b"N", n(-1), n(-1), n(0)) + b"b"
+    state = t(n(1), b"(" + get(0) * 64 + b"t", dtype, b"\x89", b(b"\0" * 8))
+    return _write(folder, P2 + big + array + state + b"b" + STOP)
+
+
+# --------------------------------------------------------------------------- 8: collisions
+
+
+@case()
+def ints_that_all_hash_to_zero(folder: Path) -> Path:
+    """Multiples of 2**61 - 1 all hash to 0: every insert compares with every key before it."""
+    keys = b"".join(long4(k * (2**61 - 1)) + b"N" for k in range(1, 40_000))
+    return _write(folder, P2 + b"}(" + keys + b"u" + STOP)
+
+
+@case()
+def ints_that_all_hash_to_zero_in_a_set(folder: Path) -> Path:
+    keys = b"".join(long4(k * (2**61 - 1)) for k in range(1, 40_000))
+    return _write(folder, P4 + b"\x8f(" + keys + b"\x90" + STOP)
+
+
+# --------------------------------------------------------------------------- 9: what calls build
+
+
+@case()
+def ordered_dict_of_a_reused_pair_list(folder: Path) -> Path:
+    """OrderedDict(L) 400 times on one memoized 20 000-pair list: ~75 B built a pair, each time."""
+    pairs = b"](" + b"".join(n(i) + n(i) + b"\x86" for i in range(20_000)) + b"e"
+    head = P2 + g("collections", "OrderedDict") + put(0) + b"0" + pairs + put(1) + b"0"
+    body = (get(0) + b"(" + get(1) + b"tR") * 400
+    return _write(folder, head + b"](" + body + b"e" + STOP)
+
+
+# --------------------------------------------------------------------------- 4/5: omegaconf
+
+
+def _omegaconf() -> Any:
+    return pytest.importorskip("omegaconf")
+
+
+@case()
+def dictconfigs_sharing_one_content(folder: Path) -> Path:
+    """2 000 DictConfigs whose BUILD names one 20 000-entry ``_content``: each copied it."""
+    omegaconf = _omegaconf()
+    shared = omegaconf.OmegaConf.create({f"k{i}": i for i in range(20_000)})
+    cfg = omegaconf.OmegaConf.create({f"c{i}": {} for i in range(2_000)})
+    for index in range(2_000):
+        cfg._get_node(f"c{index}").__dict__["_content"] = shared.__dict__["_content"]
+    path = folder / "hostile.pt"
+    torch.save({"hparams": cfg}, path)
+    return path
+
+
+@case()
+def any_nodes_sharing_one_long_interpolation(folder: Path) -> Path:
+    """5 000 AnyNodes holding one 400 KB string of node references: each was scanned."""
+    omegaconf = _omegaconf()
+    cfg = omegaconf.OmegaConf.create({f"k{i}": 0 for i in range(5_000)})
+    text = "${a}" * 100_000
+    for index in range(5_000):
+        cfg._get_node(f"k{index}").__dict__["_val"] = text
+    path = folder / "hostile.pt"
+    torch.save({"hparams": cfg}, path)
+    return path
+
+
+# --------------------------------------------------------------------------- 10: rng.read
+
+
+@case("rng")
+def rng_dict_holding_itself(folder: Path) -> Path:
+    """A dict whose 30 values are the dict itself: the format search walked 30**5 paths."""
+    keys = b"".join(u(f"k{i}") + get(0) for i in range(30))
+    return _write(folder, P2 + b"}" + put(0) + b"(" + keys + b"u" + STOP)
+
+
+@case("rng")
+def rng_dicts_sharing_children(folder: Path) -> Path:
+    """A DAG of dicts (each level's 30 keys all name the one dict below): 30**4 paths."""
+    out = b"}" + put(0)
+    for level in range(1, 6):
+        out += b"}(" + b"".join(u(f"k{i}") + get(level - 1) for i in range(30)) + b"u"
+        out += put(level) + b"0"
+    return _write(folder, P2 + out + get(5) + STOP)
+
+
+# --------------------------------------------------------------------------- the child process
+
+CHILD = textwrap.dedent(
+    """
+    import json, pickle, resource, sys, time
+    import numpy, torch  # imported before the clock starts: the limit is on the read's own work
+    import compatshim
+    from compatshim.checkpoint import CheckpointError, inspect, load
+    from compatshim.rng import RNGStateError, read
+    path, modes = sys.argv[1], sys.argv[2].split(",")
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    def armed(path):
+        compatshim.install(include=["torch-load-safe-globals"])
+        return torch.load(path, weights_only=True)
+
+    READERS = {"load": load, "inspect": inspect, "armed": armed, "rng": read}
+    for mode in modes:  # "armed" last: it patches torch.load for the rest of the process
+        start = time.perf_counter()
+        outcome = "loaded"
+        try:
+            READERS[mode](path)
+        except (CheckpointError, RNGStateError, pickle.UnpicklingError):
+            outcome = "refused"  # UnsafeCheckpointError is both of the others
+        except BaseException as exc:
+            outcome = "escaped " + type(exc).__name__ + ": " + str(exc)[:200]
+        seconds = time.perf_counter() - start
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
+        print(json.dumps({"mode": mode, "outcome": outcome, "seconds": seconds, "rss": rss}))
+        sys.stdout.flush()
+    """
+)
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPATSHIM_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _run(path: Path, modes: tuple[str, ...]) -> list[dict[str, object]]:
+    """One interpreter reads the file in each mode; peak memory is over the whole child."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", CHILD, str(path), ",".join(modes)],
+            capture_output=True,
+            text=True,
+            timeout=SECONDS,
+            env=_env(),
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        pytest.fail(f"reading {path.name} ran past {SECONDS} s (finished: {out.strip()})")
+    assert done.returncode == 0, f"crashed (exit {done.returncode}): {done.stderr[-800:]}"
+    return [json.loads(line) for line in done.stdout.strip().splitlines()]
+
+
+def memory_bound_mb(path: Path) -> float:
+    """Peak memory a refusal may add: a floor for the loader's own tables, then 40x the file."""
+    return 120 + 40 * path.stat().st_size / 2**20
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(SECONDS + 30)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_round3_hostile_file_is_refused_quickly_within_memory(name: str, tmp_path: Path) -> None:
+    build, modes = CASES[name]
+    path = build(tmp_path)
+    if not _armed_applies():
+        modes = tuple(mode for mode in modes if mode != "armed")
+    results = _run(path, modes)
+    assert [r["mode"] for r in results] == list(modes), results
+    for found in results:
+        # inspect reports what it cannot judge without loading (a shape, an entropy)
+        loads = found["mode"] == "inspect" or name in HARMLESS
+        allowed = ("refused", "loaded") if loads else ("refused",)
+        assert found["outcome"] in allowed, found
+        assert float(found["seconds"]) < FAST, found  # type: ignore[arg-type]
+        assert float(found["rss"]) < memory_bound_mb(path), found  # type: ignore[arg-type]
+
+
+def _armed_applies() -> bool:
+    """The patch retries torch's weights-only refusals; torch < 2.6 loads unsafely by default
+    and the patch leaves it alone there (test_patch_torch_load_safe_globals covers that)."""
+    return tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 6)
+
+
+# --------------------------------------------------------------------------- real files still load
+
+
+def test_shared_tuples_within_the_allowance_still_load(tmp_path: Path) -> None:
+    """Tuples shared a few times as keys, big (but int64) shapes, a 128-bit SeedSequence
+    entropy and an OrderedDict of a reused pair list: what real files do still loads."""
+    from compatshim.checkpoint import load
+
+    shared = (1, 2, (3, 4))
+    value = {
+        "keys": {(shared, i): i for i in range(1000)},
+        "seeds": np.random.SeedSequence(0x1234567890ABCDEF1234567890ABCDEF),
+        "big": 2**100,
+        "set": {2**70, -(2**70), (2**61 - 1), 2 * (2**61 - 1)},
+    }
+    path = tmp_path / "real.pt"
+    torch.save(value, path)
+    loaded = load(path)
+    assert loaded["keys"] == value["keys"] and loaded["set"] == value["set"]
+    assert loaded["seeds"].entropy == value["seeds"].entropy
+
+
+def test_collisions_below_the_limit_load(tmp_path: Path) -> None:
+    """A few dozen keys sharing one hash (rare, not hostile) still load."""
+    from compatshim.checkpoint import load
+
+    keys = {k * (2**61 - 1): k for k in range(1, 40)}
+    path = _write(tmp_path, pickle.dumps(keys, 2))
+    assert load(path) == keys
+
+
+def test_refusal_message_names_are_cut(tmp_path: Path) -> None:
+    from compatshim.checkpoint import UnsafeCheckpointError, load
+
+    head = P4 + u("m" * 100_000) + put(0) + b"0"
+    body = b"".join(get(0) + u(f"n{i}") + b"\x930" for i in range(3))
+    with pytest.raises(UnsafeCheckpointError) as caught:
+        load(_write(tmp_path, head + body + b"N" + STOP))
+    assert len(str(caught.value)) < 2000
+
+
+# --------------------------------------------------------------------------- 12: second order
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"d": "$", "x": "${d}{oc.env:HOME}"},  # resolves to "${oc.env:HOME}"
+        {"d": "$", "e": "{oc.env:HOME}", "x": "${d}${e}"},
+        {"x": "\\${eval:1}"},  # omegaconf hands back "${eval:1}": live in a saved hparams.yaml
+    ],
+)
+def test_text_that_becomes_interpolation_once_resolved_is_live(
+    values: dict[str, str], tmp_path: Path
+) -> None:
+    omegaconf = _omegaconf()
+    from compatshim.checkpoint import UnsafeCheckpointError, load
+
+    path = tmp_path / "c.pt"
+    torch.save({"hparams": omegaconf.OmegaConf.create(values)}, path)
+    with pytest.raises(UnsafeCheckpointError, match="omegaconf-resolver:"):
+        load(path)
+
+
+def test_format_strings_and_references_without_a_bare_dollar_load(tmp_path: Path) -> None:
+    omegaconf = _omegaconf()
+    from compatshim.checkpoint import load
+
+    values = {"a": "x", "name": "{epoch:02d}-{step}", "both": "${a}{epoch:02d}", "e": "\\${a}"}
+    path = tmp_path / "c.pt"
+    torch.save({"hparams": omegaconf.OmegaConf.create(values)}, path)
+    loaded = load(path)["hparams"]
+    assert loaded.both == "x{epoch:02d}" and loaded.e == "${a}"
