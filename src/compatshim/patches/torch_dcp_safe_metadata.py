@@ -34,10 +34,10 @@ The fix
     ``torch.distributed.checkpoint`` is never imported by compatshim: the patch
     applies when the user's code imports its ``filesystem`` module.
 
-    Before torch 2.6 (where hardened mode reads every ``torch.load`` with
-    compatshim's loader) the module's ``_create_file_view`` also hands each
-    item's own bytes to ``torch.load`` as a ``BytesIO``: torch's file view
-    seeks from the end the wrong way and reads past its slice.
+    Hardened mode reads every ``torch.load`` with compatshim's loader alone, so
+    the module's ``_create_file_view`` also hands each item's own bytes to
+    ``torch.load`` as a ``BytesIO``: torch's file view seeks from the end the
+    wrong way and reads past its slice (torch 2.1 to 2.15).
 
 Not covered
     The separate ``_fsspec_filesystem.FsspecReader`` of older torch (its own
@@ -180,9 +180,7 @@ def _file_slice(file: Any, offset: int, length: int) -> Any:
 
 def apply(module: ModuleType, patcher: Patcher) -> None:
     import pickle
-    import sys
 
-    from .._engine.versions import version_at_least
 
     current = vars(module).get("pickle")
     if current is not pickle:
@@ -190,11 +188,9 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
             f"{module.__name__}.pickle is {current!r}, not the pickle module: layout not known"
         )
     patcher.setattr(module, "pickle", SafePickle(pickle))
-    # Hardened, before torch 2.6 every torch.load is read by compatshim's loader, and DCP
-    # hands it each item as torch's _ReaderView, which seeks from the end the wrong way
-    # and reads past its slice: the zip reader then finds no archive. The item's own bytes
-    # (as later torch releases read them) load the same.
-    torch = sys.modules.get("torch")
-    view = vars(module).get("_create_file_view")
-    if view is not None and not version_at_least(str(getattr(torch, "__version__", "")), "2.6"):
+    # Hardened, every torch.load is read by compatshim's loader alone, and DCP hands it each
+    # item as torch's _ReaderView, which seeks from the end the wrong way and reads past its
+    # slice (torch 2.1 to 2.15): the zip reader then finds no archive. The item's own bytes
+    # load the same.
+    if vars(module).get("_create_file_view") is not None:
         patcher.setattr(module, "_create_file_view", _file_slice)
