@@ -705,6 +705,7 @@ def _build_table() -> tuple[Entry, ...]:
 # checked in the source of 2.1.2, 2.2.2, 2.5.1, 2.13.0 and 2.15.0. Bounded above: the tuple
 # state of TensorProperties is rebuilt field by field (_dcp.py), so a new layout is refused.
 _DCP = ">=2.1,<2.16"
+_DCP_2_3 = ">=2.3,<2.16"
 _DCP_MODULE = "torch.distributed.checkpoint.metadata"
 _SHARD_MODULE = "torch.distributed._shard.sharded_tensor.metadata"  # 2.1-2.2's, kept since
 
@@ -719,13 +720,15 @@ def _dcp_rows() -> list[Entry]:
             (_DCP_MODULE, "TensorStorageMetadata"),
             (_DCP_MODULE, "ChunkStorageMetadata"),
             (_DCP_MODULE, "BytesStorageMetadata"),
-            (_DCP_MODULE, "StorageMeta"),
             ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
         )
     ]
-    for module, enum_name in (
-        (_DCP_MODULE, "_MEM_FORMAT_ENCODING"),
-        (_SHARD_MODULE, "MEM_FORMAT_ENCODING"),
+    # StorageMeta and DCP's own _MEM_FORMAT_ENCODING: absent in 2.2.2, present in 2.4.1 (2.3 not
+    # read: the range takes it, and a name a release lacks is refused when it is resolved)
+    rows.append(Entry(_DCP_MODULE, "StorageMeta", "torch", _DCP_2_3, "instance", dataclass_reason))
+    for module, enum_name, enum_versions in (
+        (_DCP_MODULE, "_MEM_FORMAT_ENCODING", _DCP_2_3),
+        (_SHARD_MODULE, "MEM_FORMAT_ENCODING", _DCP),
     ):
         rows.append(
             Entry(
@@ -740,7 +743,12 @@ def _dcp_rows() -> list[Entry]:
         )
         rows.append(
             Entry(
-                module, enum_name, "torch", _DCP, "enum", "memory-format code: an existing member"
+                module,
+                enum_name,
+                "torch",
+                enum_versions,
+                "enum",
+                "memory-format code: an existing member",
             )
         )
     rows.append(
