@@ -101,17 +101,13 @@ def _seekable(file: Any) -> bool:
 
 
 def _refusal(why: BaseException, what: str) -> BaseException:
-    from ..checkpoint import UnsafeCheckpointError
-    from .torch_load_safe_globals import _how_to_allow, _plain
+    from .torch_load_safe_globals import _refused_hardened
 
-    refused = tuple(getattr(why, "refused", ()))
-    text = _plain(why)
-    if not isinstance(why, UnsafeCheckpointError):
-        text = f"{what}: compatshim.checkpoint.load could not read it as a DCP .metadata ({text})"
-    return UnsafeCheckpointError(
-        f"{text}. COMPATSHIM_SAFE_LOAD=1: torch.distributed.checkpoint's .metadata is read "
-        f"without running code from it.{_how_to_allow(refused)}",
-        refused,
+    return _refused_hardened(
+        why,
+        what,
+        read_as=" as a DCP .metadata",
+        promise="torch.distributed.checkpoint's .metadata is read without running code from it",
     )
 
 
@@ -180,7 +176,6 @@ def _file_slice(file: Any, offset: int, length: int) -> Any:
 
 def apply(module: ModuleType, patcher: Patcher) -> None:
     import pickle
-
 
     current = vars(module).get("pickle")
     if current is not pickle:

@@ -276,17 +276,27 @@ def _how_to_allow(refused: tuple[str, ...]) -> str:
     )
 
 
-def _refused_hardened(why: BaseException, what: str) -> BaseException:
-    """The hardened-mode refusal: ``pickle.UnpicklingError`` (via UnsafeCheckpointError)."""
+HARDENED_PROMISE = (
+    "no torch.load in this process runs code from a file, whatever its weights_only argument"
+)
+
+
+def _refused_hardened(
+    why: BaseException, what: str, read_as: str = "", promise: str = HARDENED_PROMISE
+) -> BaseException:
+    """The hardened-mode refusal: ``pickle.UnpicklingError`` (via UnsafeCheckpointError).
+
+    Shared by every hardened reader (``torch.load`` here, DCP's ``.metadata``), so a
+    refusal reads the same wherever it comes from.
+    """
     from ..checkpoint import UnsafeCheckpointError
 
     refused = tuple(getattr(why, "refused", ()))
     text = _plain(why)
     if not isinstance(why, UnsafeCheckpointError):
-        text = f"{what}: compatshim.checkpoint.load could not read it ({text})"
+        text = f"{what}: compatshim.checkpoint.load could not read it{read_as} ({text})"
     return UnsafeCheckpointError(
-        f"{text}. COMPATSHIM_SAFE_LOAD=1: no torch.load in this process runs code from a file, "
-        f"whatever its weights_only argument.{_how_to_allow(refused)}",
+        f"{text}. COMPATSHIM_SAFE_LOAD=1: {promise}.{_how_to_allow(refused)}",
         refused,
     )
 
