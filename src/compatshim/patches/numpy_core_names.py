@@ -83,10 +83,11 @@ The revert
 
 from __future__ import annotations
 
+from .._engine import alias_finder
+from .._engine.alias_finder import Route
+
 TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-    from importlib.machinery import ModuleSpec
     from types import ModuleType
     from typing import Any, Callable
 
@@ -131,113 +132,27 @@ def _alias_target(fullname: str) -> str | None:
     return None
 
 
-class _AliasLoader:
-    """Hands importlib the existing numpy-1 module; keeps that module's own spec."""
+class AliasFinder(alias_finder.AliasFinder):
+    """Answers only for numpy-2 names that nothing else finds (the mechanism is shared)."""
 
-    def __init__(self, target: str, patcher: Patcher) -> None:
-        self._target = target
-        self._patcher = patcher
-        self._name = ""
-        self._spec: Any = None
-
-    def create_module(self, spec: ModuleSpec) -> ModuleType:
-        from importlib import import_module
-
-        module = import_module(self._target)
-        self._name = spec.name
-        self._spec = module.__spec__
-        return module
-
-    def exec_module(self, module: ModuleType) -> None:
-        """Runs nothing; restores the spec and records how to forget the alias."""
-        import sys
-
-        module.__spec__ = self._spec  # importlib wrote the alias spec over the real one
-        parent_name, _, child = self._name.rpartition(".")
-        parent = sys.modules.get(parent_name)
-        had_attribute = parent is not None and child in vars(parent)
-        self._patcher.on_revert(_forget_alias(self._name, module, parent, child, had_attribute))
-
-
-class AliasFinder:
-    """A ``sys.meta_path`` finder answering only for numpy-2 names that nothing else finds."""
-
-    def __init__(self, patcher: Patcher) -> None:
-        from _thread import _local
-
-        self._patcher = patcher
-        self._busy = _local()
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> ModuleSpec | None:
+    def route(self, fullname: str) -> Route | None:
         aliased_to = _alias_target(fullname)
-        if aliased_to is None or getattr(self._busy, "on", False):
+        if aliased_to is None:
             return None
         import sys
 
         parent_name = fullname.rpartition(".")[0]
         parent = sys.modules.get(parent_name)
         parent_target = _alias_target(parent_name)
+        # A real parent (numpy 1.26's stubs, whose __name__ they overwrite): a real module of
+        # this name wins. An alias parent has numpy-1's __path__, where the real finders would
+        # load a second copy of numpy.core.<name>: answer for it instead.
         parent_is_alias = (
             parent is not None
             and parent_target is not None
             and (parent is sys.modules.get(parent_target))
         )
-        # A real parent (numpy 1.26's stubs, whose __name__ they overwrite): a real module of
-        # this name wins. An alias parent has numpy-1's __path__, where the real finders would
-        # load a second copy of numpy.core.<name>: answer for it instead.
-        if not parent_is_alias and self._found_elsewhere(fullname, path, target):
-            return None
-        if not self._target_exists(aliased_to):
-            return None
-        from importlib.machinery import ModuleSpec
-
-        return ModuleSpec(fullname, _AliasLoader(aliased_to, self._patcher))  # type: ignore[arg-type]
-
-    def _found_elsewhere(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None
-    ) -> bool:
-        import sys
-
-        self._busy.on = True
-        try:
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                if finder.find_spec(fullname, path, target) is not None:
-                    return True
-            return False
-        finally:
-            self._busy.on = False
-
-    def _target_exists(self, name: str) -> bool:
-        import sys
-        from importlib.util import find_spec
-
-        if name in sys.modules:
-            return True
-        self._busy.on = True
-        try:
-            return find_spec(name) is not None
-        except (ImportError, ValueError):
-            return False
-        finally:
-            self._busy.on = False
-
-
-def _forget_alias(
-    fullname: str, module: ModuleType, parent: ModuleType | None, child: str, had_attribute: bool
-) -> Callable[[], None]:
-    def undo() -> None:
-        import sys
-
-        if sys.modules.get(fullname) is module:
-            del sys.modules[fullname]
-        if parent is not None and not had_attribute and vars(parent).get(child) is module:
-            delattr(parent, child)
-
-    return undo
+        return Route(aliased_to, shadow=parent_is_alias)
 
 
 def _natively_findable(fullname: str, numpy: ModuleType) -> bool:
