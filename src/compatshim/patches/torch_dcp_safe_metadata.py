@@ -35,9 +35,9 @@ The fix
     applies when the user's code imports its ``filesystem`` module.
 
     Hardened mode reads every ``torch.load`` with compatshim's loader alone, so
-    the module's ``_create_file_view`` also hands each item's own bytes to
-    ``torch.load`` as a ``BytesIO``: torch's file view seeks from the end the
-    wrong way and reads past its slice (torch 2.1 to 2.15).
+    the module's ``_create_file_view`` also hands ``torch.load`` an exact view of
+    each item: torch's file view seeks from the end the wrong way and reads past
+    its slice (torch 2.1 to 2.15).
 
 Not covered
     The separate ``_fsspec_filesystem.FsspecReader`` of older torch (its own
@@ -54,6 +54,8 @@ The revert
 """
 
 from __future__ import annotations
+
+import io
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -163,15 +165,52 @@ def confirm(module: ModuleType) -> bool:
     return isinstance(vars(module).get("pickle"), SafePickle)
 
 
-def _file_slice(file: Any, offset: int, length: int) -> Any:
-    """The item's bytes as a BytesIO (stands for DCP's ``_create_file_view``; see apply)."""
-    import io
+class _Slice(io.RawIOBase):
+    """A read-only view of ``length`` bytes at ``offset`` of an open file (DCP's item).
 
-    file.seek(offset)
-    data = file.read(length)
-    if len(data) != length:
-        raise OSError(f"DCP data file ends before the item's {length} bytes at offset {offset}")
-    return io.BytesIO(data)
+    Stands for torch's ``_ReaderView``, whose ``seek(n, SEEK_END)`` lands past the end of
+    its slice and whose ``seek``/``tell`` mix absolute and relative positions: the zip
+    reader finds no archive in it. Reads go straight to the file (no copy of the item).
+    """
+
+    def __init__(self, file: Any, offset: int, length: int) -> None:
+        super().__init__()
+        self._file, self._start, self._length, self._pos = file, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET, /) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        size = min(len(view), self._length - self._pos)
+        if size <= 0:
+            return 0
+        self._file.seek(self._start + self._pos)
+        got = self._file.readinto(view[:size])
+        if not got:
+            raise OSError(
+                f"DCP data file ends inside an item ({self._length} bytes at {self._start})"
+            )
+        self._pos += got
+        return int(got)
+
+
+def _file_slice(file: Any, offset: int, length: int) -> Any:
+    """DCP's ``_create_file_view``, made exact (see :class:`_Slice`; buffered for small reads)."""
+    return io.BufferedReader(_Slice(file, offset, length))
 
 
 def apply(module: ModuleType, patcher: Patcher) -> None:
@@ -185,7 +224,7 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
     patcher.setattr(module, "pickle", SafePickle(pickle))
     # Hardened, every torch.load is read by compatshim's loader alone, and DCP hands it each
     # item as torch's _ReaderView, which seeks from the end the wrong way and reads past its
-    # slice (torch 2.1 to 2.15): the zip reader then finds no archive. The item's own bytes
-    # load the same.
+    # slice (torch 2.1 to 2.15): the zip reader then finds no archive. An exact view of the
+    # same bytes loads the same.
     if vars(module).get("_create_file_view") is not None:
         patcher.setattr(module, "_create_file_view", _file_slice)
