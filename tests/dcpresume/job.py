@@ -73,7 +73,7 @@ def _batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor
 def _build(layout: str, world: int) -> tuple[Any, torch.nn.Module, Any, Any, Any]:
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
-    ema = copy.deepcopy(net) if layout == "ddp" else None
+    ema = copy.deepcopy(net)
     if layout == "ddp":
         model: Any = torch.nn.parallel.DistributedDataParallel(net)
     else:
@@ -81,9 +81,13 @@ def _build(layout: str, world: int) -> tuple[Any, torch.nn.Module, Any, Any, Any
 
         mesh = init_device_mesh("cpu", (world,))
         shard = fully_shard_api()
-        shard(net[0], mesh=mesh)
-        shard(net[2], mesh=mesh)
-        model = shard(net, mesh=mesh)
+        # the EMA is sharded as the model is: each rank steps its own shards, and DCP
+        # reshards the EMA's DTensors at load like the model's
+        for module in (net, ema):
+            shard(module[0], mesh=mesh)
+            shard(module[2], mesh=mesh)
+            shard(module, mesh=mesh)
+        model = net
     opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     return model, net, ema, opt, sched
@@ -144,5 +148,8 @@ def train(rank: int, world: int, layout: str, folder: str, save_at: int, steps: 
     for name, value in net.state_dict().items():
         full[name] = (value.full_tensor() if hasattr(value, "full_tensor") else value).tolist()
     out["params"] = full  # plain lists: a tensor sent to the parent would outlive its rank
-    out["ema"] = {k: v.tolist() for k, v in ema.state_dict().items()} if ema is not None else None
+    out["ema"] = {
+        name: (value.full_tensor() if hasattr(value, "full_tensor") else value).tolist()
+        for name, value in ema.state_dict().items()
+    }
     return out
