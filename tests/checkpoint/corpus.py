@@ -48,6 +48,16 @@ def b(data: bytes) -> bytes:
     return b"B" + struct.pack("<I", len(data)) + data
 
 
+def put(index: int) -> bytes:
+    """LONG_BINPUT: memoize the top of the stack at ``index``."""
+    return b"r" + index.to_bytes(4, "little")
+
+
+def get(index: int) -> bytes:
+    """LONG_BINGET: push the object memoized at ``index`` (a shared reference)."""
+    return b"j" + index.to_bytes(4, "little")
+
+
 def t(*items: bytes) -> bytes:
     return b"(" + b"".join(items) + b"t"
 

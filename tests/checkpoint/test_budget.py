@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.checkpoint.corpus import P2, STOP, b, call, g, legacy, n, t, torch_zip, u
+from tests.checkpoint.corpus import P2, STOP, b, call, g, get, legacy, n, put, t, torch_zip, u
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 SECONDS = 60
@@ -41,14 +41,6 @@ def case(expect: str) -> Callable[[Builder], Builder]:
         return build
 
     return register
-
-
-def put(index: int) -> bytes:
-    return b"r" + index.to_bytes(4, "little")
-
-
-def get(index: int) -> bytes:
-    return b"j" + index.to_bytes(4, "little")
 
 
 # --------------------------------------------------------------------------- 1: C recursion

@@ -28,7 +28,21 @@ import numpy as np
 import pytest
 import torch
 
-from tests.checkpoint.corpus import P2, P4, STOP, b, call, g, n, t, tensor, torch_zip, u
+from tests.checkpoint.corpus import (
+    P2,
+    P4,
+    STOP,
+    b,
+    call,
+    g,
+    get,
+    n,
+    put,
+    t,
+    tensor,
+    torch_zip,
+    u,
+)
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 SECONDS = 60  # the child's wall-clock limit: a regression fails here instead of hanging CI
@@ -45,14 +59,6 @@ def case(*modes: str) -> Callable[[Builder], Builder]:
         return build
 
     return register
-
-
-def put(index: int) -> bytes:
-    return b"r" + index.to_bytes(4, "little")
-
-
-def get(index: int) -> bytes:
-    return b"j" + index.to_bytes(4, "little")
 
 
 def long4(value: int) -> bytes:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Callable
 
 from ._container import read, sniff
+from ._tensors import MAX_DIMS
 from .errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -32,7 +33,6 @@ _MEMORY_FORMATS = ("contiguous_format", "channels_last", "preserve_format")  # b
 _LAYOUTS = frozenset(
     ("strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc", "_mkldnn")
 )
-_MAX_DIMS = 64
 
 
 def layout(args: tuple[Any, ...]) -> Any:
@@ -67,9 +67,7 @@ def build_tensor_properties(inst: Any, state: Any) -> None:
     ):
         raise CheckpointError("TensorProperties state holds an unexpected field")
     if strides is not None and not (
-        type(strides) is tuple
-        and len(strides) <= _MAX_DIMS
-        and all(type(s) is int for s in strides)
+        type(strides) is tuple and len(strides) <= MAX_DIMS and all(type(s) is int for s in strides)
     ):
         raise CheckpointError("TensorProperties strides are not a tuple of ints")
     fields = {

@@ -24,12 +24,12 @@ from typing import Any, Callable
 
 from .._text import short
 from ._objects import bad
+from ._tensors import MAX_DIMS
 from .errors import CheckpointError, UnsafeCheckpointError
 
 _SPEC = re.compile(r"[?biufcSUVMm]\d{0,9}")
 _DATETIME_UNITS = {b"Y", b"M", b"W", b"D", b"h", b"m", b"s", b"ms", b"us", b"ns", b"ps", b"fs"}
 _DATETIME_UNITS |= {b"as", b"generic"}
-MAX_DIMS = 64
 
 
 def _np() -> Any:

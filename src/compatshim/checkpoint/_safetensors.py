@@ -28,11 +28,11 @@ import sys
 from dataclasses import dataclass
 from typing import IO, Any, Callable
 
+from ._tensors import MAX_DIMS
 from .errors import CheckpointError
 
 MAX_HEADER = 100_000_000
 MAX_PASSES = 4  # each removes >= 1 bracket level; a header needs 2 ({ {[]} }), 2 spare
-MAX_DIMS = 64
 MAX_INT64 = 2**63 - 1
 
 # safetensors dtype name -> (torch dtype attribute or None where torch has none, bits per item)
