@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from .dispatch import BelowAutograd
 from .guard import EPOCH, REQUIRES_GRAD, group_signature, ref, registration_epoch
 from .names import EmaMismatchError, NameIndex, canonical
 
@@ -72,6 +73,7 @@ class Plan:
     mixed_src: list[Tensor] = field(default_factory=list)
     gathers: list[GatherGroup] = field(default_factory=list)
     torch: Any = None
+    below: BelowAutograd | None = None  # set when every foreach tensor is plain (``dispatch``)
 
     def add(self, ema: Tensor, src: Tensor) -> None:
         if ema.dtype == src.dtype:
@@ -109,13 +111,22 @@ class Plan:
             if self.gathers:
                 for gather in self.gathers:
                     gather.run()
-            if self.same_ema:
-                torch._foreach_lerp_(self.same_ema, self.same_src, 1.0 - decay)
-            if self.mixed_ema:
-                torch._foreach_mul_(self.mixed_ema, decay)
-                torch._foreach_add_(self.mixed_ema, self.mixed_src, alpha=1.0 - decay)
+            below = self.below
+            if below is not None and below.allowed():
+                with below.guard():
+                    self._foreach(decay)
+            else:
+                self._foreach(decay)
         finally:
             torch._C._set_grad_enabled(enabled)
+
+    def _foreach(self, decay: float) -> None:
+        torch = self.torch
+        if self.same_ema:
+            torch._foreach_lerp_(self.same_ema, self.same_src, 1.0 - decay)
+        if self.mixed_ema:
+            torch._foreach_mul_(self.mixed_ema, decay)
+            torch._foreach_add_(self.mixed_ema, self.mixed_src, alpha=1.0 - decay)
 
     def first_unfit_pair(self) -> int | None:
         """Index of the first same-dtype pair ``_foreach_lerp_`` cannot take (after it failed)."""
@@ -253,6 +264,9 @@ def build_plan(
         plan.gathers.append(_gather_group(plan, groups[key], entries, torch))
     if slow:
         plan.slow_key = storage_key(ema_model, model)
+    below = BelowAutograd(torch)
+    if below.plain([*plan.same_ema, *plan.same_src, *plan.mixed_ema, *plan.mixed_src]):
+        plan.below = below
     return plan
 
 
