@@ -7,7 +7,11 @@ Two measures, contenders run alternately in one process, medians:
    ``update_ema`` against the bare ``torch._foreach_lerp_`` on the same pairs:
    on their ``.data`` (plain tensors; the floor) and on the Parameter objects
    themselves under ``no_grad`` (the lists ``update_ema`` passes). Goal: <= 1.2x
-   the bare call on ``.data``.
+   the bare call on ``.data`` (what a hand-written loop passes; timm's
+   ``ModelEmaV3`` passes ``state_dict()`` values, detached alike).
+   ``BENCH_EMA_ALSO`` (interpreters separated by ``os.pathsep``, each with
+   torch and this compatshim importable, e.g. through ``PYTHONPATH``) adds one
+   row per interpreter: the same section run there (``--host-only``).
 2. A ~50M-parameter model (120 tensors): compatshim, Open-Sora's loop, timm
    ``ModelEmaV3`` (if installed), ``AveragedModel`` + ``get_ema_multi_avg_fn``,
    and the floor: one ``lerp_`` over a flat buffer of the same size (goal:
@@ -22,6 +26,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 import time
 from collections import OrderedDict
 from typing import Any, Callable
@@ -129,7 +136,45 @@ def host_overhead(device: str, repeats: int = 401) -> dict[str, float]:
     return {
         "host: compatshim / bare foreach on .data": ours / floor,
         "host: compatshim / bare foreach on Parameters": ours / on_params_time,
+        "host: compatshim per call (us)": ours * 1e6,
+        "host: bare foreach on .data per call (us)": floor * 1e6,
     }
+
+
+def host_across_releases(interpreters: list[str]) -> dict[str, float]:
+    """Section 1 again under other interpreters (other torch releases), one row each."""
+    rows, ratios = [], {}
+    for python in interpreters:
+        try:
+            done = subprocess.run(
+                [python, __file__, "--host-only"], capture_output=True, text=True, timeout=1800
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            rows.append([python, "failed", f"{type(exc).__name__}: {exc}", "", ""])
+            continue
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode != 0 or not lines:
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            rows.append([python, "failed", tail, "", ""])
+            continue
+        got = json.loads(lines[-1])
+        version = got.pop("torch")
+        rows.append(
+            [
+                f"torch {version}",
+                f"{got['host: compatshim per call (us)']:.1f} us",
+                f"{got['host: bare foreach on .data per call (us)']:.1f} us",
+                f"{got['host: compatshim / bare foreach on .data']:.2f}x",
+                f"{got['host: compatshim / bare foreach on Parameters']:.2f}x",
+            ]
+        )
+        ratios.update({f"[torch {version}] {k}": v for k, v in got.items()})
+    print(f"### EMA host overhead on other torch releases ({HOST_TENSORS} tensors of 4 elements)")
+    print()
+    header = ["torch", "update_ema", "bare on .data", "vs bare on .data", "vs bare on Parameters"]
+    print(table(header, rows))
+    print()
+    return ratios
 
 
 def contenders(model: Any, device: str) -> tuple[dict[str, Callable[[], object]], list[str], int]:
@@ -238,12 +283,13 @@ def main(repeats: int = 12) -> dict[str, float]:
     busy machine the per-tensor contenders wait for descheduled threads and the
     flat floor pulls ahead; the 1-thread table shows the cost without that noise.
     """
-    import os
-
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     ratios = host_overhead("cpu")
+    also = [path for path in os.environ.get("BENCH_EMA_ALSO", "").split(os.pathsep) if path]
+    if also:
+        ratios.update(host_across_releases(also))
     if device == "cuda":
         ratios.update({f"[cuda] {k}": v for k, v in host_overhead("cuda").items()})
     model = build_model(device)
@@ -277,4 +323,9 @@ def main(repeats: int = 12) -> dict[str, float]:
 
 if __name__ == "__main__":
     started = time.perf_counter()
-    print(json.dumps(main()))
+    if "--host-only" in sys.argv[1:]:
+        import torch
+
+        print(json.dumps({"torch": torch.__version__, **host_overhead("cpu")}))
+    else:
+        print(json.dumps(main()))

@@ -47,7 +47,8 @@ def update_ema(
     shard the EMA like the model; each rank steps its local shards.
 
     Host cost per call: one pass over the params' ``requires_grad`` plus the
-    foreach call (``guard`` lists what re-pairs). CUDA graphs: after one call
+    foreach call (``guard`` lists what re-pairs), run below torch's autograd
+    kernel when that kernel would do nothing (``dispatch``). CUDA graphs: after one call
     outside capture (which pairs), a call inside ``torch.cuda.graph`` records
     the step (plain and mixed-dtype pairs; not ZeRO gathers); a replay repeats
     it with the decay fixed at capture and without any check, so capture again

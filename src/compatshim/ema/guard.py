@@ -9,7 +9,9 @@ or the optimizer changes. Each has a cheap witness:
 - ``p.data = other``, ``.to()``, ``swap_tensors``: the plan holds the
   Parameter objects themselves, never ``.data`` aliases, so the update always
   reads the storage the param has now; a shape, dtype or device the EMA cannot
-  take fails the foreach and the caller re-pairs (see ``update_ema``);
+  take fails the foreach and the caller re-pairs (see ``update_ema``). Cached
+  ``.data`` aliases would be no faster (``dispatch``) and could not be proven
+  current without a walk: a swap keeps the version counter and runs no hook;
 - frozen / unfrozen: ``requires_grad`` of every watched param, read by one
   ``map`` over a cached list and compared with the cached flags;
 - optimizer: identity, and the identity and length of each group's param list.
