@@ -13,11 +13,13 @@ under ``_AutoDispatchBelowAutograd`` only when no tangent can exist and no
 Python code can run inside the guard:
 
 - no forward-AD level is entered (``forward_ad._current_level``, kept by
-  ``enter_dual_level``/``exit_dual_level``, torch's only way in; tangents die
-  with their level);
+  ``enter_dual_level``/``exit_dual_level``, which ``fwAD.dual_level`` and
+  ``torch.func.jvp`` use; tangents die with their level; a level entered
+  through ``torch._C`` directly is not seen);
 - no functorch transform is active (``jvp``, ``grad``, ``vmap`` layers);
 - no torch-function mode is active, and every tensor of the plan was a plain
-  ``Tensor`` or ``Parameter`` when it was paired (no ``__torch_function__``).
+  ``Tensor`` or ``Parameter`` when it was paired (no ``__torch_function__``;
+  a later ``__class__`` change, e.g. by ``swap_tensors``, is not seen).
 
 Otherwise the normal path runs: the same result at the autograd kernel's cost.
 A torch without one of these entry points never takes the short path.
