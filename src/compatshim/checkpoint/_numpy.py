@@ -6,6 +6,12 @@ of simple dtypes are built: no object dtype, no structured dtype, no subclass,
 and the byte count of the data is compared with shape x itemsize before numpy
 sees it, so a few-byte file cannot ask for a huge array.
 
+Object arrays (dtype ``O``) only inside :func:`object_arrays`, which the hardened
+``numpy.load(allow_pickle=True)`` uses (patch ``numpy-load-hardened``): their
+items were read by the same machine (allowlist, budget) and ``check_result``
+walks them; the count of items must equal the shape's. Structured dtypes stay
+refused.
+
 ``numpy.random`` objects (Generator, RandomState, the five bit generators,
 SeedSequence) are rebuilt from either major's pickle as the running numpy's
 own objects: numpy 1 pickles name the bit generator (``"PCG64"``) and BUILD a
@@ -18,9 +24,11 @@ setter sees it.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import re
 from importlib import import_module
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .._text import short
 from ._objects import bad
@@ -30,6 +38,25 @@ from .errors import CheckpointError, UnsafeCheckpointError
 _SPEC = re.compile(r"[?biufcSUVMm]\d{0,9}")
 _DATETIME_UNITS = {b"Y", b"M", b"W", b"D", b"h", b"m", b"s", b"ms", b"us", b"ns", b"ps", b"fs"}
 _DATETIME_UNITS |= {b"as", b"generic"}
+
+
+_OBJECT_ARRAYS = contextvars.ContextVar("compatshim_numpy_object_arrays", default=False)
+_OBJECT_SPECS = ("O4", "O8")
+
+
+@contextlib.contextmanager
+def object_arrays() -> Iterator[None]:
+    """Admit plain object arrays in the loads this context runs (this thread/task only)."""
+    token = _OBJECT_ARRAYS.set(True)
+    try:
+        yield
+    finally:
+        _OBJECT_ARRAYS.reset(token)
+
+
+def _object_ok(dtype: Any) -> bool:
+    """An object dtype (not structured) where object arrays are admitted."""
+    return _OBJECT_ARRAYS.get() and dtype.kind == "O" and dtype.fields is None
 
 
 def _np() -> Any:
@@ -50,7 +77,8 @@ def make_dtype(_: Any, args: tuple[Any, ...], register: Callable[[Any, Any], Non
     if not 1 <= len(args) <= 3 or type(args[0]) is not str:
         raise bad("numpy.dtype", args)
     spec = args[0]
-    if not _SPEC.fullmatch(spec):
+    objects = spec in _OBJECT_SPECS and _OBJECT_ARRAYS.get()
+    if not objects and not _SPEC.fullmatch(spec):
         if "O" in spec or "," in spec:
             raise _refuse_object(f"numpy.dtype({short(spec)})")
         raise bad("numpy.dtype", args)
@@ -58,7 +86,7 @@ def make_dtype(_: Any, args: tuple[Any, ...], register: Callable[[Any, Any], Non
     if type(align) is not bool:
         raise bad("numpy.dtype", args)
     made = _np().dtype(spec, align, True)
-    if made.hasobject or made.fields is not None:
+    if (made.hasobject or made.fields is not None) and not _object_ok(made):
         raise _refuse_object(f"numpy.dtype({short(spec)})")
     register(made, set_dtype_state)
     return made
@@ -83,7 +111,7 @@ def set_dtype_state(dtype: Any, state: Any) -> None:
     ):
         raise CheckpointError(f"numpy dtype state does not describe a simple {dtype.str} dtype")
     dtype.__setstate__(state)
-    if dtype.hasobject or dtype.fields is not None:
+    if (dtype.hasobject or dtype.fields is not None) and not _object_ok(dtype):
         raise _refuse_object("numpy dtype state")
 
 
@@ -105,8 +133,10 @@ def _datetime_metadata_ok(dtype: Any, metadata: Any) -> bool:
     )
 
 
-def _checked_dtype(value: Any, what: str) -> Any:
+def _checked_dtype(value: Any, what: str, objects: bool = False) -> Any:
     np = _np()
+    if objects and isinstance(value, np.dtype) and _object_ok(value):
+        return value
     if not isinstance(value, np.dtype) or value.hasobject or value.fields is not None:
         if isinstance(value, np.dtype):
             raise _refuse_object(what)
@@ -131,6 +161,14 @@ def _count(shape: tuple[int, ...]) -> int:
 
 
 def _data_matches(raw: Any, shape: tuple[int, ...], dtype: Any, what: str) -> None:
+    if dtype.kind == "O":  # only where _checked_dtype admitted it: the items, one each
+        if type(raw) is not list or len(raw) != _count(shape):
+            held = f"{len(raw)} items" if type(raw) is list else f"a {type(raw).__name__}"
+            raise CheckpointError(
+                f"{what}: an object array of shape {shape[:8]} needs a list of "
+                f"{_count(shape)} items, the file holds {held}"
+            )
+        return
     if type(raw) not in (bytes, bytearray):
         raise (
             _refuse_object(what)
@@ -171,7 +209,7 @@ def set_array_state(array: Any, state: Any) -> None:
         raise CheckpointError(f"numpy array state is {short(state)}, expected a 5-tuple")
     _, shape, dtype, fortran, raw = state
     shape = _shape(shape, "numpy array")
-    dtype = _checked_dtype(dtype, "numpy array")
+    dtype = _checked_dtype(dtype, "numpy array", objects=True)
     if type(fortran) is not bool:
         raise CheckpointError("numpy array state: fortran flag is not a bool")
     _data_matches(raw, shape, dtype, "numpy array")

@@ -652,6 +652,8 @@ def _children(node: Any) -> Iterable[Any]:
         return itertools.chain(items, extra.values()) if extra else items
     if type(node) in _CONTAINERS or isinstance(node, collections.deque):
         return node  # type: ignore[no-any-return]
+    if _is_object_array(node):  # numpy.load(allow_pickle=True), hardened (_numpy.object_arrays)
+        return node.flat  # type: ignore[no-any-return]
     extra = getattr(node, "__dict__", None)
     return extra.values() if extra else ()
 
@@ -670,6 +672,11 @@ _CONTAINERS = frozenset(
     }
 )
 _LEAVES = frozenset({int, float, str, bytes, bool, type(None), complex})
+
+
+def _is_object_array(value: Any) -> bool:
+    kind = type(value)
+    return kind.__name__ == "ndarray" and kind.__module__ == "numpy" and value.dtype.kind == "O"
 
 
 def _is_plain_instance(value: Any) -> bool:

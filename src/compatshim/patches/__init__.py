@@ -91,6 +91,25 @@ CATALOGUE: tuple[Patch, ...] = (
         ),
     ),
     Patch(
+        name="numpy-load-hardened",
+        distribution="numpy",
+        requires=">=1.17",
+        tested=">=1.24,<=2.5.5",
+        # numpy 1.x, then numpy 2.x (where numpy.lib.format re-exports _format_impl)
+        targets=(
+            "numpy.lib.format",
+            "numpy.lib.npyio",
+            "numpy.lib._format_impl",
+            "numpy.lib._npyio_impl",
+        ),
+        description=(
+            "hardened mode (COMPATSHIM_SAFE_LOAD=1) only: numpy.load(allow_pickle=True) "
+            "unpickles object arrays (.npy, .npz) and pickle files with compatshim.checkpoint's "
+            "loader (plain object arrays admitted); a hostile pickle is refused naming its "
+            "globals, never run"
+        ),
+    ),
+    Patch(
         name="multiprocessing-pickle-paths",
         distribution="python",
         requires=">=3.9",

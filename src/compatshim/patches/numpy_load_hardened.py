@@ -1,0 +1,217 @@
+"""Patch ``numpy-load-hardened``: hardened mode covers ``numpy.load(allow_pickle=True)``.
+
+What breaks
+    ``numpy.load(f, allow_pickle=True)`` unpickles with a plain ``pickle.load``:
+    object arrays in ``.npy`` files and ``.npz`` members (``read_array``) and
+    files that are a pickle (``load`` itself). A crafted file runs any code.
+    So with ``COMPATSHIM_SAFE_LOAD=1``, which makes every ``torch.load``
+    weights-only, an ``.npy`` beside the checkpoint still ran its payload.
+
+Which versions
+    numpy 1.17 to 2.5: ``numpy/lib/format.py`` and ``numpy/lib/npyio.py`` in
+    1.x, ``numpy/lib/_format_impl.py`` and ``numpy/lib/_npyio_impl.py`` in 2.x
+    (numpy 2's ``numpy.lib.format`` re-exports and has no ``pickle`` of its
+    own: nothing to do there). Tested on 1.24, 1.26 and 2.5. Only in hardened
+    mode: armed without ``COMPATSHIM_SAFE_LOAD=1`` the probe reports nothing
+    to do and numpy behaves as numpy.
+
+How it is detected
+    Hardened only: the module's own reader (``read_array`` of an ``.npy``
+    whose object array is a pickled ``types.SimpleNamespace``, or ``load`` of
+    that pickle) hands it back, i.e. unpickles a global off compatshim's
+    allowlist.
+
+The fix
+    The module's ``pickle`` becomes a stand-in whose ``load``/``loads`` are
+    compatshim's loader (``checkpoint.load``'s machine, allowlist, deny list
+    and budget, numpy's names admitted as there) with plain object arrays
+    admitted (``checkpoint._numpy.object_arrays``); everything else (``dump``,
+    ``UnpicklingError``...) is the real module. A refusal is an
+    :class:`~compatshim.checkpoint.UnsafeCheckpointError` (a
+    ``pickle.UnpicklingError``, what numpy's own ``load`` raises for a pickle it
+    cannot read) naming the refused globals; nothing runs. numpy is never
+    imported by compatshim: the patch applies when numpy imports these modules.
+
+Not covered
+    ``encoding=`` other than ASCII/UTF-8 (``"latin1"``, ``"bytes"``) for
+    Python 2 pickles: a pickle holding Python 2 ``str`` is refused with that
+    reason (read as UTF-8 it could differ from numpy's result). Python 2
+    numeric arrays inside a pickle are refused (their data is a ``str``).
+
+Confirmed
+    Right after the fix by :func:`confirm` (the stand-in is in place); end to
+    end by the probe when ``status()`` or the doctor asks.
+
+The revert
+    The module's ``pickle`` attribute gets the real module back (Patcher).
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import IO, Any
+
+    from .._engine.patching import Patcher
+
+_NAME = "numpy-load-hardened"
+_PROMISE = "numpy.load(allow_pickle=True) reads pickles without running code from them"
+_TEXT_ENCODINGS = frozenset({"ascii", "utf-8", "utf8", "us-ascii"})
+_PY2_STR_OPCODES = frozenset({"STRING", "BINSTRING", "SHORT_BINSTRING"})
+
+
+class SafePickle:
+    """``pickle`` as numpy's readers see it: ``load``/``loads`` never run code from the data."""
+
+    def __init__(self, real: ModuleType) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def load(self, file: Any, *, encoding: str = "ASCII", **_: Any) -> Any:
+        """``pickle.load(file)`` through compatshim's loader (``fix_imports``/``errors`` ignored:
+        names are matched as written, and text is decoded strictly)."""
+        return _load(file, encoding)
+
+    def loads(self, data: Any, /, *, encoding: str = "ASCII", **_: Any) -> Any:
+        import io
+
+        return _load(io.BytesIO(bytes(data)), encoding)
+
+
+def _load(file: Any, encoding: str) -> Any:
+    import io
+
+    from ..checkpoint import CheckpointError
+
+    what = repr(getattr(file, "name", None) or "a numpy.load stream")
+    if not _seekable(file):
+        file = io.BytesIO(file.read())
+    try:
+        return _read(file, encoding)
+    except CheckpointError as why:  # UnsafeCheckpointError included
+        _record("refused", f"{what}: {type(why).__name__}")
+        raise _refusal(why, what) from None
+
+
+def _read(file: IO[bytes], encoding: str) -> Any:
+    """One pickle from ``file``'s position, read by ``checkpoint.load``'s machine."""
+    from ..checkpoint import CheckpointError
+    from ..checkpoint._container import read, sniff
+    from ..checkpoint._load import Loader
+    from ..checkpoint._numpy import object_arrays
+
+    def reader(source: IO[bytes], what: str, path: str | None) -> Any:
+        if sniff(source) != "pickle":
+            raise CheckpointError(f"{what}: not a pickle")
+        if str(encoding).lower() not in _TEXT_ENCODINGS:
+            _refuse_python2_text(source, encoding)
+        return Loader(None, (), False).read(source, what, path)
+
+    with object_arrays():
+        return read(file, reader)
+
+
+def _refuse_python2_text(file: IO[bytes], encoding: str) -> None:
+    """A Python 2 ``str`` is decoded by the machine as UTF-8; numpy would use ``encoding``."""
+    import pickletools
+
+    from ..checkpoint import CheckpointError
+
+    here = file.tell()
+    try:
+        for opcode, _, _ in pickletools.genops(file):
+            if opcode.name in _PY2_STR_OPCODES:
+                raise CheckpointError(
+                    f"a Python 2 str read with encoding={str(encoding)[:20]!r} is not supported "
+                    "in hardened mode (re-save the file under Python 3)"
+                )
+    except ValueError:  # damaged: the machine reports it
+        pass
+    finally:
+        file.seek(here)
+
+
+def _seekable(file: Any) -> bool:
+    try:
+        return bool(file.seekable())
+    except Exception:
+        return False
+
+
+def _refusal(why: BaseException, what: str) -> BaseException:
+    from .torch_load_safe_globals import _refused_hardened
+
+    return _refused_hardened(why, what, read_as=" for numpy.load", promise=_PROMISE)
+
+
+def _record(event: str, detail: str) -> None:
+    from .._engine import decisions
+
+    decisions.record(_NAME, event, detail)
+
+
+_NPY_OBJECT_HEADER = b"{'descr': '|O', 'fortran_order': False, 'shape': (1,), }"
+
+
+def _probe_bytes() -> tuple[bytes, bytes]:
+    """A pickled SimpleNamespace (harmless, off the allowlist), alone and as an object .npy."""
+    import pickle
+    import types
+
+    payload = pickle.dumps(types.SimpleNamespace(), protocol=2)
+    header = _NPY_OBJECT_HEADER.ljust(64 - 10 - 1) + b"\n"
+    npy = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + payload
+    return payload, npy
+
+
+def _runs_any_global(module: ModuleType) -> bool:
+    """Whether the module's reader hands back a pickled SimpleNamespace."""
+    import io
+    import pickle
+    import types
+
+    payload, npy = _probe_bytes()
+    names = vars(module)
+    try:
+        if callable(names.get("read_array")):
+            found = names["read_array"](io.BytesIO(npy), allow_pickle=True)
+        else:
+            found = names["load"](io.BytesIO(payload), allow_pickle=True)
+    except pickle.UnpicklingError:
+        return False
+    return type(found) is types.SimpleNamespace
+
+
+def probe(module: ModuleType) -> bool:
+    """Hardened mode only: True while the module's reader unpickles any global."""
+    import pickle
+
+    from .. import _settings
+
+    if not _settings.safe_load():
+        return False
+    if vars(module).get("pickle") not in (pickle,) and not confirm(module):
+        return False  # numpy 2's numpy.lib.format: a re-export, no pickle of its own
+    return _runs_any_global(module)
+
+
+def confirm(module: ModuleType) -> bool:
+    """The stand-in is the module's ``pickle`` (the probe would load compatshim's loader)."""
+    return isinstance(vars(module).get("pickle"), SafePickle)
+
+
+def apply(module: ModuleType, patcher: Patcher) -> None:
+    import pickle
+
+    names = vars(module)
+    if names.get("pickle") is not pickle:
+        raise LookupError(
+            f"{module.__name__}.pickle is {names.get('pickle')!r}, not the pickle module: "
+            "layout not known"
+        )
+    if not (callable(names.get("read_array")) or callable(names.get("load"))):
+        raise LookupError(f"{module.__name__} has neither read_array nor load: layout not known")
+    patcher.setattr(module, "pickle", SafePickle(pickle))

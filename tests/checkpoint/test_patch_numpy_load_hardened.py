@@ -1,0 +1,245 @@
+"""Patch ``numpy-load-hardened``: hardened mode covers ``numpy.load(allow_pickle=True)``.
+
+Every file is read in a fresh interpreter started as a user's job starts
+(``COMPATSHIM_AUTO=1 COMPATSHIM_SAFE_LOAD=1``: the start-up hook arms compatshim
+before numpy is imported); a hostile file's payload would touch a marker file,
+which must never exist. Genuine files must load as plain numpy loads them here.
+The armed but not hardened control shows numpy's own behaviour: the payload runs.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+np = pytest.importorskip("numpy")
+
+from tests.checkpoint.test_hardened import TIMEOUT_S, Payload, run_child  # noqa: E402
+
+pytestmark = pytest.mark.timeout(2 * TIMEOUT_S)
+PATCH = "numpy-load-hardened"
+
+# What a loaded value is, exactly (types, dtypes, shapes, bytes, items), as JSON-able text;
+# the same code digests the child's result and plain numpy's here.
+DIGEST = r"""
+def digest(value):
+    import numpy
+    if isinstance(value, numpy.ndarray):
+        if value.dtype.kind == "O":
+            inner = [digest(v) for v in value.ravel(order="K")]
+        else:
+            inner = value.tobytes(order="A").hex()
+        return ["ndarray", type(value).__name__, value.dtype.str, list(value.shape),
+                bool(value.flags.f_contiguous and not value.flags.c_contiguous), inner]
+    if isinstance(value, dict):
+        return ["dict", type(value).__name__, [[digest(k), digest(v)] for k, v in value.items()]]
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value
+        return [type(value).__name__, [digest(v) for v in items]]
+    return [type(value).__module__ + "." + type(value).__qualname__, repr(value)]
+"""
+exec(DIGEST)  # defines digest() here too
+
+CHILD = (
+    r"""
+import io, json, pickle, sys
+
+before = sorted(m for m in ("numpy", "torch") if m in sys.modules)
+import numpy as np
+import compatshim
+"""
+    + DIGEST
+    + r"""
+
+def outcome(path, **kwargs):
+    try:
+        loaded = np.load(path, allow_pickle=True, **kwargs)
+        if hasattr(loaded, "files"):
+            with loaded:
+                loaded = {key: loaded[key] for key in loaded.files}
+        return {"ok": True, "digest": json.loads(json.dumps(digest(loaded)))}
+    except Exception as exc:
+        cause = exc.__cause__
+        return {
+            "ok": False,
+            "type": type(exc).__name__,
+            "unpickling": isinstance(exc, pickle.UnpicklingError),
+            "error": str(exc),
+            "cause": None if cause is None else f"{type(cause).__name__}: {cause}",
+        }
+
+
+def readers():
+    found = {}
+    for name in ("format", "npyio", "_format_impl", "_npyio_impl"):
+        module = sys.modules.get("numpy.lib." + name)
+        if module is not None and "pickle" in vars(module):
+            found[name] = type(vars(module)["pickle"]).__name__
+    return found
+
+
+def row():
+    for status in compatshim.status():
+        if status.name == "numpy-load-hardened":
+            return {"defect": status.defect, "applied": status.applied, "fixed": status.fixed}
+    return None
+
+
+mode, paths = sys.argv[1], sys.argv[2:]
+result = {"before": before, "status": row(), "readers": readers()}
+if mode == "revert":
+    compatshim.uninstall()
+    result["reverted"] = readers()
+    result["pickle_restored"] = all(
+        vars(sys.modules["numpy.lib." + name])["pickle"] is pickle for name in result["readers"]
+    )
+    compatshim.install()
+    compatshim.install()  # idempotent
+    result["again"] = readers()
+    result["status_again"] = row()
+elif mode == "latin1":
+    result["files"] = {p: outcome(p, encoding="latin1") for p in paths}
+else:
+    result["files"] = {p: outcome(p) for p in paths}
+print("RESULT " + json.dumps(result))
+"""
+)
+
+
+def _run(tmp_path: Path, mode: str, *paths: Path, hardened: bool = True) -> dict[str, Any]:
+    script = tmp_path / "npload_child.py"
+    script.write_text(CHILD)
+    env = {} if hardened else {"COMPATSHIM_SAFE_LOAD": "0"}
+    return run_child(script, mode, *map(str, paths), **env)
+
+
+def _plain(path: Path, **kwargs: Any) -> Any:
+    loaded = np.load(path, allow_pickle=True, **kwargs)
+    if hasattr(loaded, "files"):
+        with loaded:
+            loaded = {key: loaded[key] for key in loaded.files}
+    return digest(loaded)  # type: ignore[name-defined]  # noqa: F821
+
+
+def _hostile(tmp_path: Path, marker: Path) -> list[Path]:
+    """An object .npy, an .npz holding one beside a plain array, and a pickle file."""
+    evil = np.array([1, Payload(marker)], dtype=object)
+    npy = tmp_path / "evil.npy"
+    np.save(npy, evil, allow_pickle=True)
+    npz = tmp_path / "evil.npz"
+    np.savez(npz, fine=np.arange(3), evil=evil)
+    compressed = tmp_path / "evil_compressed.npz"
+    np.savez_compressed(compressed, evil=evil)
+    pkl = tmp_path / "evil.pkl"
+    pkl.write_bytes(pickle.dumps({"weights": [1.0], "hook": Payload(marker)}, protocol=4))
+    return [npy, npz, compressed, pkl]
+
+
+def _assert_patched(result: dict[str, Any]) -> None:
+    assert result["before"] == [], "compatshim imported numpy or torch at start-up"
+    assert result["status"] == {"defect": "present", "applied": True, "fixed": True}, result
+    assert result["readers"] and set(result["readers"].values()) == {"SafePickle"}, result
+
+
+def test_hardened_refuses_hostile_object_arrays_and_pickles(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    files = _hostile(tmp_path, marker)
+    result = _run(tmp_path, "load", *files)
+    assert not marker.exists(), "a payload ran"
+    _assert_patched(result)
+    for path in files:
+        got = result["files"][str(path)]
+        assert not got["ok"], (path, got)
+        assert got["unpickling"], got  # callers' `except pickle.UnpicklingError` still works
+        # numpy's load wraps a pickle file's error in its own UnpicklingError: the cause names it
+        text = got["error"] if path.suffix != ".pkl" else got["cause"]
+        assert "posix.system refused" in text or "os.system refused" in text, got
+        assert "COMPATSHIM_SAFE_LOAD=1" in text, got
+    assert result["files"][str(files[0])]["type"] == "UnsafeCheckpointError"
+
+
+def _genuine(tmp_path: Path) -> list[Path]:
+    inner = np.array([None, "q", 2.5], dtype=object)
+    mixed = np.empty(7, dtype=object)
+    mixed[:] = [
+        {"a": 1, "b": [1, 2, (3, "x")]},
+        [1, 2, [3, [4]]],
+        "text ü",
+        np.arange(6, dtype=np.float32).reshape(2, 3),
+        inner,
+        None,
+        (b"raw", 1.5, True, {1, 2}),
+    ]
+    fortran = np.asfortranarray(np.array([["a", 1], [None, 2.0]], dtype=object))
+    paths = []
+    for name, value in [
+        ("mixed", mixed),
+        ("fortran", fortran),
+        ("empty", np.empty((0, 3), dtype=object)),
+        ("zero_d", np.array({"k": "v"}, dtype=object)),
+        ("plain", np.arange(10, dtype=np.int64)),
+    ]:
+        paths.append(tmp_path / f"{name}.npy")
+        np.save(paths[-1], value, allow_pickle=True)
+    paths.append(tmp_path / "both.npz")
+    np.savez_compressed(paths[-1], objects=mixed, numbers=np.linspace(0, 1, 5))
+    paths.append(tmp_path / "state.pkl")
+    paths[-1].write_bytes(pickle.dumps({"step": 3, "arr": np.ones((2, 2)), "names": ["a"]}, 2))
+    return paths
+
+
+def test_hardened_loads_genuine_object_arrays_as_plain_numpy(tmp_path: Path) -> None:
+    files = _genuine(tmp_path)
+    result = _run(tmp_path, "load", *files)
+    _assert_patched(result)
+    for path in files:
+        got = result["files"][str(path)]
+        assert got["ok"], (path, got)
+        assert got["digest"] == _plain(path), path
+
+
+def test_a_callable_inside_an_object_array_is_never_handed_back(tmp_path: Path) -> None:
+    """numpy's ``_reconstruct`` is allow-listed to be called while loading, never returned."""
+    from numpy.lib import format as npformat
+
+    reconstruct = np.array([1, 2]).__reduce__()[0]
+    path = tmp_path / "callable.npy"
+    with open(path, "wb") as file:  # write_array pickles the array; its item is the function
+        npformat.write_array(file, np.array([reconstruct], dtype=object), allow_pickle=True)
+    got = _run(tmp_path, "load", path)["files"][str(path)]
+    assert not got["ok"] and got["unpickling"], got
+    assert "_reconstruct" in got["error"] and "as a value" in got["error"], got
+
+
+def test_python2_text_with_another_encoding_is_refused_not_misread(tmp_path: Path) -> None:
+    py2 = tmp_path / "py2.pkl"  # protocol 2, SHORT_BINSTRING 'caf\xe9' as Python 2 writes str
+    py2.write_bytes(b"\x80\x02]q\x00(U\x04caf\xe9q\x01K\x01e.")
+    py3 = tmp_path / "py3.npy"
+    np.save(py3, np.array(["café", 1], dtype=object), allow_pickle=True)
+    result = _run(tmp_path, "latin1", py2, py3)
+    refused = result["files"][str(py2)]
+    assert not refused["ok"] and "Python 2 str" in (refused["cause"] or ""), refused
+    assert result["files"][str(py3)]["digest"] == _plain(py3, encoding="latin1")
+
+
+def test_armed_but_not_hardened_is_numpy_s_own_behaviour(tmp_path: Path) -> None:
+    """The control: the same object .npy runs its payload through numpy's pickle.load."""
+    marker = tmp_path / "ran"
+    npy = _hostile(tmp_path, marker)[0]
+    result = _run(tmp_path, "load", npy, hardened=False)
+    assert result["status"] == {"defect": "absent", "applied": False, "fixed": None}, result
+    assert set(result["readers"].values()) == {"module"}, result
+    assert marker.exists()  # numpy ran os.system; numpy.load then returned the array
+    assert result["files"][str(npy)]["ok"]
+
+
+def test_uninstall_restores_numpy_s_pickle_and_install_is_idempotent(tmp_path: Path) -> None:
+    result = _run(tmp_path, "revert")
+    _assert_patched(result)
+    assert set(result["reverted"].values()) == {"module"}, result
+    assert result["pickle_restored"]
+    assert set(result["again"].values()) == {"SafePickle"}, result
+    assert result["status_again"]["applied"], result
