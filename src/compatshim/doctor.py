@@ -71,6 +71,10 @@ HARDENED_ONLY = {
         "torch.distributed.checkpoint reads a folder's .metadata with pickle.load, "
         "which runs any code in it"
     ),
+    "numpy-load-hardened": (
+        "numpy.load(allow_pickle=True) unpickles object arrays and pickle files with "
+        "pickle.load, which runs any code in them"
+    ),
 }
 
 

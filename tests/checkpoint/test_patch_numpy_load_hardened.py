@@ -9,6 +9,7 @@ The armed but not hardened control shows numpy's own behaviour: the payload runs
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -100,8 +101,8 @@ if mode == "revert":
     compatshim.install()  # idempotent
     result["again"] = readers()
     result["status_again"] = row()
-elif mode == "latin1":
-    result["files"] = {p: outcome(p, encoding="latin1") for p in paths}
+elif mode.startswith("encoding="):
+    result["files"] = {p: outcome(p, encoding=mode[len("encoding=") :]) for p in paths}
 else:
     result["files"] = {p: outcome(p) for p in paths}
 print("RESULT " + json.dumps(result))
@@ -214,15 +215,23 @@ def test_a_callable_inside_an_object_array_is_never_handed_back(tmp_path: Path) 
     assert "_reconstruct" in got["error"] and "as a value" in got["error"], got
 
 
-def test_python2_text_with_another_encoding_is_refused_not_misread(tmp_path: Path) -> None:
-    py2 = tmp_path / "py2.pkl"  # protocol 2, SHORT_BINSTRING 'caf\xe9' as Python 2 writes str
-    py2.write_bytes(b"\x80\x02]q\x00(U\x04caf\xe9q\x01K\x01e.")
+def test_python2_text_is_read_as_numpy_reads_it_or_refused(tmp_path: Path) -> None:
+    """numpy decodes a Python 2 str with ``encoding=``; where that differs from UTF-8 (non-ASCII
+    text, ``encoding="bytes"``), hardened mode refuses instead of returning another value."""
+    py2_ascii = tmp_path / "py2_ascii.pkl"  # protocol 2, ['cafe', 1] as Python 2 writes str
+    py2_ascii.write_bytes(b"\x80\x02]q\x00(U\x04cafeq\x01K\x01e.")
+    py2_latin = tmp_path / "py2_latin.pkl"  # the same with 'caf\xe9'
+    py2_latin.write_bytes(b"\x80\x02]q\x00(U\x04caf\xe9q\x01K\x01e.")
     py3 = tmp_path / "py3.npy"
-    np.save(py3, np.array(["café", 1], dtype=object), allow_pickle=True)
-    result = _run(tmp_path, "latin1", py2, py3)
-    refused = result["files"][str(py2)]
-    assert not refused["ok"] and "Python 2 str" in (refused["cause"] or ""), refused
-    assert result["files"][str(py3)]["digest"] == _plain(py3, encoding="latin1")
+    np.save(py3, np.array(["café", b"\xe9", 1], dtype=object), allow_pickle=True)
+    latin1 = _run(tmp_path, "encoding=latin1", py2_ascii, py2_latin, py3)["files"]
+    as_bytes = _run(tmp_path, "encoding=bytes", py2_ascii, py3)["files"]
+    for path in (py2_ascii, py3):
+        assert latin1[str(path)]["digest"] == _plain(path, encoding="latin1"), path
+    assert as_bytes[str(py3)]["digest"] == _plain(py3, encoding="bytes")
+    for refused in (latin1[str(py2_latin)], as_bytes[str(py2_ascii)]):
+        assert not refused["ok"] and refused["unpickling"], refused
+        assert "Python 2 str" in (refused["cause"] or ""), refused
 
 
 def test_armed_but_not_hardened_is_numpy_s_own_behaviour(tmp_path: Path) -> None:
@@ -243,3 +252,32 @@ def test_uninstall_restores_numpy_s_pickle_and_install_is_idempotent(tmp_path: P
     assert result["pickle_restored"]
     assert set(result["again"].values()) == {"SafePickle"}, result
     assert result["status_again"]["applied"], result
+
+
+@pytest.mark.parametrize("safe_load", ["1", "0"])
+def test_the_doctor_reports_the_patch(safe_load: str) -> None:
+    """Hardened: present and fixed; otherwise off, naming what stays unsafe."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPATSHIM_")}
+    env["COMPATSHIM_SAFE_LOAD"] = safe_load
+    done = subprocess.run(
+        [sys.executable, "-m", "compatshim", "doctor", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    row = checks[PATCH]
+    if safe_load == "1":
+        assert (row["present"], row["fixed"]) == (True, True), row
+        assert (
+            "numpy.load(allow_pickle=True) by numpy-load-hardened"
+            in (checks["checkpoint-safe-load"]["detail"])
+        )
+    else:
+        assert (row["present"], row["fixed"]) == (False, None), row
+        assert "off unless COMPATSHIM_SAFE_LOAD=1 (numpy.load(allow_pickle=True)" in row["detail"]

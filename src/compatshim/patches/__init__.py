@@ -95,13 +95,8 @@ CATALOGUE: tuple[Patch, ...] = (
         distribution="numpy",
         requires=">=1.17",
         tested=">=1.24,<=2.5.5",
-        # numpy 1.x, then numpy 2.x (where numpy.lib.format re-exports _format_impl)
-        targets=(
-            "numpy.lib.format",
-            "numpy.lib.npyio",
-            "numpy.lib._format_impl",
-            "numpy.lib._npyio_impl",
-        ),
+        # read_array and load, wherever numpy defines them (numpy.lib._*_impl from 2.0)
+        targets=("numpy.lib.format", "numpy"),
         description=(
             "hardened mode (COMPATSHIM_SAFE_LOAD=1) only: numpy.load(allow_pickle=True) "
             "unpickles object arrays (.npy, .npz) and pickle files with compatshim.checkpoint's "

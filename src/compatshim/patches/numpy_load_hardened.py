@@ -8,10 +8,11 @@ What breaks
     weights-only, an ``.npy`` beside the checkpoint still ran its payload.
 
 Which versions
-    numpy 1.17 to 2.5: ``numpy/lib/format.py`` and ``numpy/lib/npyio.py`` in
-    1.x, ``numpy/lib/_format_impl.py`` and ``numpy/lib/_npyio_impl.py`` in 2.x
-    (numpy 2's ``numpy.lib.format`` re-exports and has no ``pickle`` of its
-    own: nothing to do there). Tested on 1.24, 1.26 and 2.5. Only in hardened
+    numpy 1.17 to 2.5: ``read_array`` and ``load`` live in ``numpy/lib/format.py``
+    and ``numpy/lib/npyio.py`` in 1.x, ``numpy/lib/_format_impl.py`` and
+    ``numpy/lib/_npyio_impl.py`` in 2.x; the targets are where users reach them
+    (``numpy.lib.format``, ``numpy``), and the fix edits the namespace each
+    function reads ``pickle`` from. Tested on 1.24, 1.26 and 2.5. Only in hardened
     mode: armed without ``COMPATSHIM_SAFE_LOAD=1`` the probe reports nothing
     to do and numpy behaves as numpy.
 
@@ -22,7 +23,7 @@ How it is detected
     allowlist.
 
 The fix
-    The module's ``pickle`` becomes a stand-in whose ``load``/``loads`` are
+    The ``pickle`` of the reader's module becomes a stand-in whose ``load``/``loads`` are
     compatshim's loader (``checkpoint.load``'s machine, allowlist, deny list
     and budget, numpy's names admitted as there) with plain object arrays
     admitted (``checkpoint._numpy.object_arrays``); everything else (``dump``,
@@ -33,17 +34,18 @@ The fix
     imported by compatshim: the patch applies when numpy imports these modules.
 
 Not covered
-    ``encoding=`` other than ASCII/UTF-8 (``"latin1"``, ``"bytes"``) for
-    Python 2 pickles: a pickle holding Python 2 ``str`` is refused with that
-    reason (read as UTF-8 it could differ from numpy's result). Python 2
-    numeric arrays inside a pickle are refused (their data is a ``str``).
+    Python 2 pickles of numpy arrays (their ``_reconstruct`` and data
+    arguments are ``str``: refused as ``checkpoint.load`` refuses them), and
+    Python 2 ``str`` that ``encoding=`` would decode otherwise than UTF-8 does
+    (non-ASCII text, or ``encoding="bytes"``): refused with that reason, never
+    read differently from numpy.
 
 Confirmed
     Right after the fix by :func:`confirm` (the stand-in is in place); end to
     end by the probe when ``status()`` or the doctor asks.
 
 The revert
-    The module's ``pickle`` attribute gets the real module back (Patcher).
+    That module's ``pickle`` gets the real module back (Patcher).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ if TYPE_CHECKING:
 
 _NAME = "numpy-load-hardened"
 _PROMISE = "numpy.load(allow_pickle=True) reads pickles without running code from them"
-_TEXT_ENCODINGS = frozenset({"ascii", "utf-8", "utf8", "us-ascii"})
+_UTF8 = frozenset({"utf-8", "utf8"})
 _PY2_STR_OPCODES = frozenset({"STRING", "BINSTRING", "SHORT_BINSTRING"})
 
 
@@ -106,7 +108,7 @@ def _read(file: IO[bytes], encoding: str) -> Any:
     def reader(source: IO[bytes], what: str, path: str | None) -> Any:
         if sniff(source) != "pickle":
             raise CheckpointError(f"{what}: not a pickle")
-        if str(encoding).lower() not in _TEXT_ENCODINGS:
+        if str(encoding).lower() not in _UTF8:
             _refuse_python2_text(source, encoding)
         return Loader(None, (), False).read(source, what, path)
 
@@ -115,18 +117,29 @@ def _read(file: IO[bytes], encoding: str) -> Any:
 
 
 def _refuse_python2_text(file: IO[bytes], encoding: str) -> None:
-    """A Python 2 ``str`` is decoded by the machine as UTF-8; numpy would use ``encoding``."""
+    """Refuse a Python 2 ``str`` that numpy would decode otherwise than the machine (UTF-8).
+
+    numpy decodes one with ``encoding`` (``"bytes"``: kept as bytes); ASCII text reads the
+    same either way. Only protocol 0-2 pickles are scanned: Python 3 never writes the opcode
+    (numpy saves object arrays with protocol 3 or 4).
+    """
     import pickletools
 
     from ..checkpoint import CheckpointError
 
     here = file.tell()
+    head = file.read(2)
+    file.seek(here)
+    if head[:1] == b"\x80" and len(head) == 2 and head[1] >= 3:
+        return
+    keep_bytes = str(encoding).lower() == "bytes"
     try:
-        for opcode, _, _ in pickletools.genops(file):
-            if opcode.name in _PY2_STR_OPCODES:
+        for opcode, arg, _ in pickletools.genops(file):
+            if opcode.name in _PY2_STR_OPCODES and (keep_bytes or not str(arg).isascii()):
                 raise CheckpointError(
                     f"a Python 2 str read with encoding={str(encoding)[:20]!r} is not supported "
-                    "in hardened mode (re-save the file under Python 3)"
+                    "in hardened mode: only ASCII text, or encoding='utf-8' (re-save the file "
+                    "under Python 3)"
                 )
     except ValueError:  # damaged: the machine reports it
         pass
@@ -153,6 +166,9 @@ def _record(event: str, detail: str) -> None:
     decisions.record(_NAME, event, detail)
 
 
+#: target module -> the function of it that calls ``pickle.load``; the patch edits the
+#: namespace that function reads ``pickle`` from (numpy 2 moved both into ``_impl`` modules)
+READERS = {"numpy.lib.format": "read_array", "numpy": "load"}
 _NPY_OBJECT_HEADER = b"{'descr': '|O', 'fortran_order': False, 'shape': (1,), }"
 
 
@@ -167,6 +183,17 @@ def _probe_bytes() -> tuple[bytes, bytes]:
     return payload, npy
 
 
+def _reader(module: ModuleType) -> Any:
+    """The module's reader function (``read_array`` or ``load``), or a LookupError."""
+    name = READERS.get(module.__name__, "")
+    found = vars(module).get(name)
+    if not isinstance(getattr(found, "__globals__", None), dict):
+        raise LookupError(
+            f"{module.__name__}.{name} is {found!r}, not a function: layout not known"
+        )
+    return found
+
+
 def _runs_any_global(module: ModuleType) -> bool:
     """Whether the module's reader hands back a pickled SimpleNamespace."""
     import io
@@ -174,12 +201,12 @@ def _runs_any_global(module: ModuleType) -> bool:
     import types
 
     payload, npy = _probe_bytes()
-    names = vars(module)
+    reader = _reader(module)
     try:
-        if callable(names.get("read_array")):
-            found = names["read_array"](io.BytesIO(npy), allow_pickle=True)
+        if module.__name__ == "numpy":
+            found = reader(io.BytesIO(payload), allow_pickle=True)
         else:
-            found = names["load"](io.BytesIO(payload), allow_pickle=True)
+            found = reader(io.BytesIO(npy), allow_pickle=True)
     except pickle.UnpicklingError:
         return False
     return type(found) is types.SimpleNamespace
@@ -187,31 +214,25 @@ def _runs_any_global(module: ModuleType) -> bool:
 
 def probe(module: ModuleType) -> bool:
     """Hardened mode only: True while the module's reader unpickles any global."""
-    import pickle
-
     from .. import _settings
 
     if not _settings.safe_load():
         return False
-    if vars(module).get("pickle") not in (pickle,) and not confirm(module):
-        return False  # numpy 2's numpy.lib.format: a re-export, no pickle of its own
     return _runs_any_global(module)
 
 
 def confirm(module: ModuleType) -> bool:
-    """The stand-in is the module's ``pickle`` (the probe would load compatshim's loader)."""
-    return isinstance(vars(module).get("pickle"), SafePickle)
+    """The stand-in is the reader's ``pickle`` (the probe would load compatshim's loader)."""
+    return isinstance(_reader(module).__globals__.get("pickle"), SafePickle)
 
 
 def apply(module: ModuleType, patcher: Patcher) -> None:
     import pickle
 
-    names = vars(module)
+    names = _reader(module).__globals__
     if names.get("pickle") is not pickle:
         raise LookupError(
-            f"{module.__name__}.pickle is {names.get('pickle')!r}, not the pickle module: "
-            "layout not known"
+            f"the pickle {module.__name__}.{READERS[module.__name__]} reads is "
+            f"{names.get('pickle')!r}, not the pickle module: layout not known"
         )
-    if not (callable(names.get("read_array")) or callable(names.get("load"))):
-        raise LookupError(f"{module.__name__} has neither read_array nor load: layout not known")
-    patcher.setattr(module, "pickle", SafePickle(pickle))
+    patcher.setitem(names, "pickle", SafePickle(pickle))
