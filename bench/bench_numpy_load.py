@@ -1,0 +1,111 @@
+"""Hardened ``numpy.load(allow_pickle=True)`` (patch ``numpy-load-hardened``) vs numpy's own.
+
+What a user calls is ``numpy.load(f, allow_pickle=True)``; hardened, its pickles are read
+by compatshim's loader instead of the C unpickler. Both contenders make that same call in
+one process, alternately, from the same file in the page cache: for the plain one the
+reader's ``pickle`` is the real module for the duration of the call (a dict assignment).
+Shapes: ragged arrays saved as an object array (the usual reason for ``allow_pickle``),
+per-sample metadata dicts, an ``.npz`` of one large numeric array beside a small object
+array, and a pickle file of a dict of arrays. Medians.
+
+``main()`` prints Markdown and returns the ratios (hardened / plain).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from _common import interleaved, median, ms, table
+
+
+def _files(folder: Path) -> dict[str, Path]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    ragged = np.empty(2_000, dtype=object)
+    ragged[:] = [rng.random(int(n), dtype=np.float32) for n in rng.integers(10, 500, 2_000)]
+    meta = np.array(
+        [{"id": i, "label": f"class{i % 10}", "box": [1.0, 2.0, 3.0, 4.0]} for i in range(20_000)],
+        dtype=object,
+    )
+    files = {
+        "2 000 ragged float32 arrays (.npy)": folder / "ragged.npy",
+        "20 000 metadata dicts (.npy)": folder / "meta.npy",
+        "8 MB array + 100 strings (.npz)": folder / "both.npz",
+        "dict of 50 arrays (pickle file)": folder / "state.pkl",
+    }
+    np.save(files["2 000 ragged float32 arrays (.npy)"], ragged, allow_pickle=True)
+    np.save(files["20 000 metadata dicts (.npy)"], meta, allow_pickle=True)
+    np.savez(
+        files["8 MB array + 100 strings (.npz)"],
+        data=rng.random(1_000_000),
+        names=np.array([f"sample{i}" for i in range(100)], dtype=object),
+    )
+    state = {f"layer{i}": rng.random((64, 64)) for i in range(50)}
+    files["dict of 50 arrays (pickle file)"].write_bytes(pickle.dumps(state, protocol=4))
+    return files
+
+
+def _everything(loaded: Any) -> Any:
+    if hasattr(loaded, "files"):
+        with loaded:
+            return {key: loaded[key] for key in loaded.files}
+    return loaded
+
+
+def main(repeats: int = 9) -> dict[str, float]:
+    os.environ["COMPATSHIM_SAFE_LOAD"] = "1"
+    import numpy as np
+
+    import compatshim
+    from compatshim.patches.numpy_load_hardened import READERS, SafePickle
+
+    compatshim.install(include=["numpy-load-hardened"])
+    spaces = [vars(__import__(t, fromlist=["_"]))[f].__globals__ for t, f in READERS.items()]
+    assert all(isinstance(g["pickle"], SafePickle) for g in spaces), "patch not applied"
+
+    def plain(path: Path) -> Any:
+        for g in spaces:
+            g["pickle"] = pickle
+        try:
+            return _everything(np.load(path, allow_pickle=True))
+        finally:
+            for g in spaces:
+                g["pickle"] = SafePickle(pickle)
+
+    def hardened(path: Path) -> Any:
+        return _everything(np.load(path, allow_pickle=True))
+
+    rows, ratios = [], {}
+    with tempfile.TemporaryDirectory() as folder:
+        for name, path in _files(Path(folder)).items():
+            contenders: dict[str, Callable[[], Any]] = {
+                "hardened": lambda p=path: hardened(p),
+                "plain": lambda p=path: plain(p),
+            }
+            samples = interleaved(contenders, repeats)
+            ours, theirs = median(samples["hardened"]), median(samples["plain"])
+            ratios[name] = ours / theirs
+            size = path.stat().st_size / 2**20
+            rows.append([name, f"{size:.1f} MiB", ms(ours), ms(theirs), f"{ours / theirs:.2f}x"])
+    compatshim.uninstall()
+    print(
+        f"### Hardened numpy.load(allow_pickle=True) vs numpy's own (numpy {np.__version__}, "
+        f"{repeats} interleaved repeats, medians)\n"
+    )
+    header = ["file", "size", "hardened", "numpy (C pickle.load)", "ratio"]
+    print(table(header, rows))
+    print(
+        "\nThe ratio is the price of reading the pickle with compatshim's checked Python "
+        "machine instead of the C unpickler; numeric array bytes outside pickles are read by "
+        "numpy either way."
+    )
+    return ratios
+
+
+if __name__ == "__main__":
+    main()
