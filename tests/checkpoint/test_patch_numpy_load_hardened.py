@@ -162,6 +162,29 @@ def test_hardened_refuses_hostile_object_arrays_and_pickles(tmp_path: Path) -> N
     assert result["files"][str(files[0])]["type"] == "UnsafeCheckpointError"
 
 
+class _SharedItems:
+    """Pickles as an object array whose item list is one memoized list, shared by every array."""
+
+    def __init__(self, items: list[int]) -> None:
+        self.items = items
+
+    def __reduce__(self) -> Any:
+        reconstruct = np.array([1]).__reduce__()[0]
+        state = (1, (len(self.items),), np.dtype(object), False, self.items)
+        return (reconstruct, (np.ndarray, (0,), b"b"), state)
+
+
+def test_shared_item_lists_are_charged_at_every_use(tmp_path: Path) -> None:
+    """A 460 KB file whose 2 000 object arrays share one 100 000-item list would make numpy
+    copy 1.6 GB of pointers; the loader's budget refuses it."""
+    shared = list(range(100_000))
+    path = tmp_path / "shared.pkl"
+    path.write_bytes(pickle.dumps([_SharedItems(shared) for _ in range(2_000)], protocol=2))
+    got = _run(tmp_path, "load", path)["files"][str(path)]
+    assert not got["ok"] and got["unpickling"], got
+    assert "work budget" in (got["cause"] or ""), got
+
+
 def _genuine(tmp_path: Path) -> list[Path]:
     inner = np.array([None, "q", 2.5], dtype=object)
     mixed = np.empty(7, dtype=object)
