@@ -105,6 +105,7 @@ elif mode.startswith("encoding="):
     result["files"] = {p: outcome(p, encoding=mode[len("encoding=") :]) for p in paths}
 else:
     result["files"] = {p: outcome(p) for p in paths}
+result["torch_imported"] = "torch" in sys.modules  # loading numpy files needs no torch
 print("RESULT " + json.dumps(result))
 """
 )
@@ -143,6 +144,7 @@ def _assert_patched(result: dict[str, Any]) -> None:
     assert result["before"] == [], "compatshim imported numpy or torch at start-up"
     assert result["status"] == {"defect": "present", "applied": True, "fixed": True}, result
     assert result["readers"] and set(result["readers"].values()) == {"SafePickle"}, result
+    assert not result["torch_imported"], result
 
 
 def test_hardened_refuses_hostile_object_arrays_and_pickles(tmp_path: Path) -> None:
