@@ -42,7 +42,9 @@ def digest(value):
         return [type(value).__name__, [digest(v) for v in items]]
     return [type(value).__module__ + "." + type(value).__qualname__, repr(value)]
 """
-exec(DIGEST)  # defines digest() here too
+_DIGEST: dict[str, Any] = {}
+exec(DIGEST, _DIGEST)  # the same digest() here
+digest = _DIGEST["digest"]
 
 CHILD = (
     r"""
@@ -101,6 +103,9 @@ if mode == "revert":
     compatshim.install()  # idempotent
     result["again"] = readers()
     result["status_again"] = row()
+elif mode == "sequence":  # arrays np.save'd one after another into one file, read in turn
+    with open(paths[0], "rb") as file:
+        result["digest"] = digest([np.load(file, allow_pickle=True) for _ in range(3)])
 elif mode.startswith("encoding="):
     result["files"] = {p: outcome(p, encoding=mode[len("encoding=") :]) for p in paths}
 else:
@@ -123,7 +128,7 @@ def _plain(path: Path, **kwargs: Any) -> Any:
     if hasattr(loaded, "files"):
         with loaded:
             loaded = {key: loaded[key] for key in loaded.files}
-    return digest(loaded)  # type: ignore[name-defined]  # noqa: F821
+    return digest(loaded)
 
 
 def _hostile(tmp_path: Path, marker: Path) -> list[Path]:
@@ -225,6 +230,20 @@ def test_hardened_loads_genuine_object_arrays_as_plain_numpy(tmp_path: Path) -> 
         got = result["files"][str(path)]
         assert got["ok"], (path, got)
         assert got["digest"] == _plain(path), path
+
+
+def test_the_stream_stays_after_each_pickle(tmp_path: Path) -> None:
+    """``np.load`` called in turn on one open file reads the arrays saved into it in turn."""
+    path = tmp_path / "three.npy"
+    values = [np.array([{"a": 1}, [2]], dtype=object), np.array(["x", None], dtype=object)]
+    with open(path, "wb") as file:
+        for value in [*values, np.arange(3)]:
+            np.save(file, value, allow_pickle=True)
+    with open(path, "rb") as file:
+        expected = digest([np.load(file, allow_pickle=True) for _ in range(3)])
+    result = _run(tmp_path, "sequence", path)
+    _assert_patched(result)
+    assert result["digest"] == expected
 
 
 def test_a_callable_inside_an_object_array_is_never_handed_back(tmp_path: Path) -> None:
