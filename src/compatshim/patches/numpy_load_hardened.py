@@ -23,15 +23,16 @@ How it is detected
     allowlist.
 
 The fix
-    The ``pickle`` of the reader's module becomes a stand-in whose ``load``/``loads`` are
-    compatshim's loader (``checkpoint.load``'s machine, allowlist, deny list
-    and budget, numpy's names admitted as there) with plain object arrays
-    admitted (``checkpoint._numpy.object_arrays``); everything else (``dump``,
-    ``UnpicklingError``...) is the real module. A refusal is an
-    :class:`~compatshim.checkpoint.UnsafeCheckpointError` (a
-    ``pickle.UnpicklingError``, what numpy's own ``load`` raises for a pickle it
-    cannot read) naming the refused globals; nothing runs. numpy is never
-    imported by compatshim: the patch applies when numpy imports these modules.
+    The ``pickle`` of the reader's module becomes a stand-in whose ``load`` and
+    ``loads`` are compatshim's loader (``checkpoint.load``'s machine, allowlist,
+    deny list, budget and process-wide allow entries, numpy's names admitted as
+    there) with plain object arrays admitted (``checkpoint._numpy.object_arrays``);
+    everything else (``dump``, ``UnpicklingError``...) is the real module. A
+    refusal is an :class:`~compatshim.checkpoint.UnsafeCheckpointError` (a
+    ``pickle.UnpicklingError``, the type numpy's own ``load`` raises for a pickle
+    it cannot read) naming the refused globals; for a pickle file numpy's ``load``
+    wraps it in its own ``UnpicklingError`` (``__cause__``). Nothing runs. numpy
+    is never imported by compatshim: the patch applies when numpy is imported.
 
 Not covered
     Python 2 pickles of numpy arrays (their ``_reconstruct`` and data
@@ -73,8 +74,8 @@ class SafePickle:
         return getattr(self._real, name)
 
     def load(self, file: Any, *, encoding: str = "ASCII", **_: Any) -> Any:
-        """``pickle.load(file)`` through compatshim's loader (``fix_imports``/``errors`` ignored:
-        names are matched as written, and text is decoded strictly)."""
+        """``pickle.load(file)`` through compatshim's loader (Python 2 names are mapped as with
+        ``fix_imports=True``; ``errors`` is not used: undecodable text is refused)."""
         return _load(file, encoding)
 
     def loads(self, data: Any, /, *, encoding: str = "ASCII", **_: Any) -> Any:
