@@ -4,6 +4,16 @@ The model is tiny and the data a fixed global batch per step (each rank takes
 its slice), so a replicated (DDP) or FSDP2 run computes the same losses at any
 world size up to float rounding. The saving run goes on past its checkpoint:
 it is the uninterrupted run the resumed one is compared with.
+
+torch 2.2 to 2.8 (at least; see ``reduce_scatter_ignores_op``) have gloo's
+``reduce_scatter_tensor`` ignore its ``ReduceOp`` and sum: FSDP2 asks for
+``ReduceOp.AVG``, so on CPU ranks its gradients were the sum over ranks, N
+times the mean (pytorch issue 162338). AdamW hides a constant factor, so a run
+looks right until it resumes on another world size: the moments saved at N
+ranks then meet gradients of another scale (2->1 diverged at the first resumed
+step). Where the live group shows the defect, the job scales its loss by
+1/world before ``backward`` so the summed gradient is the mean (exact for the
+world sizes used here, powers of two).
 """
 
 from __future__ import annotations
@@ -62,6 +72,31 @@ def fsdp2_cpu_problem() -> str | None:
     return f"torch {torch.__version__}: fully_shard's param-group module not found"
 
 
+def reduce_scatter_ignores_op(group: Any = None) -> bool:
+    """Whether ``reduce_scatter_tensor`` on ``group`` sums when asked to average (probed live).
+
+    Seen summing on gloo in torch 2.2.2, 2.4.1, 2.5.1, 2.7.1 and 2.8.0; averaging in
+    2.13 and 2.15. A group without ``reduce_scatter_tensor`` (gloo before 2.2) answers
+    False: FSDP2 cannot run on it anyway.
+    """
+    world = dist.get_world_size(group)
+    if world == 1:
+        return False  # a sum of one is its mean
+    rank = dist.get_rank(group)
+    out = torch.zeros(1)
+    try:
+        dist.reduce_scatter_tensor(out, torch.full((world,), float(rank + 1)),
+                                   op=dist.ReduceOp.AVG, group=group)
+    except RuntimeError:
+        return False
+    mean = (world + 1) / 2
+    if float(out) == mean:
+        return False
+    if float(out) == mean * world:
+        return True
+    raise AssertionError(f"reduce_scatter_tensor(AVG) gave {float(out)}: neither mean nor sum")
+
+
 def _batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(1000 + step)
     x = torch.randn(GLOBAL_BATCH, 6, generator=gen)
@@ -106,11 +141,14 @@ def train(rank: int, world: int, layout: str, folder: str, save_at: int, steps: 
     """Train to ``steps``; save at ``save_at`` (or, with ``resume``, load from there first).
 
     Returns the global losses and this rank's draws from torch's generator after
-    each step, the step counters seen after loading, the RNG restore report and
-    the final EMA and model parameters (full tensors).
+    each step, the first step's gradients, the step counters seen after loading,
+    the RNG restore report, whether FSDP2's reduce-scatter summed (see the module
+    docstring) and the final EMA and model parameters (full tensors).
     """
     model, net, ema, opt, sched = _build(layout, world)
-    out: dict[str, Any] = {"losses": {}, "draws": {}}
+    # FSDP2 averages gradients with reduce_scatter_tensor(AVG): where that sums, scale the loss
+    sums = layout == "fsdp2" and reduce_scatter_ignores_op()
+    out: dict[str, Any] = {"losses": {}, "draws": {}, "reduce_scatter_sums": sums}
     start = 0
     if resume:
         state = _state(model, ema, opt, sched, -1)
@@ -135,7 +173,9 @@ def train(rank: int, world: int, layout: str, folder: str, save_at: int, steps: 
         x, y = _batch(step, rank, world)
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
-        loss.backward()
+        (loss / world if sums else loss).backward()
+        if step == start:  # the first step's gradient: equal at every world size
+            out["grads"] = _full({name: p.grad for name, p in net.named_parameters()})
         opt.step()
         sched.step()
         if ema is not None:
@@ -144,12 +184,12 @@ def train(rank: int, world: int, layout: str, folder: str, save_at: int, steps: 
         dist.all_reduce(total)
         out["losses"][step] = float(total) / world
         out["draws"][step] = float(torch.rand(()))  # this rank's stream, step by step
-    full: dict[str, Any] = {}
-    for name, value in net.state_dict().items():
-        full[name] = (value.full_tensor() if hasattr(value, "full_tensor") else value).tolist()
-    out["params"] = full  # plain lists: a tensor sent to the parent would outlive its rank
-    out["ema"] = {
-        name: (value.full_tensor() if hasattr(value, "full_tensor") else value).tolist()
-        for name, value in ema.state_dict().items()
-    }
+    out["params"] = _full(net.state_dict())
+    out["ema"] = _full(ema.state_dict())
     return out
+
+
+def _full(tensors: dict[str, Any]) -> dict[str, Any]:
+    """Whole tensors (DTensors gathered: a collective) as plain lists, which outlive the rank."""
+    return {name: (value.full_tensor() if hasattr(value, "full_tensor") else value).tolist()
+            for name, value in tensors.items()}

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.version import Version
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.checkpoint.state_dict")  # torch >= 2.2
@@ -94,3 +95,28 @@ def test_resume_on_the_same_world_size_is_exact(layout: str, root: Path) -> None
         assert got["draws"] == {s: before[rank]["draws"][s] for s in got["draws"]}
         for step, loss in got["losses"].items():
             assert loss == before[0]["losses"][step]
+
+
+# gloo's reduce_scatter_tensor summed whatever ReduceOp it was given (pytorch issue 162338):
+# seen in 2.2.2, 2.4.1, 2.5.1, 2.6.0, 2.7.1, 2.8.0; averaging in 2.9.0, 2.9.1, 2.10-2.15
+_GLOO_RS_SUMS = (Version("2.2"), Version("2.9"))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_uninterrupted_runs_agree_across_world_sizes(layout: str, root: Path) -> None:
+    """What the comparisons above rest on: one global batch, so one gradient at any world size.
+
+    AdamW hides a gradient scaled by a constant, so losses alone would not show the summed
+    FSDP2 gradients of torch 2.2-2.8's gloo (N times the mean); the job's probe must see them.
+    """
+    one = _save_run(layout, 1, root)[1][0]
+    release = Version(Version(torch.__version__).base_version)
+    for world in (2, 4):
+        got = _save_run(layout, world, root)[1][0]
+        for name, value in got["grads"].items():
+            _close(value, one["grads"][name])
+        for step, loss in got["losses"].items():
+            assert loss == pytest.approx(one["losses"][step], rel=1e-5, abs=1e-7), (world, step)
+        if layout == "fsdp2":
+            low, high = _GLOO_RS_SUMS
+            assert got["reduce_scatter_sums"] == (low <= release < high), release
