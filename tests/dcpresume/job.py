@@ -52,7 +52,8 @@ def fsdp2_cpu_problem() -> str | None:
     """Why FSDP2 cannot run on CPU ranks here, or None.
 
     torch 2.4's ``fully_shard`` makes ``torch.cuda.Stream`` objects at its first
-    forward (no CPU path); later releases take streams from the device handle.
+    forward (no CPU path); later releases take streams from the device handle, but
+    2.5-2.6's ``torch.cpu.Stream`` has no ``record_event``, which they call.
     """
     import importlib
     import inspect
@@ -68,6 +69,12 @@ def fsdp2_cpu_problem() -> str | None:
         if "torch.cuda.Stream(" in inspect.getsource(module):
             return (f"torch {torch.__version__}'s fully_shard creates torch.cuda.Stream at its "
                     "first forward: it needs CUDA, no CPU ranks")
+        collectives = importlib.import_module(name.replace("_fsdp_param_group",
+                                                           "_fsdp_collectives"))
+        if (".record_event(" in inspect.getsource(collectives)
+                and not hasattr(torch.cpu.Stream, "record_event")):
+            return (f"torch {torch.__version__}'s fully_shard calls Stream.record_event, which "
+                    "torch.cpu.Stream lacks: it needs CUDA, no CPU ranks")
         return None
     return f"torch {torch.__version__}: fully_shard's param-group module not found"
 
@@ -84,9 +91,11 @@ def reduce_scatter_ignores_op(group: Any = None) -> bool:
         return False  # a sum of one is its mean
     rank = dist.get_rank(group)
     out = torch.zeros(1)
+    # the name FSDP2 calls: reduce_scatter_single from 2.13 (reduce_scatter_tensor warns there)
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     try:
-        dist.reduce_scatter_tensor(out, torch.full((world,), float(rank + 1)),
-                                   op=dist.ReduceOp.AVG, group=group)
+        reduce_scatter(out, torch.full((world,), float(rank + 1)), op=dist.ReduceOp.AVG,
+                       group=group)
     except RuntimeError:
         return False
     mean = (world + 1) / 2
