@@ -136,6 +136,8 @@ try:
         loaded = template()
         load(folder, loaded)
         result["values"] = digest(loaded)
+    elif mode == "load_item":  # "extra" as one item (2.4 would plan a dict template key by key)
+        load(folder, {**template(), "extra": None})
     elif mode == "reader":
         dcp.FileSystemReader(folder).read_metadata()
     elif mode == "load_in_group":  # dcp.load itself in a one-rank gloo group (2.2 needs one)

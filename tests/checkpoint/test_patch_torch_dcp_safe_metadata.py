@@ -140,7 +140,7 @@ def test_hardened_refuses_a_poisoned_non_tensor_item(tmp_path: Path) -> None:
     """Items are torch.save'd and read by torch.load(weights_only=False): hardened refuses."""
     marker = tmp_path / "ran"
     save(tmp_path / "bad", state(extra=Payload(marker)))
-    result = _run(tmp_path, "load", tmp_path / "bad")
+    result = _run(tmp_path, "load_item", tmp_path / "bad")
     assert not marker.exists()
     assert not result["ok"] and "system refused" in result["error"], result
 

@@ -225,6 +225,7 @@ def test_a_key_no_release_added_still_fails_naming_it() -> None:
     # 2.3+: "Missing key in checkpoint state_dict: model.extra.weight"; 2.2: a KeyError
     with pytest.raises(BaseException, match=r"(Missing key in checkpoint|KeyError).*extra\.weight"):
         load_dcp(state, {"optim": optimizer}, **dcp_kwargs(folder))
+    assert isinstance(state["optim"]["param_groups"], list), "the template is left as it was"
 
 
 def _sgd() -> Any:
