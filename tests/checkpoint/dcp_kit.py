@@ -1,12 +1,16 @@
 """Real torch.distributed.checkpoint folders for the DCP tests, on every torch from 2.1.
 
 torch 2.1 has ``save_state_dict``/``load_state_dict`` (``no_dist=True`` without a
-process group); 2.2+ has ``save``/``load``. ``poison_*`` write hostile copies whose
-payload would touch a marker file (the tests assert it never exists).
+process group); 2.2 adds ``save``/``load``, but its ``load`` gathers the keys over a
+process group even with ``no_dist=True``, so one process loads there with
+``load_state_dict`` (the same reader and planner); from 2.3 ``save``/``load`` need no group.
+``poison_*`` write hostile copies whose payload would touch a marker file (the tests
+assert it never exists).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import pickle
 import shutil
@@ -19,6 +23,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 ROOT = str(Path(__file__).resolve().parents[2])  # where ``tests`` is a package
+# torch 2.2's save needs a process group unless told ``no_dist=True`` (2.3 decides alone)
+GROUPLESS = hasattr(dcp, "load") and "checkpoint_id" in inspect.signature(dcp.load).parameters
+_NO_DIST: dict[str, Any] = {} if GROUPLESS else {"no_dist": True}
 
 
 class Payload:
@@ -57,17 +64,18 @@ def save(folder: Path | str, state_dict: dict[str, Any]) -> None:
         warnings.simplefilter("ignore")
         writer = dcp.FileSystemWriter(str(folder))
         if hasattr(dcp, "save"):
-            dcp.save(state_dict, storage_writer=writer)
+            dcp.save(state_dict, storage_writer=writer, **_NO_DIST)
         else:
             dcp.save_state_dict(state_dict, storage_writer=writer, no_dist=True)
 
 
-def load(folder: Path | str, state_dict: dict[str, Any]) -> None:
-    """``dcp.load`` (2.2+) or ``load_state_dict`` (2.1), in place."""
+def load(folder: Path | str, state_dict: dict[str, Any], reader: Any = None) -> None:
+    """``dcp.load`` (2.3+) or ``load_state_dict`` (2.1, 2.2), in place (``FileSystemReader``
+    unless another ``reader`` is given)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        reader = dcp.FileSystemReader(str(folder))
-        if hasattr(dcp, "load"):
+        reader = reader or dcp.FileSystemReader(str(folder))
+        if GROUPLESS:
             dcp.load(state_dict, storage_reader=reader)
         else:
             dcp.load_state_dict(state_dict, storage_reader=reader, no_dist=True)
@@ -128,8 +136,28 @@ try:
         loaded = template()
         load(folder, loaded)
         result["values"] = digest(loaded)
+    elif mode == "load_item":  # "extra" as one item (2.4 would plan a dict template key by key)
+        load(folder, {**template(), "extra": None})
     elif mode == "reader":
         dcp.FileSystemReader(folder).read_metadata()
+    elif mode == "load_in_group":  # dcp.load itself in a one-rank gloo group (2.2 needs one)
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method="file://" + sys.argv[3], rank=0, world_size=1)
+        loaded = template()
+        (getattr(dcp, "load", None) or dcp.load_state_dict)(  # 2.1: load_state_dict
+            loaded, storage_reader=dcp.FileSystemReader(folder)
+        )
+        result["values"] = digest(loaded)
+    elif mode in ("fsspec_reader", "fsspec_load"):  # torch 2.1-2.3: its own pickle.load
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+        from torch.distributed.checkpoint import _fsspec_filesystem as fsspec_fs
+        result["fsspec_pickle_is_module"] = type(vars(fsspec_fs).get("pickle")).__name__ == "module"
+        if mode == "fsspec_reader":
+            FsspecReader(folder).read_metadata()
+        else:
+            loaded = template()
+            load(folder, loaded, reader=FsspecReader(folder))
+            result["values"] = digest(loaded)
     elif mode == "to_torch_save":
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
         dcp_to_torch_save(folder, sys.argv[3])

@@ -8,6 +8,7 @@ hardened control shows the same folder runs its payload through torch's own read
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -45,12 +46,24 @@ def _run(tmp_path: Path, mode: str, *args: Any, hardened: bool = True) -> dict[s
     return run_hardened(tmp_path, mode, *args, hardened=hardened)
 
 
+def _extra(mode: str, tmp_path: Path) -> tuple[Path, ...]:
+    """``load_in_group`` also takes the file its one-rank group rendezvouses on."""
+    return (tmp_path / "store",) if mode == "load_in_group" else ()
+
+
+@pytest.mark.parametrize("mode", ["load", "load_in_group"])
 def test_hardened_dcp_load_of_a_genuine_folder_equals_the_saved_state(
-    tmp_path: Path, genuine: Path
+    tmp_path: Path, genuine: Path, mode: str
 ) -> None:
-    result = _run(tmp_path, "load", genuine)
+    result = _run(tmp_path, mode, genuine, *_extra(mode, tmp_path))
     assert result["ok"], result
-    assert result["values"] == _expected()
+    expected = _expected()
+    if mode == "load_in_group":  # torch 2.2's dcp.load leaves non-tensor items as they were
+        (tmp_path / "store").unlink(missing_ok=True)
+        plain = _run(tmp_path, mode, genuine, *_extra(mode, tmp_path), hardened=False)
+        assert {k: plain["values"][k] for k in "wb"} == {k: expected[k] for k in "wb"}, plain
+        expected = plain["values"]
+    assert result["values"] == expected
     assert (result["defect"], result["fixed"], result["pickle_is_module"]) == (
         "present",
         True,
@@ -58,13 +71,13 @@ def test_hardened_dcp_load_of_a_genuine_folder_equals_the_saved_state(
     )
 
 
-@pytest.mark.parametrize("mode", ["load", "reader"])
+@pytest.mark.parametrize("mode", ["load", "load_in_group", "reader"])
 def test_hardened_refuses_a_poisoned_metadata_and_never_runs_it(
     genuine: Path, tmp_path: Path, mode: str
 ) -> None:
     marker = tmp_path / "ran"
     poison_metadata(genuine, tmp_path / "bad", marker)
-    result = _run(tmp_path, mode, tmp_path / "bad")
+    result = _run(tmp_path, mode, tmp_path / "bad", *_extra(mode, tmp_path))
     assert not marker.exists()
     assert not result["ok"]
     # torch 2.1 raises compatshim's error; 2.15's dcp.load wraps it in an AssertionError
@@ -83,11 +96,51 @@ def test_armed_but_not_hardened_dcp_behaves_as_torch_s(genuine: Path, tmp_path: 
     assert marker.exists()
 
 
+def _needs_fsspec_reader() -> None:
+    """torch's fsspec reader: its own ``pickle.load`` on 2.1-2.3, a FileSystemReader from 2.4."""
+    pytest.importorskip("fsspec")  # a torch dependency from 2.1
+    if importlib.util.find_spec("torch.distributed.checkpoint._fsspec_filesystem") is None:
+        pytest.skip("this torch has no torch.distributed.checkpoint._fsspec_filesystem")
+
+
+@pytest.mark.parametrize("mode", ["fsspec_load", "fsspec_reader"])
+def test_hardened_fsspec_reader_refuses_a_poisoned_metadata(
+    genuine: Path, tmp_path: Path, mode: str
+) -> None:
+    _needs_fsspec_reader()
+    marker = tmp_path / "ran"
+    poison_metadata(genuine, tmp_path / "bad", marker)
+    result = _run(tmp_path, mode, tmp_path / "bad")
+    assert not marker.exists(), result
+    assert not result["ok"] and not result["fsspec_pickle_is_module"], result
+    assert "posix.system refused" in result["error"] or "os.system refused" in result["error"]
+    assert "COMPATSHIM_SAFE_LOAD=1" in result["error"]
+
+
+def test_hardened_fsspec_reader_loads_a_genuine_folder(genuine: Path, tmp_path: Path) -> None:
+    _needs_fsspec_reader()
+    result = _run(tmp_path, "fsspec_load", genuine)
+    assert result["ok"] and result["values"] == _expected(), result
+    assert (result["defect"], result["fixed"]) == ("present", True), result
+
+
+def test_armed_but_not_hardened_fsspec_reader_behaves_as_torch_s(
+    genuine: Path, tmp_path: Path
+) -> None:
+    """The control: the fsspec reader runs the payload when not hardened."""
+    _needs_fsspec_reader()
+    marker = tmp_path / "ran"
+    poison_metadata(genuine, tmp_path / "bad", marker)
+    result = _run(tmp_path, "fsspec_reader", tmp_path / "bad", hardened=False)
+    assert result["defect"] == "absent", result
+    assert marker.exists()
+
+
 def test_hardened_refuses_a_poisoned_non_tensor_item(tmp_path: Path) -> None:
     """Items are torch.save'd and read by torch.load(weights_only=False): hardened refuses."""
     marker = tmp_path / "ran"
     save(tmp_path / "bad", state(extra=Payload(marker)))
-    result = _run(tmp_path, "load", tmp_path / "bad")
+    result = _run(tmp_path, "load_item", tmp_path / "bad")
     assert not marker.exists()
     assert not result["ok"] and "system refused" in result["error"], result
 

@@ -1,17 +1,30 @@
-"""Optimizer state saved under torch 2.4.1 resumes under the running torch (issue 25 item 3).
+"""Optimizer state saved under one torch release resumes under the running one (issue 25 item 3).
 
-The fixtures were written by ``python -m tests.dcpresume.optim_job
-tests/dcpresume/fixtures/torch2.4.1`` in the ``dcpresume-torch2.4`` env: AdamW
-and Adam after two steps, as ``torch.save`` and as DCP folders (nested and
-flattened optimizer state), and the parameters one uninterrupted step later.
-Under torch 2.15 a plain ``load_state_dict`` needs nothing, and every DCP load
-fails (``Missing key in checkpoint state_dict: ...decoupled_weight_decay``)
-until ``compatshim.optim.load_dcp``.
+``fixtures/torch<release>`` were written by ``python -m tests.dcpresume.optim_job
+FOLDER`` under torch 2.2.2 (the oldest with DCP's ``get_state_dict``; no
+``flatten_optimizer_state_dict``, so no ``dcp-flat``), 2.4.1 and 2.15.0: AdamW and
+Adam after two steps, as ``torch.save`` and as DCP folders (nested and flattened
+optimizer state), and the parameters one uninterrupted step later. Every fixture is
+resumed under the running torch, forwards and back, and the next step must equal
+the uninterrupted one. Measured on 2.2.2, 2.4.1, 2.5.1 and 2.15.0:
+
+- a plain ``load_state_dict`` of ``torch.save``'d state needs nothing, either way;
+- a plain ``dcp.load`` fails exactly where the running release expects a param-group
+  key the saving one lacked (2.2.2 or 2.4.1 -> 2.15: ``Missing key in checkpoint
+  state_dict: ...decoupled_weight_decay``, nested and flattened) until
+  ``compatshim.optim.load_dcp``; every other pair (2.2.2 <-> 2.4.1/2.5.1, and 2.15 ->
+  2.2.2/2.4.1/2.5.1, where the extra key is left in the checkpoint) needs nothing;
+- back to 2.2.2, torch refuses every DCP folder written by 2.3+: its ``.metadata``
+  names ``torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING`` (2.3's home of
+  ``TensorProperties``' memory-format enum), which 2.2's ``pickle.load`` cannot find;
+  and it has no ``flatten_optimizer_state_dict`` to ask for a flattened template.
 """
 
 from __future__ import annotations
 
 import copy
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,72 +41,191 @@ from torch.distributed.checkpoint.state_dict import (  # noqa: E402
 )
 
 from compatshim.optim import OptimizerStateError, adapt_state_dict, load_dcp  # noqa: E402
-from tests.dcpresume.optim_job import OPTIMIZERS, SAVED, build, step  # noqa: E402
+from tests.dcpresume.optim_job import (  # noqa: E402
+    FORMS,
+    OPTIMIZERS,
+    SAVED,
+    build,
+    dcp_kwargs,
+    has_flatten,
+    one_rank_group,
+    step,
+)
 
-FIXTURES = Path(__file__).parent / "fixtures" / "torch2.4.1"
-FORMS = {"dcp-nested": False, "dcp-flat": True}
+pytestmark = pytest.mark.timeout(120)
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _version(release: str) -> tuple[int, ...]:
+    return tuple(map(int, release.split(".")))
+
+
+RELEASES = sorted((p.name.removeprefix("torch") for p in FIXTURES.glob("torch*")), key=_version)
+CASES = [
+    (release, name, form)
+    for release in RELEASES
+    for name in sorted(OPTIMIZERS)
+    for form in sorted(FORMS)
+    if (FIXTURES / f"torch{release}" / name / form).is_dir()
+]
 # torch releases whose Adam/AdamW param groups hold a key 2.4.1's lack (2.7 added one)
 NEWER_KEYS = "decoupled_weight_decay" in torch.optim.AdamW([torch.zeros(1)]).defaults
+NO_FLATTEN = "this torch has no flatten_optimizer_state_dict (2.3+)"
+RUNNING = _version(torch.__version__.split("+")[0])
+_METADATA = sys.modules["torch.distributed.checkpoint.metadata"]
+# a .metadata written by 2.3+ names this enum; torch 2.2 has it elsewhere, under another name
+ENCODING = hasattr(_METADATA, "_MEM_FORMAT_ENCODING")
+# TensorProperties pickles 6 fields (strides) from 2.14 or 2.15 (2.13.0: 5); older ones take 5
+STRIDES = "strides" in _METADATA.TensorProperties.__dataclass_fields__
 
 
-def _resume_and_step(name: str, model: Any, optimizer: Any) -> None:
+def _refused_by_torch(release: str, load: Any) -> bool:
+    """Whether this torch cannot read ``release``'s ``.metadata``; if so, check it says why."""
+    if not ENCODING and _version(release) >= (2, 3):
+        why = "_MEM_FORMAT_ENCODING"  # AttributeError in pickle.load
+    elif not STRIDES and _version(release) > (2, 13):
+        why = "too many values to unpack"  # TensorProperties.__setstate__
+    else:
+        return False
+    with pytest.raises(BaseException, match=why):  # DCP wraps it in its own BaseException
+        load()
+    return True
+
+
+@pytest.fixture()
+def group(tmp_path: Path) -> Iterator[None]:
+    """The one-rank gloo group torch 2.2's ``dcp.load`` needs (nothing on 2.3+)."""
+    with one_rank_group(tmp_path / "store"):
+        yield
+
+
+def _folder(release: str, name: str, form: str = "") -> Path:
+    return FIXTURES / f"torch{release}" / name / form
+
+
+def _added_keys(release: str, name: str) -> set[str]:
+    """Param-group keys the running release expects and ``release``'s save lacks."""
+    saved = torch.load(_folder(release, name) / "plain.pt", weights_only=True)
+    _, optimizer = build(name)
+    return set(optimizer.defaults) - set(saved["optim"]["param_groups"][0])
+
+
+def _missing_in_checkpoint(release: str, name: str, folder: Path) -> set[str]:
+    """Added keys a DCP folder lacks: 2.3+ save param groups key by key; torch 2.2 saved
+    the list as one item, which loads whole (torch's ``load_state_dict`` then fills it)."""
+    saved = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    return set() if "optim.param_groups" in saved else _added_keys(release, name)
+
+
+def _resume_and_step(folder: Path, model: Any, optimizer: Any) -> None:
     step(model, optimizer, SAVED)
-    want = torch.load(FIXTURES / name / "next.pt", weights_only=True)
+    want = torch.load(folder / "next.pt", weights_only=True)
     got = model.state_dict()
-    for key in want:  # the next step equals the uninterrupted run under the old torch
+    for key in want:  # the next step equals the uninterrupted run under the saving torch
         torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=1e-7)
 
 
 def _template(model: Any, optimizer: Any, flat: bool) -> tuple[dict[str, Any], Any]:
-    options = StateDictOptions(flatten_optimizer_state_dict=flat)
+    options = StateDictOptions(**({"flatten_optimizer_state_dict": True} if flat else {}))
     model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     return {"model": model_sd, "optim": optim_sd}, options
 
 
+def _set(model: Any, optimizer: Any, state: dict[str, Any], options: Any) -> None:
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=options,
+    )
+    adamw = type(optimizer).__name__ == "AdamW"  # always decoupled; Adam coupled
+    assert optimizer.param_groups[0].get("decoupled_weight_decay", adamw) is adamw
+    assert {float(s["step"]) for s in optimizer.state.values()} == {float(SAVED)}
+
+
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_plain_load_state_dict_needs_nothing(name: str) -> None:
+@pytest.mark.parametrize("release", RELEASES)
+def test_plain_load_state_dict_needs_nothing(release: str, name: str) -> None:
     model, optimizer = build(name)
-    saved = torch.load(FIXTURES / name / "plain.pt", weights_only=True)
+    saved = torch.load(_folder(release, name) / "plain.pt", weights_only=True)
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optim"])
-    _resume_and_step(name, model, optimizer)
+    _resume_and_step(_folder(release, name), model, optimizer)
 
 
-@pytest.mark.skipif(not NEWER_KEYS, reason="this torch has 2.4.1's param-group keys")
-@pytest.mark.parametrize("form", sorted(FORMS))
-@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_a_plain_dcp_load_of_the_old_state_fails(name: str, form: str) -> None:
-    """The reported failure (pytorch 146157, torchtitan 886), nested and flattened alike."""
-    model, optimizer = build(name)
-    state, _ = _template(model, optimizer, FORMS[form])
-    with pytest.raises(BaseException, match=r"Missing key in checkpoint.*decoupled_weight_decay"):
-        dcp.load(state, checkpoint_id=FIXTURES / name / form)
-
-
-@pytest.mark.parametrize("form", sorted(FORMS))
-@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_load_dcp_resumes_the_old_state(name: str, form: str) -> None:
+@pytest.mark.usefixtures("group")
+@pytest.mark.parametrize(("release", "name", "form"), CASES)
+def test_a_plain_dcp_load_fails_only_where_the_running_torch_added_a_key(
+    release: str, name: str, form: str
+) -> None:
+    """The reported failure (pytorch 146157, torchtitan 886), nested and flattened alike;
+    every other pair of releases needs nothing."""
+    if FORMS[form] and not has_flatten():
+        pytest.skip(NO_FLATTEN)
     model, optimizer = build(name)
     state, options = _template(model, optimizer, FORMS[form])
-    filled = load_dcp(state, {"optim": optimizer}, checkpoint_id=FIXTURES / name / form)
-    if NEWER_KEYS:
-        assert filled and all(p.endswith(".decoupled_weight_decay") for p in filled), filled
-    else:
-        assert filled == ()
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"], options=options)
-    group = optimizer.param_groups[0]
-    assert group.get("decoupled_weight_decay", name == "adamw") is (name == "adamw")
-    assert {float(s["step"]) for s in optimizer.state.values()} == {float(SAVED)}
-    _resume_and_step(name, model, optimizer)
+    folder = _folder(release, name, form)
+    if _refused_by_torch(release, lambda: dcp.load(state, **dcp_kwargs(folder))):
+        return
+    if RUNNING[:2] == (2, 4) and _version(release) < (2, 3):
+        # 2.2/2.3 saved param_groups as one item; 2.4 plans it key by key (2.5 falls back)
+        with pytest.raises(BaseException, match=r"Missing key in checkpoint.*param_groups\.0\."):
+            dcp.load(state, **dcp_kwargs(folder))
+        return
+    added = _missing_in_checkpoint(release, name, folder)
+    if added:
+        with pytest.raises(BaseException, match=rf"Missing key in checkpoint.*{min(added)}"):
+            dcp.load(state, **dcp_kwargs(folder))
+        return
+    dcp.load(state, **dcp_kwargs(folder))
+    _set(model, optimizer, state, options)
+    _resume_and_step(folder.parent, model, optimizer)
 
 
-def test_a_key_no_release_added_still_fails_naming_it(tmp_path: Path) -> None:
+@pytest.mark.usefixtures("group")
+@pytest.mark.parametrize(("release", "name", "form"), CASES)
+def test_load_dcp_resumes_from_any_release(release: str, name: str, form: str) -> None:
+    if FORMS[form] and not has_flatten():
+        pytest.skip(NO_FLATTEN)
+    model, optimizer = build(name)
+    state, options = _template(model, optimizer, FORMS[form])
+    folder = _folder(release, name, form)
+    if _refused_by_torch(
+        release, lambda: load_dcp(state, {"optim": optimizer}, **dcp_kwargs(folder))
+    ):
+        return
+    filled = load_dcp(state, {"optim": optimizer}, **dcp_kwargs(folder))
+    assert {p.rpartition(".")[2] for p in filled} == _missing_in_checkpoint(
+        release, name, folder
+    ), filled
+    _set(model, optimizer, state, options)
+    _resume_and_step(folder.parent, model, optimizer)
+
+
+@pytest.mark.usefixtures("group")
+@pytest.mark.skipif(has_flatten(), reason="this torch has flatten_optimizer_state_dict")
+def test_a_flattened_checkpoint_has_no_reader_on_a_torch_without_flatten() -> None:
+    """torch 2.2: no flattened option, and (written by 2.3+) no ``.metadata`` it can read."""
+    with pytest.raises(TypeError, match="flatten_optimizer_state_dict"):
+        StateDictOptions(flatten_optimizer_state_dict=True)  # type: ignore[call-arg]
+    flat = [_folder(r, n, form) for r, n, form in CASES if FORMS[form]]
+    assert flat, "no flattened fixture"
+    for folder in flat:
+        reader = dcp.FileSystemReader(folder)
+        assert _refused_by_torch(folder.parent.parent.name[5:], reader.read_metadata), folder
+
+
+@pytest.mark.usefixtures("group")
+def test_a_key_no_release_added_still_fails_naming_it() -> None:
     model, optimizer = build("adamw")
     state, _ = _template(model, optimizer, False)
     state["model"]["extra.weight"] = torch.zeros(1)
-    with pytest.raises(BaseException, match=r"Missing key in checkpoint.*extra\.weight"):
-        load_dcp(state, {"optim": optimizer}, checkpoint_id=FIXTURES / "adamw" / "dcp-nested")
+    folder = _folder(RELEASES[0], "adamw", "dcp-nested")
+    # 2.3+: "Missing key in checkpoint state_dict: model.extra.weight"; 2.2: a KeyError
+    with pytest.raises(BaseException, match=r"(Missing key in checkpoint|KeyError).*extra\.weight"):
+        load_dcp(state, {"optim": optimizer}, **dcp_kwargs(folder))
+    assert isinstance(state["optim"]["param_groups"], list), "the template is left as it was"
 
 
 def _sgd() -> Any:
@@ -121,10 +253,12 @@ def test_adapt_fills_added_keys_as_the_old_release_behaved_and_drops_unknown_one
     assert "decoupled_weight_decay" not in adapt_state_dict(newer, sgd)["param_groups"][0]
 
 
+@pytest.mark.skipif(not has_flatten(), reason=NO_FLATTEN)
 def test_adapt_handles_the_flattened_form() -> None:
     model, optimizer = build("adam")
-    _, optim_sd = get_state_dict(model, optimizer,
-                                 options=StateDictOptions(flatten_optimizer_state_dict=True))
+    _, optim_sd = get_state_dict(
+        model, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True)
+    )
     fqn = "0.weight"
     optim_sd.pop(f"param_groups.{fqn}.maximize")
     adapted = adapt_state_dict(optim_sd, optimizer)

@@ -70,6 +70,13 @@ def build_tensor_properties(inst: Any, state: Any) -> None:
         type(strides) is tuple and len(strides) <= MAX_DIMS and all(type(s) is int for s in strides)
     ):
         raise CheckpointError("TensorProperties strides are not a tuple of ints")
+    known = getattr(type(inst), "__dataclass_fields__", {})
+    if strides is not None and "strides" not in known:
+        raise CheckpointError(
+            "TensorProperties state holds strides (a .metadata written by a newer torch, "
+            f"2.14+); torch {torch.__version__}'s TensorProperties has no strides field, so "
+            "this torch cannot read it (its own pickle.load fails on it too)"
+        )
     fields = {
         "dtype": dtype,
         "layout": kind,
@@ -77,7 +84,7 @@ def build_tensor_properties(inst: Any, state: Any) -> None:
         "memory_format": getattr(torch, _MEMORY_FORMATS[encoding.value]),
         "pin_memory": pin_memory,
     }
-    if "strides" in getattr(type(inst), "__dataclass_fields__", {}):
+    if "strides" in known:
         fields["strides"] = strides
     object.__getattribute__(inst, "__dict__").update(fields)
 

@@ -63,7 +63,7 @@ def safe_load_row() -> DoctorRow:
             "unpickler never sees the file), weights_only=False included, honouring torch's "
             "add_safe_globals; torch.serialization._load/_legacy_load refuse the full "
             "unpickler (torch.load references taken before install()); DCP .metadata by "
-            "torch-dcp-safe-metadata (not torch 2.1-2.2's fsspec reader); "
+            "torch-dcp-safe-metadata (torch 2.1-2.3's fsspec reader too); "
             "numpy.load(allow_pickle=True) by numpy-load-hardened; NOT covered: plain pickle"
         )
         if not _settings.auto():

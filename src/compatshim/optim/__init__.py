@@ -108,6 +108,13 @@ def _group_paths(prefix: str, optim_sd: dict[str, Any]) -> list[tuple[dict[str, 
     return found
 
 
+def _absent(path: str, saved: set[str]) -> bool:
+    """Whether the checkpoint lacks ``path``: neither it nor an item holding it is saved
+    (torch 2.2 saves ``param_groups`` as one item; 2.3+ key by key)."""
+    parts = path.split(".")
+    return not any(".".join(parts[:i]) in saved for i in range(1, len(parts) + 1))
+
+
 def load_dcp(
     state_dict: dict[str, Any],
     optimizers: Mapping[str, Any],
@@ -124,8 +131,12 @@ def load_dcp(
     newer torch added and the checkpoint lacks are kept out of the load plan
     and filled with the value the saving release behaved as; returns their
     DCP paths (empty when the checkpoint needed nothing). Any other key the
-    checkpoint lacks fails as ``dcp.load`` fails, naming it.
+    checkpoint lacks fails as ``dcp.load`` fails, naming it. Under torch 2.2, whose
+    ``dcp.load`` takes no ``checkpoint_id``, the folder is read through a
+    ``FileSystemReader`` of it, and ``dcp.load`` needs a process group (one rank will do).
     """
+    import inspect
+
     from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import load
 
@@ -135,16 +146,36 @@ def load_dcp(
     for top in optimizers:
         for container, key, path in _group_paths(top, state_dict[top]):
             # any other missing key is left in the plan: DCP's own error names it
-            if path not in saved and key.rpartition(".")[2] in OLD_BEHAVIOUR:
+            if _absent(path, saved) and key.rpartition(".")[2] in OLD_BEHAVIOUR:
                 del container[key]
                 filled.append(path)
-    load(
-        state_dict,
-        checkpoint_id=checkpoint_id,
-        storage_reader=reader,
-        planner=planner,
-        process_group=process_group,
-    )
+    # torch 2.2/2.3 saved a nested optimizer's param_groups list as one item; 2.4 plans it key
+    # by key and misses them all (2.5+ retries with the old keys): ask for the one item
+    whole = {
+        top: state_dict[top][_GROUPS]
+        for top in optimizers
+        if isinstance(state_dict[top].get(_GROUPS), list) and f"{top}.{_GROUPS}" in saved
+    }
+    for top in whole:
+        state_dict[top][_GROUPS] = None  # a leaf: DCP reads the saved list in its place
+    # torch 2.2's load has no checkpoint_id (the reader, made from it above, names the folder)
+    where = {}
+    if checkpoint_id is not None and "checkpoint_id" in inspect.signature(load).parameters:
+        where["checkpoint_id"] = checkpoint_id
+    try:
+        load(
+            state_dict, storage_reader=reader, planner=planner, process_group=process_group, **where
+        )
+        unread = [top for top in whole if not isinstance(state_dict[top][_GROUPS], list)]
+        if unread:
+            raise OptimizerStateError(
+                f"compatshim.optim: {unread[0]}.{_GROUPS} was not read from the checkpoint"
+            )
+    except BaseException:
+        for top, groups in whole.items():  # the caller's template as it was
+            if not isinstance(state_dict[top][_GROUPS], list):
+                state_dict[top][_GROUPS] = groups
+        raise
     for top, optimizer in optimizers.items():
         state_dict[top] = adapt_state_dict(state_dict[top], optimizer)
     return tuple(filled)

@@ -69,7 +69,11 @@ CATALOGUE: tuple[Patch, ...] = (
         distribution="torch",
         requires=">=2.1",
         tested=">=2.1,<2.16",
-        targets=("torch.distributed.checkpoint.filesystem",),
+        # the fsspec reader of torch 2.1-2.3 has its own pickle.load (a FileSystemReader from 2.4)
+        targets=(
+            "torch.distributed.checkpoint.filesystem",
+            "torch.distributed.checkpoint._fsspec_filesystem",
+        ),
         description=(
             "hardened mode (COMPATSHIM_SAFE_LOAD=1) only: a torch.distributed.checkpoint "
             "folder's .metadata, which torch reads with pickle.load, is read by "

@@ -5,8 +5,9 @@ What breaks
     torchtitan, Lightning's distributed checkpoints and accelerate's
     ``SHARDED_STATE_DICT`` write) holds a ``.metadata`` that torch reads with a
     plain ``pickle.load`` (``FileSystemReader.read_metadata`` in
-    ``torch/distributed/checkpoint/filesystem.py``, 2.1 to 2.15; upstream calls
-    DCP a trusted environment). Every reader of the folder gets there:
+    ``torch/distributed/checkpoint/filesystem.py``, 2.1 to 2.15, and the separate
+    ``FsspecReader.read_metadata`` in ``_fsspec_filesystem.py``, 2.1 to 2.3;
+    upstream calls DCP a trusted environment). Every reader of the folder gets there:
     ``dcp.load``/``load_state_dict``, ``format_utils.dcp_to_torch_save``,
     Lightning's consolidation and accelerate's ``merge-weights``. So with
     ``COMPATSHIM_SAFE_LOAD=1``, which makes every ``torch.load`` weights-only,
@@ -14,12 +15,17 @@ What breaks
     items go through ``torch.load``, which hardened mode already covers.)
 
 Which versions
-    torch 2.1 (DCP's ``FileSystemReader``) to 2.15, tested on 2.1 and 2.15.
+    torch 2.1 (DCP's ``FileSystemReader``) to 2.15, tested on 2.1, 2.2, 2.4, 2.5 and
+    2.15. Two targets: ``filesystem`` and ``_fsspec_filesystem``, whose reader has
+    its own ``pickle.load`` in 2.1 to 2.3 (from 2.4 it subclasses
+    ``FileSystemReader`` and defines no reader of its own: the probe finds nothing
+    there; 2.15 keeps the module as a shim that warns on import).
     Only in hardened mode: armed without ``COMPATSHIM_SAFE_LOAD=1`` the probe
     reports nothing to do and DCP behaves as torch's.
 
 How it is detected
-    Hardened only: a ``FileSystemReader`` of a temporary folder whose
+    Hardened only: each reader class the module defines itself (``FileSystemReader``,
+    ``FsspecReader``) on a temporary folder whose
     ``.metadata`` pickles a ``types.SimpleNamespace`` (harmless, and off
     compatshim's allowlist): the defect is present while ``read_metadata``
     hands it back, i.e. unpickles whatever global the file names.
@@ -32,18 +38,13 @@ The fix
     refusal raises :class:`~compatshim.checkpoint.UnsafeCheckpointError` (a
     ``pickle.UnpicklingError``) naming the refused globals; nothing runs.
     ``torch.distributed.checkpoint`` is never imported by compatshim: the patch
-    applies when the user's code imports its ``filesystem`` module.
+    applies when the user's code imports its ``filesystem`` (or ``_fsspec_filesystem``)
+    module.
 
     Hardened mode reads every ``torch.load`` with compatshim's loader alone, so
     the module's ``_create_file_view`` also hands ``torch.load`` an exact view of
     each item: torch's file view seeks from the end the wrong way and reads past
     its slice (torch 2.1 to 2.15).
-
-Not covered
-    The separate ``_fsspec_filesystem.FsspecReader`` of older torch (its own
-    ``pickle.load``; seen in 2.1.2 and 2.2.2; in 2.5.1 it is a ``FileSystemReader``
-    subclass, covered). A second target would be that module, which 2.15 still
-    ships as a shim that warns (DeprecationWarning) on import.
 
 Confirmed
     Right after the fix by :func:`confirm` (the stand-in is in place); end to
