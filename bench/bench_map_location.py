@@ -16,15 +16,16 @@ call, whichever contender, page-faults fresh memory. So one row per file runs ea
 contender's calls back to back (the procedure of the 2026-11-27 GPU run, where that
 defect showed as 1.48x with ``"cpu"``). Medians.
 
-Each call's minor page faults are counted too (``getrusage``; they do not depend on the
-machine's load, unlike its time): a loader that copied a storage once more, or kept the
-previous result alive, would fault more pages per call than torch. Both fault in one
-page per 4 KiB of tensor data (131 041 for the 512 MiB file), in either order, whenever
-glibc returned the previous result's memory to the system (it usually does: the 8 MiB
-storages lie above its dynamic mmap threshold, or on the heap top it trims); a call that
-finds the previous result's memory still in the heap faults less and is up to 1.7x
-faster, for either contender. The "calls in a row" ratio of a single run on a shared
-box swings both ways (1.68x and 0.77x, same code): compare it with its fault counts.
+Each call's minor page faults are counted too (``getrusage``; unlike time, they do not
+depend on the machine's load): a loader that copied a storage once more, or kept the
+previous result alive, would fault more pages per call than torch. Both fault one page
+per 4 KiB of tensor data (131 041 for the 512 MiB file), in either order: the previous
+result's memory went back to the system when it was dropped (glibc trims the heap top
+and unmaps chunks above its mmap threshold) and is faulted in afresh. Now and then a call
+finds freed memory still in the heap, faults less and runs faster (seen for torch's
+calls; at idle a faulting call is ~230 ms, a run of 140 ms calls is one that does not
+fault). A "calls in a row" ratio of one run on a shared box swings both ways (1.68x and
+0.77x on the same code): read it with its fault counts.
 
 ``main()`` prints Markdown and returns the ratios (compatshim / torch).
 """
@@ -41,6 +42,7 @@ from typing import Any, Callable
 from _common import median, table
 
 MIB = 2**20
+BLOCK = 3  # calls per block in the "calls in a row" rows (the first not counted)
 
 
 def big_state() -> dict[str, Any]:
@@ -130,12 +132,16 @@ def compare(
     )
     for faults in FAULTS.values():
         faults.clear()
-    if in_a_row:  # blocks in A B B A order, so that a machine load that drifts cancels out
-        half = repeats // 2 + 1
-        a = [timed(ours, sync, "compatshim") for _ in range(half + 1)][1:]
-        b = [timed(theirs, sync, "torch") for _ in range(half + 1)][1:]
-        b += [timed(theirs, sync, "torch") for _ in range(half + 1)][1:]
-        a += [timed(ours, sync, "compatshim") for _ in range(half + 1)][1:]
+    if in_a_row:
+        # short blocks in A B B A order, repeated, so that the load of a shared box, which
+        # drifts over seconds, falls on both alike; a block's first call follows the other
+        # contender's and is not counted: every counted call follows one of its own
+        a, b = [], []
+        blocks = ((ours, a, "compatshim"), (theirs, b, "torch"))
+        for _ in range(-(-repeats // 4)):
+            for fn, into, who in blocks + blocks[::-1]:
+                into += [timed(fn, sync, who) for _ in range(BLOCK)][1:]
+                del FAULTS[who][-BLOCK]
         return median(a), median(b)
     timed(ours, sync)
     timed(theirs, sync)
@@ -213,9 +219,11 @@ def main(repeats: int = 9) -> dict[str, float]:
         "without CUDA; compatshim raises CheckpointError there, tested). Contenders alternate "
         "in one process on the same file in the page cache, each result dropped after its "
         "call, no gc.collect(); 'calls in a row': each contender's calls back to back, "
-        "in blocks ordered A B B A (the procedure of the 2026-11-27 GPU run, where a load "
+        f"in blocks of {BLOCK} ordered A B B A, repeated, each block's first call not counted "
+        "(the procedure of the 2026-11-27 GPU run, where a load "
         "whose storages outlived its result showed as 1.48x). Shared machine: compare the "
-        "ratios."
+        "ratios, and the page faults (equal: each storage is read once, into its tensor; a "
+        "contender's time in a row swings with the box's load, its faults do not)."
     )
     print(json.dumps(ratios))
     return ratios
