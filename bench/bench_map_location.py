@@ -18,14 +18,14 @@ defect showed as 1.48x with ``"cpu"``). Medians.
 
 Each call's minor page faults are counted too (``getrusage``; unlike time, they do not
 depend on the machine's load): a loader that copied a storage once more, or kept the
-previous result alive, would fault more pages per call than torch. Both fault one page
-per 4 KiB of tensor data (131 041 for the 512 MiB file), in either order: the previous
-result's memory went back to the system when it was dropped (glibc trims the heap top
-and unmaps chunks above its mmap threshold) and is faulted in afresh. Now and then a call
-finds freed memory still in the heap, faults less and runs faster (seen for torch's
-calls; at idle a faulting call is ~230 ms, a run of 140 ms calls is one that does not
-fault). A "calls in a row" ratio of one run on a shared box swings both ways (1.68x and
-0.77x on the same code): read it with its fault counts.
+previous result alive, would fault more pages per call than torch. Alternating, both
+fault one page per 4 KiB of tensor data (131 041 for the 512 MiB file): the previous
+result's memory went back to the system when it was dropped. In a row, a call sometimes
+finds the previous result's memory still in glibc's heap (a small live allocation above
+it stopped the trim), faults far less and runs faster; in one run torch's calls did so
+more often than ours (median 99 375 vs 131 137 faults, 1.23x), in others neither did and
+the ratio swung both ways with the box's load (1.68x and 0.74x on the same code). Read a
+"calls in a row" ratio with its fault counts.
 
 ``main()`` prints Markdown and returns the ratios (compatshim / torch).
 """
@@ -222,8 +222,8 @@ def main(repeats: int = 9) -> dict[str, float]:
         f"in blocks of {BLOCK} ordered A B B A, repeated, each block's first call not counted "
         "(the procedure of the 2026-11-27 GPU run, where a load "
         "whose storages outlived its result showed as 1.48x). Shared machine: compare the "
-        "ratios, and the page faults (equal: each storage is read once, into its tensor; a "
-        "contender's time in a row swings with the box's load, its faults do not)."
+        "ratios, and the page faults (load-independent: fewer faults in a row mean the "
+        "previous result's memory was reused from glibc's heap)."
     )
     print(json.dumps(ratios))
     return ratios
