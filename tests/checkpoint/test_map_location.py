@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import pickle
+import resource
 import weakref
 import zipfile
 from pathlib import Path
@@ -215,3 +216,46 @@ def test_the_result_is_freed_when_dropped(files: dict[tuple[str, str], Path], fo
     finally:
         if enabled:
             gc.enable()
+
+
+BIG = 4 * 8 * 2**20  # bytes of tensor data in each ``big_files`` file
+
+
+@pytest.fixture(scope="module")
+def big_files(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+    """Four 8 MiB tensors, saved on the CPU and tagged cuda:0, in both formats."""
+    folder = tmp_path_factory.mktemp("map_location_big")
+    tensors = {f"w{i}": torch.full((BIG // 16,), float(i)) for i in range(4)}
+    out = {}
+    original = torch.serialization.location_tag
+    for on in ("cpu", "cuda:0"):
+        for fmt in ("zip", "legacy"):
+            if on != "cpu":
+                torch.serialization.location_tag = lambda storage, on=on: on
+            try:
+                out[on, fmt] = path = folder / f"{on.replace(':', '')}-{fmt}.pt"
+                torch.save(tensors, path, _use_new_zipfile_serialization=fmt == "zip")
+            finally:
+                torch.serialization.location_tag = original
+    return out
+
+
+@pytest.mark.parametrize("saved_on", ["cpu", "cuda:0"])
+@pytest.mark.parametrize("fmt", ["zip", "legacy"])
+@pytest.mark.parametrize("form", ["none", "cpu", "device-cpu", "dict-cuda-to-cpu", "callable-same"])
+def test_storages_are_read_once(
+    big_files: dict[tuple[str, str], Path], saved_on: str, fmt: str, form: str
+) -> None:
+    """Each storage is copied once, into its tensor: the load faults in about one page per
+    page of tensor data (a second copy, through a buffer or a placement copy to the CPU,
+    faults more). Page faults, not time: they do not depend on the machine's load; fewer
+    is fine (memory a previous load freed, reused)."""
+    if saved_on != "cpu" and form == "none" and not CUDA:
+        pytest.skip("a cuda:0 storage without map_location needs CUDA (tested above)")
+    pages = BIG // resource.getpagesize()
+    gc.collect()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    got = load(big_files[saved_on, fmt], map_location=FORMS[form])
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert float(got["w3"][-1]) == 3.0
+    assert faults <= pages * 1.1 + 1000, f"{faults} page faults for {pages} pages of tensor data"
