@@ -94,31 +94,27 @@ class _Sizes:
 
     # ------------------------------------------------------------------ charging
     def charge_root(self, root: Any) -> None:
-        try:
-            self._charge(self._raw(root), root)
-            for child in self._children(root):
-                self._charge(self.of(child, root), child)
-            content = root.__dict__.get("_content", root.__dict__.get("_val"))
-            if type(content) is str:
-                self._charge(self._text(content, root.__dict__["_parent"] or root, root), root)
-        except _Unbounded as exc:
-            raise UnsafeCheckpointError(
-                f"omegaconf value at {self.where(exc.args[1])}: {exc.args[0]}, so the size "
-                "it resolves to cannot be bounded: refused",
-                (f"omegaconf interpolation {self.where(exc.args[1])}",),
-            ) from None
-
-    def _charge(self, units: int, node: Any) -> None:
-        path = self.where(node)
-        try:
-            self.charge(units, f"omegaconf value at {path}")
-        except CheckpointError as exc:
-            raise UnsafeCheckpointError(
-                f"omegaconf value at {path} resolves to at most {units} characters and "
-                f"reference steps (node references that expand, each read copies its target): "
-                f"{exc}",
-                (f"omegaconf interpolation {path}",),
-            ) from None
+        """Charge each top-level value (what reading it builds), naming the first too big."""
+        for child in self._children(root) or [root]:  # a lone node, a container of text
+            try:
+                units = self.of(child, child)
+            except _Unbounded as exc:
+                where = self.where(exc.args[1])
+                raise UnsafeCheckpointError(
+                    f"omegaconf value at {where}: {exc.args[0]}, so the size it resolves to "
+                    "cannot be bounded: refused",
+                    (f"omegaconf interpolation {where}",),
+                ) from None
+            try:
+                self.charge(units, "omegaconf node references")
+            except CheckpointError as exc:
+                where = self.where(child)
+                raise UnsafeCheckpointError(
+                    f"omegaconf value at {where} resolves to at most {units} characters and "
+                    "reference steps (node references that expand: each read copies its "
+                    f"target): {exc}",
+                    (f"omegaconf interpolation {where}",),
+                ) from None
 
     # ------------------------------------------------------------------ bounds
     def of(self, node: Any, asker: Any) -> int:
@@ -138,7 +134,7 @@ class _Sizes:
         self.stack.add(id(node))
         try:
             state = node.__dict__
-            base = state["_parent"] or node
+            base = node if state["_parent"] is None else state["_parent"]
             value = state["_content"] if "_content" in state else state["_val"]
             if isinstance(value, dict):
                 total = sum(_repr_bound(key) + ENTRY for key in value)
@@ -151,7 +147,9 @@ class _Sizes:
             elif type(value) is str:
                 total = self._text(value, base, node)
             else:
-                total = self._raw(node)
+                total = _repr_bound(value)
+                if "enum_type" in state:  # an EnumNode converts a resolved name to a member
+                    total += self._raw(node)
         finally:
             self.stack.discard(id(node))
             self.levels -= 1
@@ -345,7 +343,8 @@ class _Sizes:
             raise _Unbounded(f"references nest deeper than {MAX_LEVELS} levels", node)
         self.following.add(id(found))
         try:
-            target = self._lookup(ref, state["_parent"] or found, node)
+            base = found if state["_parent"] is None else state["_parent"]
+            target = self._lookup(ref, base, node)
             return None if target is None else self._dereference(target, node)
         finally:
             self.following.discard(id(found))
