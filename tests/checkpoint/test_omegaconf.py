@@ -714,7 +714,7 @@ def test_a_reference_cycle_is_refused(values: dict[str, Any], tmp_path: pathlib.
 
 @pytest.mark.parametrize(
     "text",
-    ["${a.${b}}", "${a[${b}]}", "${oc.select:${b}}", "${a\\.b}", "${a b}", "${.}"],
+    ["${a.${b}}", "${a[${b}]}", "${oc.select:${b}}", "${a\\.b}", "${a b}", "${.}", "${a[x]y}"],
 )
 def test_references_that_cannot_be_resolved_statically_are_refused(
     text: str, tmp_path: pathlib.Path

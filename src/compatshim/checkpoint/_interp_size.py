@@ -88,6 +88,7 @@ class _Sizes:
         self.texts: dict[tuple[int, int], int] = {}  # (id(text), id(base)) -> bound
         self.stack: set[int] = set()  # nodes whose bound is being computed
         self.following: set[int] = set()  # intermediate keys being followed
+        self.followed: dict[int, Any] = {}  # id(intermediate node) -> the container it is
         self._parsed: dict[str, _Ref] = {}  # "${a.b}" -> its parse
         self._absolute: dict[str, Any] = {}  # "${a.b}" -> the node it names (or None)
         self.levels = 0
@@ -325,6 +326,13 @@ class _Sizes:
 
     def _dereference(self, found: Any, node: Any) -> Any:
         """An intermediate key's node, followed while it is one plain node reference."""
+        if id(found) in self.followed:
+            return self.followed[id(found)]
+        result = self._follow(found, node)
+        self.followed[id(found)] = result
+        return result
+
+    def _follow(self, found: Any, node: Any) -> Any:
         state = found.__dict__
         value = state["_content"] if "_content" in state else state["_val"]
         if type(value) is not str or "${" not in value:
@@ -405,17 +413,17 @@ def _key_text(text: str, index: int, ref: _Ref, nested: int) -> tuple[str, int]:
     """Key parts ``a.b[0].${c}``: plain text split at ``.`` and ``[...]``, or nested references."""
     begin = index
     current = ""
-    pending = False  # a part was started (possibly empty so far)
+    pending = False  # a "." opened a part
+    closed = False  # a "[...]" or "${...}" part just ended: only "." or "[" may follow
     while index < len(text):
-        char = text[index]
         if text.startswith("${", index):
             inner = _parse(text, index, nested + 1)
-            if current or inner.end == 0:
+            if current or closed or inner.end == 0:
                 raise _Unbounded("a key mixes text and an interpolation", None)
             ref.parts.append(inner)
-            index = inner.end
-            pending = False
+            index, pending, closed = inner.end, False, True
             continue
+        char = text[index]
         if char == "\\":
             raise _Unbounded("a key holds an escape", None)
         if char in _KEY_STOP:
@@ -423,9 +431,10 @@ def _key_text(text: str, index: int, ref: _Ref, nested: int) -> tuple[str, int]:
         if char == ".":
             if current:
                 ref.parts.append(current)
-            elif pending or not ref.parts:
+            elif (pending or not ref.parts) and not closed:
                 raise _Unbounded("a key has an empty part", None)
-            current, pending = "", True
+            current, pending, closed = "", True, False
+            index += 1
         elif char == "[":
             if current:
                 ref.parts.append(current)
@@ -434,21 +443,26 @@ def _key_text(text: str, index: int, ref: _Ref, nested: int) -> tuple[str, int]:
                 if inner.end == 0 or not text.startswith("]", inner.end):
                     raise _Unbounded("a bracketed key is not a plain key", None)
                 ref.parts.append(inner)
-                current, pending = "", False
                 index = inner.end + 1
-                continue
-            close = index + 1
-            while close < len(text) and text[close] not in _KEY_STOP and text[close] not in ".[":
-                close += 1
-            if not text.startswith("]", close) or close == index + 1:
-                raise _Unbounded("a bracketed key is not a plain key", None)
-            ref.parts.append(text[index + 1 : close])
-            current, pending = "", False
-            index = close + 1
-            continue
+            else:
+                close = index + 1
+                while (
+                    close < len(text) and text[close] not in _KEY_STOP and text[close] not in ".["
+                ):
+                    close += 1
+                if not text.startswith("]", close) or close == index + 1:
+                    raise _Unbounded("a bracketed key is not a plain key", None)
+                ref.parts.append(text[index + 1 : close])
+                index = close + 1
+            current, pending, closed = "", False, True
         else:
-            current += char
-        index += 1
+            if closed:
+                raise _Unbounded("a key has text right after a ] or an interpolation", None)
+            end = index + 1
+            while end < len(text) and text[end] not in _KEY_STOP and text[end] not in ".[$":
+                end += 1
+            current += text[index:end]
+            index = end
     if current:
         ref.parts.append(current)
     elif pending:
