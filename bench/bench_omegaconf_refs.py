@@ -50,7 +50,7 @@ def _files() -> dict[str, bytes]:
     return out
 
 
-def main(repeats: int = 30) -> None:
+def main(repeats: int = 15) -> None:
     try:
         import omegaconf  # noqa: F401
     except ImportError:
