@@ -26,8 +26,9 @@ nodes that are single references followed, and computed keys ``${a.${b}}``
 whose inner reference names a plain string. A name that cannot be found adds
 nothing (omegaconf raises when reading it). What cannot be resolved exactly
 (a key computed from interpolated text or a resolver, an escaped key, syntax
-outside the grammar, a miss in a dict with non-str non-int keys), reference cycles (omegaconf raises reading them) and references to a container
-that holds the node (2.4 raises, earlier releases recurse on it) are refused:
+outside the grammar, a miss in a dict with non-str non-int keys), reference
+cycles (omegaconf raises reading them) and references to a container that
+holds the node (2.4 raises, earlier releases recurse on it) are refused:
 either no sound bound exists or the config cannot be read anyway. Resolvers
 given in ``allow=`` are trusted: their result is bounded by their text only.
 
