@@ -228,6 +228,24 @@ def any_nodes_sharing_one_long_interpolation(folder: Path) -> Path:
     return path
 
 
+def _doubling_config(depth: int) -> Any:
+    """a_0 = "x" * 8, a_i = "${a_(i-1)}${a_(i-1)}": kept node references, 2**depth copies."""
+    values = {
+        "a0": "x" * 8,
+        **{f"a{i}": f"${{a{i - 1}}}${{a{i - 1}}}" for i in range(1, depth + 1)},
+    }
+    return _omegaconf().OmegaConf.create(values)
+
+
+@case()
+def dictconfig_references_that_double(folder: Path) -> Path:
+    """Case 11: a 5 KB checkpoint whose hparams resolve to 2**30 copies of 8 bytes (before:
+    loaded; Lightning's load_from_checkpoint then ran past 45 s, to_container MemoryError)."""
+    path = folder / "hostile.pt"
+    torch.save({"hparams": _doubling_config(30)}, path)
+    return path
+
+
 # --------------------------------------------------------------------------- 10: rng.read
 
 
@@ -327,6 +345,82 @@ def test_round3_hostile_file_is_refused_quickly_within_memory(name: str, tmp_pat
         assert found["outcome"] in allowed, found
         assert float(found["seconds"]) < FAST, found  # type: ignore[arg-type]
         assert float(found["rss"]) < memory_bound_mb(path), found  # type: ignore[arg-type]
+
+
+LIGHTNING_CHILD = textwrap.dedent(
+    """
+    import json, pickle, resource, sys, time
+    import torch
+    import lightning.pytorch as pl
+    import compatshim
+    from compatshim.checkpoint import CheckpointError
+    path, depth = sys.argv[1], int(sys.argv[2])
+
+    class Model(pl.LightningModule):
+        def __init__(self, cfg):
+            super().__init__()
+            self.save_hyperparameters(cfg)
+            self.layer = torch.nn.Linear(2, 2)
+
+    from omegaconf import OmegaConf
+    values = {"a0": "x" * 8}
+    values.update({f"a{i}": "${a%d}${a%d}" % (i - 1, i - 1) for i in range(1, depth + 1)})
+    torch.save(  # the keys Lightning's dump_checkpoint writes for a module (no trainer state)
+        {
+            "epoch": 0,
+            "global_step": 0,
+            "pytorch-lightning_version": pl.__version__,
+            "state_dict": Model(OmegaConf.create({})).state_dict(),
+            "hparams_name": "cfg",
+            "hyper_parameters": OmegaConf.create(values),
+        },
+        path,
+    )
+    compatshim.install(include=["torch-load-safe-globals"])
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    start = time.perf_counter()
+    try:
+        model = Model.load_from_checkpoint(path)
+        outcome = "loaded " + str(len(model.hparams["a%d" % depth]))
+    except (CheckpointError, pickle.UnpicklingError):
+        outcome = "refused"
+    except BaseException as exc:
+        outcome = "escaped " + type(exc).__name__ + ": " + str(exc)[:200]
+    seconds = time.perf_counter() - start
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
+    print(json.dumps({"outcome": outcome, "seconds": seconds, "rss": rss}))
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * SECONDS + 30)
+@pytest.mark.parametrize(("depth", "expected"), [(30, "refused"), (4, "loaded 128")])
+def test_lightning_load_from_checkpoint_refuses_references_that_double(
+    depth: int, expected: str, tmp_path: Path
+) -> None:
+    """Case 11 through Lightning: ``load_from_checkpoint`` with the armed ``torch.load`` reads
+    every top-level hparam (before: over 45 s at depth 30); a shallow one still loads."""
+    pytest.importorskip("lightning.pytorch")
+    _omegaconf()
+    if not _armed_applies():
+        pytest.skip("the armed torch.load applies on torch 2.6+")
+    path = tmp_path / "model.ckpt"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", LIGHTNING_CHILD, str(path), str(depth)],
+            capture_output=True,
+            text=True,
+            timeout=SECONDS,
+            env=_env(),
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"load_from_checkpoint ran past {SECONDS} s")
+    assert done.returncode == 0, done.stderr[-800:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["outcome"] == expected, found
+    assert found["seconds"] < FAST, found
+    assert found["rss"] < memory_bound_mb(path), found
 
 
 def _armed_applies() -> bool:

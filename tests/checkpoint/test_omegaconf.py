@@ -646,3 +646,207 @@ def test_check_text_never_misses_a_call_omegaconf_would_make(seed: int) -> None:
         if refused:
             assert check_text(text, SAFE_RESOLVERS) is not None, (text, calls)
     assert parsed > 1000
+
+
+# --------------------------------------------------------------------------- references that expand
+
+
+def _doubling(step: str, depth: int = 30) -> dict[str, Any]:
+    """a_0 = "x" * 8, a_i = two references to a_(i-1): 2**depth copies of a few bytes."""
+    return {"a0": "x" * 8, **{f"a{i}": step.format(p=f"a{i - 1}") for i in range(1, depth + 1)}}
+
+
+def _computed_doubling() -> dict[str, Any]:
+    values = _doubling("${{${{k_{p}}}}}${{${{k_{p}}}}}")
+    return {**values, **{f"k_a{i}": f"a{i}" for i in range(31)}}
+
+
+def _container_doubling() -> dict[str, Any]:
+    levels: dict[str, Any] = {"c0": {"v": "x" * 8}}
+    for i in range(1, 31):
+        levels[f"c{i}"] = {"left": f"${{c{i - 1}}}", "right": f"${{..c{i - 1}}}"}
+    return levels
+
+
+EXPANDING: dict[str, Any] = {
+    "absolute": lambda: _doubling("${{{p}}}${{{p}}}"),
+    "relative": lambda: _doubling("${{.{p}}}${{.{p}}}"),
+    "oc.select": lambda: _doubling("${{oc.select:{p},d}}${{oc.select:.{p}}}"),
+    "computed key": _computed_doubling,
+    "containers": _container_doubling,
+    "empty strings": lambda: {**_doubling("${{{p}}}${{{p}}}"), "a0": ""},  # work, not length
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXPANDING))
+def test_references_that_expand_are_refused_naming_key_and_bound(
+    case: str, tmp_path: pathlib.Path
+) -> None:
+    """Issue 26 case 11: a 5 KB file whose references resolve to 2**30 copies (before: loaded;
+    reading it took minutes, ``to_container(resolve=True)`` raised MemoryError)."""
+    path = save(OmegaConf.create(EXPANDING[case]()), tmp_path)
+    start = time.perf_counter()
+    with pytest.raises(UnsafeCheckpointError, match="resolves to at most") as refused:
+        load(path)
+    assert time.perf_counter() - start < 10
+    assert refused.value.refused[0].startswith("omegaconf interpolation ")
+    assert any(f"at {key}{n} " in str(refused.value) for key in "ac" for n in range(31))
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"a": "${b}", "b": "${a}"},
+        {"a": "x${a}"},
+        {"s": {"t": "${.u}", "u": "${s.t}"}},
+        {"a": "${b.c}", "b": "${a}"},  # an intermediate key that is a reference back
+        {"u": {"v": "${..u}"}},  # 2.4 refuses to read it; 2.2 recurses until RecursionError
+    ],
+)
+def test_a_reference_cycle_is_refused(values: dict[str, Any], tmp_path: pathlib.Path) -> None:
+    """omegaconf raises reading a cycle; the loader refuses it rather than guess its size."""
+    cfg = OmegaConf.create({})
+    for key, value in values.items():  # OmegaConf.create would not object either
+        cfg[key] = value
+    with pytest.raises(UnsafeCheckpointError, match=r"cycle|a container that holds it"):
+        load(save(cfg, tmp_path))
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["${a.${b}}", "${a[${b}]}", "${oc.select:${b}}", "${a\\.b}", "${a b}", "${.}", "${a[x]y}"],
+)
+def test_references_that_cannot_be_resolved_statically_are_refused(
+    text: str, tmp_path: pathlib.Path
+) -> None:
+    """A key computed from interpolated text, an escaped key, text outside the grammar."""
+    cfg = OmegaConf.create({"a": {"x": "y"}, "b": "${c}", "c": "x"})
+    cfg._set_value({**OmegaConf.to_container(cfg), "t": "placeholder"})
+    cfg._get_node("t").__dict__["_val"] = text
+    with pytest.raises(UnsafeCheckpointError, match="cannot be bounded"):
+        load(save(cfg, tmp_path))
+
+
+def test_a_config_with_many_references_loads(tmp_path: pathlib.Path) -> None:
+    """Hydra-style configs: thousands of references, chains, relative keys, oc.select."""
+    content: dict[str, Any] = {
+        "name": "run",
+        "data": {"root": "/data", "train": "${.root}/train", "val": "${data.root}/val"},
+        "model": {"width": 64, "layers": [1, 2, 3], "depth": "${model.layers[2]}"},
+        "trainer": {"epochs": 10, "run": "${name}-${trainer.epochs}", "n": "${oc.select:x,1}"},
+        "paths": {f"p{i}": f"${{data.train}}/{i}/${{..name}}" for i in range(3000)},
+        "chain": {f"c{i}": (f"${{.c{i - 1}}}/{i}" if i else "root") for i in range(30)},
+    }
+    original = OmegaConf.create(content)
+    loaded = load(save(original, tmp_path))["hparams"]
+    same(loaded, original)
+
+
+def test_references_to_missing_keys_list_items_and_containers_load(
+    tmp_path: pathlib.Path,
+) -> None:
+    content = {
+        "u": {"v": 1},
+        "w": "x${u}",
+        "z": "${u}",
+        "gone": "${nothere}",
+        "deep": "${a.b.c}",
+        "items": [5, 6],
+        "last": "${items[1]}",
+        "negative": "${items[-1]}",  # 2.4 reads it; 2.2 raises (not found)
+        "dotted": "${items.0}",
+        "which": "x",
+        "bracket": {"x": 1, "y": "${.[${..which}]}"},
+    }
+    cfg = OmegaConf.create(content)
+    loaded = load(save(cfg, tmp_path))["hparams"]
+    assert OmegaConf.to_container(loaded) == OmegaConf.to_container(cfg)
+    assert loaded.last == 6 and loaded.dotted == 5 and loaded.bracket.y == 1
+
+
+class _Values:
+    """Random acyclic configs of references, resolver calls and containers (seeded)."""
+
+    def __init__(self, seed: int) -> None:
+        import random
+
+        self.r = random.Random(seed)
+
+    def text(self, i: int, inside: bool) -> Any:
+        r = self.r
+        j = r.randrange(i) if i else None
+        up = ".." if inside else "."
+        choices: list[Any] = [
+            "x" * r.randrange(12) + r.choice(["", "\x00", "é", "😀"]),
+            r.randrange(-(10**30), 10**30),
+            r.random(),
+            [r.randrange(9), "q" * r.randrange(5)],
+        ]
+        if j is not None:
+            choices += [
+                f"${{a{j}}}",
+                f"<${{a{j}}}|${{a{j}}}>",
+                f"${{{up}a{j}}}",
+                f"${{oc.select:a{j},d}}",
+                f"p${{oc.select:zz,[${{a{j}}}]}}",
+                f"${{${{k{j}}}}}",
+                "-${oc.dict.keys:s}",
+            ]
+            if inside:
+                choices.append(f"${{s.b{j}}}${{.b{j}}}")
+        return r.choice(choices)
+
+    def config(self) -> DictConfig:
+        content: dict[str, Any] = {"s": {}}
+        for i in range(8):
+            content[f"k{i}"] = f"a{i}"
+            content[f"a{i}"] = self.text(i, False)
+            content["s"][f"b{i}"] = self.text(i, True)
+        return OmegaConf.create(content)
+
+
+def _built(value: Any) -> int:
+    """Characters omegaconf built resolving a value (strings, keys, numbers' text)."""
+    if isinstance(value, dict):
+        return sum(len(str(k)) + _built(v) for k, v in value.items())
+    if isinstance(value, list):
+        return sum(_built(v) for v in value)
+    return len(str(value))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_bound_is_never_below_what_omegaconf_builds(seed: int, tmp_path: pathlib.Path) -> None:
+    """Soundness against omegaconf itself: each top-level value's bound covers its resolved
+    container and, for text, its resolved string."""
+    from compatshim.checkpoint import _interp_size
+    from compatshim.checkpoint._omegaconf import path_of
+
+    values = _Values(seed)
+    checked = 0
+    for _ in range(40):
+        cfg = values.config()
+        loaded = load(save(cfg, tmp_path))["hparams"]
+        nodes: list[tuple[Any, str]] = []
+        stack: list[Any] = [loaded]
+        while stack:
+            node = stack.pop()
+            nodes.append((node, f"{type(node).__module__}.{type(node).__name__}"))
+            content = node.__dict__.get("_content")
+            if isinstance(content, dict):
+                stack.extend(content.values())
+            elif isinstance(content, list):
+                stack.extend(content)
+        sizes = _interp_size._Sizes(nodes, lambda units, what: None, path_of)
+        for key in loaded:
+            node = loaded._get_node(key)
+            bound = sizes.of(node, node)
+            try:
+                resolved = OmegaConf.to_container(loaded, resolve=True)[key]
+                text = str(loaded[key])
+            except omegaconf.errors.OmegaConfBaseException:
+                continue  # omegaconf cannot read it (a missing key, a type): nothing built
+            assert bound >= _built(resolved), (key, loaded._get_node(key)._value(), resolved)
+            if not isinstance(loaded[key], (DictConfig, ListConfig)):  # those print unresolved
+                assert bound >= len(text), (key, text)
+            checked += 1
+    assert checked > 300

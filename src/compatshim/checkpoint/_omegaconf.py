@@ -25,8 +25,10 @@ After the whole pickle ran
     every omegaconf object the file made must have been built; a node held in
     a container's content is held by that one container and its ``_parent`` is
     that container (None when no container holds it); parent chains end within
-    :data:`MAX_DEPTH` levels (no cycles); and every string value, container
-    content and dict key passes the interpolation policy.
+    :data:`MAX_DEPTH` levels (no cycles); every string value, container
+    content and dict key passes the interpolation policy; and what resolving the
+    kept node references would build is bounded and charged to the load's budget
+    (``_interp_size.py``: ``a_i = "${a_(i-1)}${a_(i-1)}"`` resolves to 2**i copies).
 
 Interpolation policy (:func:`check_text`)
     Node references (``${a.b}``, ``${..x}``, ``${a[0]}``, ``${a.${b}}``) are
@@ -65,6 +67,7 @@ from typing import Any, Callable, Container
 
 from .. import _settings
 from .._text import short
+from ._interp_size import charge_expansion
 from .errors import CheckpointError, UnsafeCheckpointError
 
 MAX_DEPTH = 100  # omegaconf recurses per level (to_container, merge): keep well below 1000
@@ -362,6 +365,8 @@ class Builder:
         self.dollar = any(bare_dollar(text) for text in unique.values())
         for text, node, key in texts:
             self._check(text, node, key)
+        nodes = [(obj, name) for obj, name in self.made.values() if name not in (_META, _CMETA)]
+        charge_expansion(nodes, self.charge, path_of)  # node references that expand (case 11)
 
     def _depth(self, obj: Any, depth: dict[int, int]) -> None:
         chain = []
