@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 import compatshim.ema as cema  # noqa: E402
 from compatshim.ema.names import canonical  # noqa: E402
 from tests.harness.dist import run_ranks  # noqa: E402
+from tests.harness.fsdp2 import fsdp2_cpu_problem  # noqa: E402
 
 from .ema_workers import (  # noqa: E402
     _small_net,
@@ -101,21 +102,8 @@ def test_ddp_and_fsdp1_on_a_one_rank_gloo_group() -> None:
     assert "use_orig_params=True" in result["fsdp1_flat_error"]
 
 
-def _has_fully_shard() -> bool:
-    try:
-        from torch.distributed.fsdp import fully_shard
-    except ImportError:
-        try:
-            from torch.distributed._composable.fsdp import fully_shard  # noqa: F401
-        except ImportError:
-            return False
-    return True
-
-
 @pytest.mark.dist
-@pytest.mark.skipif(
-    not _has_fully_shard(), reason=f"torch {torch.__version__} has no FSDP2 fully_shard (2.4+)"
-)
+@pytest.mark.skipif(fsdp2_cpu_problem() is not None, reason=str(fsdp2_cpu_problem()))
 def test_fsdp2_each_rank_steps_its_shards_and_gathering_gives_the_full_ema() -> None:
     results = run_ranks(fsdp2_sharded_ema, 2, timeout=180)
     assert results[0]["local_shapes"]["0.weight"] == (2, 5)

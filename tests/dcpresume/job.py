@@ -19,6 +19,7 @@ world sizes used here, powers of two).
 from __future__ import annotations
 
 import copy
+import inspect
 import warnings
 from pathlib import Path
 from typing import Any
@@ -31,52 +32,10 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 import compatshim.ema
 import compatshim.optim
 import compatshim.rng
+from tests.harness.fsdp2 import fully_shard_api
 
 GLOBAL_BATCH = 4  # divisible by every world size the tests use (1, 2, 4)
 DECAY = 0.9
-
-
-def fully_shard_api() -> Any:
-    """``fully_shard`` where the release has it (public in 2.6+, _composable in 2.4-2.5)."""
-    try:
-        from torch.distributed.fsdp import fully_shard  # type: ignore[attr-defined]
-    except ImportError:
-        try:
-            from torch.distributed._composable.fsdp import fully_shard
-        except ImportError:
-            return None
-    return fully_shard
-
-
-def fsdp2_cpu_problem() -> str | None:
-    """Why FSDP2 cannot run on CPU ranks here, or None.
-
-    torch 2.4's ``fully_shard`` makes ``torch.cuda.Stream`` objects at its first
-    forward (no CPU path); later releases take streams from the device handle, but
-    2.5-2.6's ``torch.cpu.Stream`` has no ``record_event``, which they call.
-    """
-    import importlib
-    import inspect
-
-    if fully_shard_api() is None:
-        return f"torch {torch.__version__} has no fully_shard (FSDP2; 2.4+)"
-    for name in ("torch.distributed.fsdp._fully_shard._fsdp_param_group",
-                 "torch.distributed._composable.fsdp._fsdp_param_group"):
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        if "torch.cuda.Stream(" in inspect.getsource(module):
-            return (f"torch {torch.__version__}'s fully_shard creates torch.cuda.Stream at its "
-                    "first forward: it needs CUDA, no CPU ranks")
-        collectives = importlib.import_module(name.replace("_fsdp_param_group",
-                                                           "_fsdp_collectives"))
-        if (".record_event(" in inspect.getsource(collectives)
-                and not hasattr(torch.cpu.Stream, "record_event")):
-            return (f"torch {torch.__version__}'s fully_shard calls Stream.record_event, which "
-                    "torch.cpu.Stream lacks: it needs CUDA, no CPU ranks")
-        return None
-    return f"torch {torch.__version__}: fully_shard's param-group module not found"
 
 
 def reduce_scatter_ignores_op(group: Any = None) -> bool:
@@ -104,6 +63,17 @@ def reduce_scatter_ignores_op(group: Any = None) -> bool:
     if float(out) == mean * world:
         return True
     raise AssertionError(f"reduce_scatter_tensor(AVG) gave {float(out)}: neither mean nor sum")
+
+
+# torch 2.2: dcp.save/load take no checkpoint_id, and load leaves non-tensor items unloaded
+_OLD_DCP = "checkpoint_id" not in inspect.signature(dcp.save).parameters
+
+
+def _save_to(folder: str) -> dict[str, Any]:
+    """``dcp.save``'s target: torch 2.2's takes a writer, not ``checkpoint_id``."""
+    if not _OLD_DCP:
+        return {"checkpoint_id": folder}
+    return {"storage_writer": dcp.FileSystemWriter(folder)}
 
 
 def _batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,7 +109,9 @@ def _build(layout: str, world: int) -> tuple[Any, torch.nn.Module, Any, Any, Any
 
 def _state(model: Any, ema: Any, opt: Any, sched: Any, step: int) -> dict[str, Any]:
     model_sd, optim_sd = get_state_dict(model, opt)
-    state = {"model": model_sd, "optim": optim_sd, "sched": sched.state_dict(), "step": step}
+    # the step as a tensor: torch 2.2's dcp.load leaves a top-level int as it was
+    state = {"model": model_sd, "optim": optim_sd, "sched": sched.state_dict(),
+             "step": torch.tensor(step)}
     if ema is not None:
         state["ema"] = ema.state_dict()
     return state
@@ -164,6 +136,8 @@ def train(rank: int, world: int, layout: str, folder: str, save_at: int, steps: 
         compatshim.optim.load_dcp(state, {"optim": opt}, checkpoint_id=folder)
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         sched.load_state_dict(state["sched"])
+        if _OLD_DCP:  # torch 2.2's dcp.load leaves non-tensor items (the scheduler's) as they were
+            sched.load_state_dict(torch.load(Path(folder) / "sched.pt"))
         if ema is not None:
             ema.load_state_dict(state["ema"])
         start = int(state["step"])
@@ -177,8 +151,10 @@ def train(rank: int, world: int, layout: str, folder: str, save_at: int, steps: 
                       "warned": [type(w.message).__name__ for w in caught]}
     for step in range(start, steps):
         if step == save_at and not resume:
-            dcp.save(_state(model, ema, opt, sched, step), checkpoint_id=folder)
+            dcp.save(_state(model, ema, opt, sched, step), **_save_to(folder))
             compatshim.rng.save(Path(folder) / "rng.pt")
+            if _OLD_DCP and rank == 0:
+                torch.save(sched.state_dict(), Path(folder) / "sched.pt")
         x, y = _batch(step, rank, world)
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()

@@ -21,8 +21,9 @@ from packaging.version import Version
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.checkpoint.state_dict")  # torch >= 2.2
 
-from tests.dcpresume.job import fsdp2_cpu_problem, train  # noqa: E402
+from tests.dcpresume.job import train  # noqa: E402
 from tests.harness.dist import run_ranks  # noqa: E402
+from tests.harness.fsdp2 import fsdp2_cpu_problem  # noqa: E402
 
 SAVE_AT, STEPS = 2, 4
 TIMEOUT = 240.0
