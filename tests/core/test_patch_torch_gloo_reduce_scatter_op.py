@@ -9,6 +9,8 @@ there the patch is out of range and leaves ``reduce_scatter_tensor`` alone.
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 import traceback
 import warnings
 from typing import Any
@@ -19,7 +21,7 @@ import torch.distributed as dist
 
 import compatshim
 from compatshim.patches import torch_gloo_reduce_scatter_op as patch_module
-from tests.harness.dist import run_ranks
+from tests.harness.dist import python_env, run_ranks
 
 NAME = "torch-gloo-reduce-scatter-op"
 WORLD = 2
@@ -153,10 +155,26 @@ def test_revert_restores_torchs_function_and_result() -> None:
         assert got["reverted mark"] is None
 
 
-def test_probe_agrees_with_the_release_and_is_cached() -> None:
-    compatshim.uninstall([NAME])
-    assert patch_module.probe(dist) is DEFECT_EXPECTED
-    assert patch_module._raw_sums == [DEFECT_EXPECTED]
+def test_the_declared_range_is_where_gloo_sums_live() -> None:
+    """The patch decides by its range; a private loopback gloo group checks the range."""
+    assert patch_module.loopback_sums(dist) is DEFECT_EXPECTED
+    assert patch_module.loopback_sums(dist, through_fix=True) is False
+
+
+def test_arming_prints_nothing_and_probes_cheaply() -> None:
+    """A live gloo probe would print on stdout inside the user's import; the patch does not."""
+    code = (
+        f"import compatshim; compatshim.install([{NAME!r}]); import torch.distributed as dist; "
+        f"row = [r for r in compatshim.status() if r.name == {NAME!r}][0]; "
+        "import sys; sys.stderr.write(repr((row.applied, row.defect)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=python_env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    applied = "(True, 'present')" if DEFECT_EXPECTED else "(False, 'not probed')"
+    assert done.stderr.strip().endswith(applied), done.stderr
 
 
 @pytest.mark.skipif(not DEFECT_EXPECTED, reason="out of the patch's range: never applied")
@@ -167,8 +185,7 @@ def test_install_twice_is_once_and_uninstall_restores_exact_objects() -> None:
     assert compatshim.install([NAME]) == [NAME]
     wrapped = dist.reduce_scatter_tensor
     assert wrapped is not before[0] and wrapped.__wrapped__ is before[0]
-    assert patch_module.confirm(dist) is True
-    assert patch_module.probe(dist) is False  # through the fix: the mean
+    assert patch_module.probe(dist) is False  # through the fix
     assert compatshim.uninstall([NAME]) == [NAME]
     assert (dist.reduce_scatter_tensor, dist.distributed_c10d.reduce_scatter_tensor) == before
     assert patch_module.probe(dist) is True

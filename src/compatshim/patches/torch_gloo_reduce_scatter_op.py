@@ -14,13 +14,18 @@ Which versions
     2.15 (out of range, left alone).
 
 How it is detected
-    The probe makes a private two-rank gloo group inside this process (two
-    threads, an in-memory ``HashStore``, loopback sockets; not registered
-    with torch.distributed, so no global state changes) and reduce-scatters
-    with ``AVG``: the defect is present when the ranks get the sum. About
-    30 ms, once per process (cached), and only on releases in range, when
-    ``torch.distributed`` is imported, never at ``import compatshim.auto``.
-    Through the fix, the probe runs the fix's own averaging on that group.
+    By the declared range, plus a structural check: ``torch.distributed`` has
+    gloo and a ``reduce_scatter_tensor`` that is not this patch's wrapper. A
+    live probe cannot run where patches are decided: making even a private
+    gloo group prints gloo's "connected to 1 peer ranks" lines on **stdout**,
+    unconditionally, which would corrupt the stdout of any program importing
+    ``torch.distributed`` (the doctor's JSON, for one). The range is checked
+    live instead by the tests, on each tested release, with
+    :func:`loopback_sums` (a private two-rank gloo group in two threads of this
+    process, an in-memory ``HashStore``, loopback sockets; nothing registered
+    with torch.distributed). Guessing costs nothing in correctness: SUM then a
+    divide by the group size is the mean whether or not gloo honours AVG, so
+    the fix never gives a wrong tensor even on a release that averages.
 
 The fix
     ``reduce_scatter_tensor`` in ``torch.distributed`` (the name FSDP2 calls)
@@ -60,7 +65,6 @@ if TYPE_CHECKING:
 _NAME = "torch-gloo-reduce-scatter-op"
 _ELEMENTWISE = ("PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
 _lock = threading.Lock()
-_raw_sums: list[bool] = []  # the probe's verdict on torch's own call, once per process
 
 
 class GlooReduceScatterOpError(ValueError):
@@ -166,6 +170,15 @@ def _is_wrapped(function: Any) -> bool:
     return getattr(function, "__compatshim__", None) == _NAME
 
 
+def loopback_sums(dist: ModuleType, *, through_fix: bool = False) -> bool:
+    """Whether gloo's reduce-scatter sums when asked to average, on a private 2-rank group.
+
+    ``through_fix``: reduce with SUM and average as the fix does, instead of asking for
+    AVG. Prints gloo's connection lines on stdout: for tests, never at import.
+    """
+    return _verdict(_loopback_average(dist, through_fix))
+
+
 def _loopback_average(dist: ModuleType, through_fix: bool) -> list[float]:
     """Each rank's AVG reduce-scatter of ``[r + 1, r + 1]`` on a private 2-rank gloo group."""
     from datetime import timedelta
@@ -212,23 +225,13 @@ def _verdict(values: list[float]) -> bool:
 
 
 def probe(module: ModuleType) -> bool:
-    """True while ``module.reduce_scatter_tensor`` would sum on gloo when asked to average."""
+    """True while gloo's ``reduce_scatter_tensor`` is torch's own (the range says it sums)."""
     if not module.is_available() or not hasattr(module, "ProcessGroupGloo"):
         return False
-    with _lock:
-        if not _raw_sums:
-            _raw_sums.append(_verdict(_loopback_average(module, through_fix=False)))
-    if not _raw_sums[0]:
-        return False
-    if not confirm(module):
-        return True
-    return _verdict(_loopback_average(module, through_fix=True))
-
-
-def confirm(module: ModuleType) -> bool:
-    """The wrappers are in place (cheap); the probe checks the averaging end to end."""
-    c10d = module.distributed_c10d
-    return _is_wrapped(module.reduce_scatter_tensor) and _is_wrapped(c10d.reduce_scatter_tensor)
+    return not (
+        _is_wrapped(module.reduce_scatter_tensor)
+        and _is_wrapped(module.distributed_c10d.reduce_scatter_tensor)
+    )
 
 
 def apply(module: ModuleType, patcher: Patcher) -> None:
