@@ -27,7 +27,10 @@ NAME = "torch-gloo-reduce-scatter-op"
 WORLD = 2
 RELEASE = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
 DEFECT_EXPECTED = (2, 2) <= RELEASE < (2, 9)
-pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch built without distributed")
+pytestmark = [
+    pytest.mark.skipif(not dist.is_available(), reason="torch built without distributed"),
+    pytest.mark.skipif(RELEASE < (2, 2), reason="gloo has no reduce_scatter_tensor before 2.2"),
+]
 
 
 def _input(rank: int) -> torch.Tensor:
