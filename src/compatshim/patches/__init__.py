@@ -82,6 +82,18 @@ CATALOGUE: tuple[Patch, ...] = (
         ),
     ),
     Patch(
+        name="torch-gloo-reduce-scatter-op",
+        distribution="torch",
+        requires=">=2.2,<2.9",
+        tested=">=2.8,<2.9",
+        targets=("torch.distributed",),
+        description=(
+            "reduce_scatter_tensor on a gloo group applies its ReduceOp instead of summing "
+            "(pytorch 162338): AVG is SUM then a divide by the group size, so FSDP2 on CPU "
+            "averages its gradients; MIN/MAX/PRODUCT/bitwise go through all_reduce"
+        ),
+    ),
+    Patch(
         name="numpy-core-names",
         distribution="numpy",
         requires=">=1.17",
