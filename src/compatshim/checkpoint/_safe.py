@@ -2,7 +2,8 @@
 
 Rules, whatever the bytes:
 
-* A global resolves only through compatshim's allowlist or the call's ``allow=``.
+* A global resolves only as :func:`_gate.judge` admits it (the allowlist, then the call's
+  ``allow=`` and the process-wide entries; nothing the deny list names).
 * REDUCE/NEWOBJ reach only handlers chosen by the global's *kind*; the
   allow-listed originals of rebuild functions are never called with the
   file's arguments.

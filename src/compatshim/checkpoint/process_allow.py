@@ -24,11 +24,12 @@ interpolations, as ``allow=["omegaconf-resolver:NAME"]`` lets one call
 whatever is allowed). These are consulted only when a config calls a resolver
 outside omegaconf's safe ones, and never name a global.
 
-They are consulted only for a global that neither the call's ``allow=`` nor
-compatshim's allowlist admits: a load that needs none of them never reads the
-file or the entry points, and a string names a module that is imported only
-when a file needs it. An entry never replaces the allowlist's handling of a
-global it already lists. A malformed variable, file or entry point is warned
+Only ``_gate.judge`` consults them, for a global that neither compatshim's
+allowlist nor the call's ``allow=`` admits and the deny list does not name: a
+load that needs none of them never reads the file or the entry points, and a
+string names a module that is imported only when a file needs it. An entry never
+replaces the allowlist's handling of a global it already lists. Entries are read
+by ``_names.parse``, as ``allow=`` is. A malformed variable, file or entry point is warned
 about once and ignored: ignoring an entry only makes loading stricter.
 Allowed classes are constructed and functions called with the file's
 arguments, as with ``allow=``: name only globals you trust.
