@@ -89,6 +89,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ._names import canonical
+
 Kind = Literal[
     "constant", "constructor", "enum", "instance", "dict-subclass", "rebuild", "method", "rule"
 ]
@@ -117,9 +119,8 @@ class Entry:
 
     @property
     def key(self) -> str:
-        """One name for a global's aliases (numpy's two core spellings): what handlers use."""
-        core = numpy_core(self.module)
-        return self.qualname if core is None else f"numpy._core{core[1]}.{self.name}"
+        """One name for a global's aliases (``_names.canonical``): what handlers use."""
+        return canonical(self.module, self.name)
 
     def problem(self) -> str | None:
         """Why this entry does not apply to the installed release, or None."""
