@@ -37,6 +37,9 @@ GETATTR_ONLY = (
     "(allow= does not open getattr)"
 )
 _MISSING = object()
+# the allowlist's verdicts: they depend on nothing but the installed releases, which
+# _engine.versions reads once per process
+_LISTED: dict[str, Verdict] = {}
 
 
 class Allow:
@@ -107,9 +110,15 @@ def judge(module: str, name: str, allow: Allow | None = None, reached: bool = Fa
     """The verdict on the global ``module.name`` (see the module docstring); ``reached``:
     named through ``builtins.getattr``, so only the allowlist can admit it."""
     key = canonical(module, name)
+    listed = _LISTED.get(key)
+    if listed is not None:
+        return listed
     entry, member = row(key)
     if entry is not None and entry.applies():
-        return Verdict(key, entry, member, ALLOWLIST)
+        verdict = Verdict(key, entry, member, ALLOWLIST)
+        if member is None:  # bounded by the table (a file may name any number of members)
+            _LISTED[key] = verdict
+        return verdict
     danger = GETATTR_ONLY if reached else denied(key)
     if danger is not None:
         why = danger if reached else f"{DENIED_REFUSAL}: {danger}"
