@@ -47,11 +47,12 @@ from .errors import CheckpointError, UnsafeCheckpointError
 
 
 def allow_code(name: str, split: tuple[str, str] | None = None) -> str | None:
-    """The one line that admits ``name`` for one call; None where a string cannot name it.
+    """The one line that admits ``name`` for one call; None where no plain line is offered.
 
-    ``split``: the ``(module, name)`` the pickle writes (default: at the last dot). A
-    string entry is split at its last dot, so it names a global whose name holds no dot
-    (not a nested class: allow that as an object); every part a Python identifier.
+    ``split``: the ``(module, name)`` the pickle writes (default: at the last dot). Offered
+    for a global whose name holds no dot, every part a Python identifier; a nested class
+    is advised as its object (a dotted string names it too, read through ``vars()``, but
+    the object says which one without doubt).
     """
     module, attr = split if split is not None else name.rpartition(".")[::2]
     if not module or "." in attr or f"{module}.{attr}" != name:
