@@ -25,10 +25,7 @@ ALLOW_FILE = "COMPATSHIM_ALLOW_FILE"  # a file of such globals, one "module.name
 DEFAULT_DESYNC_TIMEOUT = 300.0
 DEFAULT_DOCTOR_TIMEOUT = 300.0
 _FALSE = ("", "0", "false", "no", "off")
-_QUALNAME = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+"
 RESOLVER_PREFIX = "omegaconf-resolver:"  # an allow entry naming an omegaconf resolver
-# a resolver name as omegaconf's grammar spells one (``eval``, ``oc.env``); never computed
-_RESOLVER_NAME = r"[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*"
 
 
 class SettingError(ValueError):
@@ -84,39 +81,9 @@ def safe_load() -> bool:
     return truthy(os.environ.get(SAFE_LOAD))
 
 
-def qualnames(raw: str, where: str) -> list[str]:
-    """``module.name`` globals or ``omegaconf-resolver:NAME`` entries, separated by commas or
-    whitespace; SettingError names a bad one."""
-    import re
-
-    names = [part for part in re.split(r"[\s,]+", raw) if part]
-    for name in names:
-        if name.startswith(RESOLVER_PREFIX):
-            resolver_name(name, where)
-        elif not re.fullmatch(_QUALNAME, name):
-            raise SettingError(f"{where}: {name[:80]!r} is not a 'module.name' global")
-    return names
-
-
-def resolver_name(entry: str, where: str) -> str | None:
-    """NAME of an ``omegaconf-resolver:NAME`` entry, None for any other string; SettingError
-    when NAME is not a plain resolver name (empty, or built from an interpolation)."""
-    import re
-
-    if not entry.startswith(RESOLVER_PREFIX):
-        return None
-    name = entry[len(RESOLVER_PREFIX) :]
-    if not re.fullmatch(_RESOLVER_NAME, name):
-        raise SettingError(
-            f"{where}: {entry[:80]!r} does not name a resolver ('{RESOLVER_PREFIX}NAME', NAME "
-            "such as eval or oc.env; a computed resolver name is never allowed)"
-        )
-    return name
-
-
-def allow_names() -> list[str]:
-    """The globals listed in ``COMPATSHIM_ALLOW`` (SettingError for a malformed entry)."""
-    return qualnames(os.environ.get(ALLOW, ""), ALLOW)
+def allow_text() -> str:
+    """``COMPATSHIM_ALLOW`` as set (``checkpoint._names.parse_text`` reads the entries)."""
+    return os.environ.get(ALLOW, "")
 
 
 def allow_file() -> str | None:

@@ -478,8 +478,8 @@ def test_a_nested_class_is_judged_by_the_split_the_pickle_writes(
     tmp_path: Path, process_wide: Any
 ) -> None:
     """Protocol 4 writes ``Outer.Inner`` as module + ``Outer.Inner`` (2 and 3 reach it
-    through getattr, refused): no string names it, the object does; inspect says so and
-    agrees with load either way."""
+    through getattr, refused): the object names it, and so does the dotted string (one
+    canonical name whatever the split: ``_names.canonical``); inspect agrees with load."""
     import compatshim
 
     path = tmp_path / "nested.pt"
@@ -489,7 +489,9 @@ def test_a_nested_class_is_judged_by_the_split_the_pickle_writes(
     assert use.allow is None and use.allow_everywhere == () and use.dangerous is None
     assert "a nested name: allow the object itself" in _cli(str(path)).stdout
     compatshim.checkpoint.allow("tests.checkpoint.test_inspect.Outer.Inner", reason="a string")
-    assert not _agree(path)  # the string splits at its last dot: another global
+    assert _agree(path) and load(path) == {"x": Outer.Inner(2)}  # read through vars(Outer)
+    compatshim.checkpoint.disallow("tests.checkpoint.test_inspect.Outer.Inner")
+    assert not _agree(path)  # both refuse it again
     compatshim.checkpoint.allow(Outer.Inner, reason="the object")
     assert _agree(path) and load(path) == {"x": Outer.Inner(2)}
 

@@ -39,9 +39,10 @@ from typing import IO, Any, Callable, Literal, NamedTuple, TypeVar
 
 from .._text import short
 from . import _safetensors
+from ._gate import ALLOWLIST, Verdict, judge
 from ._machine import Machine, Source
 from ._tensors import REBUILDS
-from .allowlist import STORAGE_DTYPES, covering, lookup, storage_type
+from .allowlist import STORAGE_DTYPES, lookup, storage_type
 from .errors import CheckpointError, UnsafeCheckpointError
 
 T = TypeVar("T")
@@ -382,6 +383,7 @@ class ScanResult:
 # results of a call that load may call in turn, under the rule of their global (its
 # arguments are checked by load, not here): functools.partial(object.__new__, cls, ...)()
 CALLED_RESULTS = frozenset({"functools.partial()"})
+CONSTANTS = ("constant", "method")  # allowlist kinds load never calls
 
 
 class ScanMachine(Machine):
@@ -397,6 +399,7 @@ class ScanMachine(Machine):
         self.container = container
         self.found = ScanResult()
         self._symbols: dict[str, Symbol] = {}
+        self._verdicts: dict[str, Verdict] = {}
 
     def run(self) -> Any:
         value = super().run()
@@ -420,18 +423,20 @@ class ScanMachine(Machine):
 
     def call(self, func: Any, args: tuple[Any, ...]) -> Any:
         name = func.name if type(func) is Symbol else f"<{type(func).__name__}>"
+        rule = name  # the canonical name its rules know it by
         if type(func) is not Symbol or (name.endswith(")") and name not in CALLED_RESULTS):
             self.found.problems.append(f"call of {short(name)}: only globals may be called")
-        else:
-            module, _, attr = name.rpartition(".")
-            entry = covering(module, attr)
-            if entry is not None and entry.kind in ("constant", "method"):
+        elif not name.endswith(")"):
+            verdict = self._verdict(name)
+            rule = verdict.name
+            entry = verdict.entry
+            if verdict.source == ALLOWLIST and entry is not None and entry.kind in CONSTANTS:
                 self.found.problems.append(f"call of {name}: it may not be called")
-        if name == "functools.partial" and not (
+        if rule == "functools.partial" and not (
             len(args) == 1 and type(args[0]) is Symbol and args[0].name == "builtins.object.__new__"
         ):  # its rule (load also checks the partial's state, which this scan does not)
             self.found.problems.append("functools.partial of anything but object.__new__")
-        if name == "builtins.getattr":  # the one rule entry: what it reaches is judged as a name
+        if rule == "builtins.getattr":  # the one rule entry: what it reaches is judged as a name
             if len(args) == 2 and type(args[0]) is Symbol and type(args[1]) is str:
                 reached = f"{args[0].name}.{args[1]}"
             else:
@@ -439,12 +444,20 @@ class ScanMachine(Machine):
             self.found.globals[reached] += 1
             self.found.reached.add(reached)
             return Symbol(reached)
-        if name in TENSOR_REBUILDS:
+        if rule in TENSOR_REBUILDS:
             self.found.tensor_dtypes[self._tensor_dtype(name, args)] += 1
-        elif name == "torch._tensor._rebuild_from_type_v2" and len(args) == 4:
+        elif rule == "torch._tensor._rebuild_from_type_v2" and len(args) == 4:
             inner = args[2] if type(args[2]) is tuple else ()
             self.call(args[0], inner)
         return Symbol(_called(name, "()"))
+
+    def _verdict(self, name: str) -> Verdict:
+        """``load``'s verdict on a called global (``_gate.judge``), once per name."""
+        verdict = self._verdicts.get(name)
+        if verdict is None:
+            module, _, attr = name.rpartition(".")
+            verdict = self._verdicts[name] = judge(module, attr, None, name in self.found.reached)
+        return verdict
 
     def _tensor_dtype(self, name: str, args: tuple[Any, ...]) -> str:
         if name.endswith("_v3") and len(args) > 6 and type(args[6]) is Symbol:

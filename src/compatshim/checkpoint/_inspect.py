@@ -7,15 +7,14 @@ nothing it names is imported or constructed, and no tensor data is read.
 Neither torch nor numpy is imported, which keeps it well under a second for any
 size of file.
 
-A global off compatshim's allowlist (or on it for other releases) is judged as
-``load`` judges it: covered when a process-wide entry names it
-(``process_allow.py``: ``compatshim.checkpoint.allow``, ``COMPATSHIM_ALLOW``,
-``COMPATSHIM_ALLOW_FILE``, the ``compatshim.allow`` entry points; read only for
-such a global), looked up with the module/name split the pickle itself writes.
-Names reached through ``builtins.getattr`` are judged by the allowlist alone,
-as ``load`` judges them. The one difference: a process-wide string entry is
-taken at its word (nothing is imported here), where ``load`` imports it and
-refuses a name that does not exist.
+Every global is judged by ``load``'s own gate (``_gate.judge``, without a call's
+``allow=``): the allowlist, the deny list, then the process-wide entries
+(``compatshim.checkpoint.allow``, ``COMPATSHIM_ALLOW``, ``COMPATSHIM_ALLOW_FILE``,
+the ``compatshim.allow`` entry points; read only for a global that needs them).
+Names reached through ``builtins.getattr`` are judged by the allowlist alone.
+The one difference: a process-wide string entry is taken at its word (nothing is
+imported here), where ``load`` imports it and refuses a name that does not exist
+or turns out to be denied.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import zipfile
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
-from . import _safetensors
+from . import _safetensors, process_allow
 from ._container import (
     LEGACY_MAGIC,
     ScanMachine,
@@ -40,18 +39,20 @@ from ._container import (
 )
 from ._dcp import DcpInfo
 from ._dcp import is_folder as is_dcp_folder
+from ._gate import ALLOWLIST, judge
 from ._machine import Source
-from .allowlist import covering, numpy_core
-from .deny import denied
+from ._names import parse
+from .allowlist import numpy_core
 from .errors import CheckpointError, UnsafeCheckpointError
 
 
 def allow_code(name: str, split: tuple[str, str] | None = None) -> str | None:
-    """The one line that admits ``name`` for one call; None where a string cannot name it.
+    """The one line that admits ``name`` for one call; None where no plain line is offered.
 
-    ``split``: the ``(module, name)`` the pickle writes (default: at the last dot). A
-    string entry is split at its last dot, so it names a global whose name holds no dot
-    (not a nested class: allow that as an object); every part a Python identifier.
+    ``split``: the ``(module, name)`` the pickle writes (default: at the last dot). Offered
+    for a global whose name holds no dot, every part a Python identifier; a nested class
+    is advised as its object (a dotted string names it too, read through ``vars()``, but
+    the object says which one without doubt).
     """
     module, attr = split if split is not None else name.rpartition(".")[::2]
     if not module or "." in attr or f"{module}.{attr}" != name:
@@ -73,18 +74,15 @@ def process_lines(name: str, split: tuple[str, str] | None = None) -> tuple[str,
     quoted = json.dumps(name)
     lines = [f'compatshim.checkpoint.allow({quoted}, reason="...")']
     try:
-        _settings.qualnames(name, "name")
+        parse(name, "name", strict=True)
     except _settings.SettingError:
         return tuple(lines)
     return (
         *lines,
         f"{_settings.ALLOW}={name}",
         f"{name}  # reason   (a line of the file {_settings.ALLOW_FILE} names)",
-        f"[{GROUP}] entry point returning [{quoted}]",
+        f"[{process_allow.GROUP}] entry point returning [{quoted}]",
     )
-
-
-GROUP = "compatshim.allow"  # process_allow.GROUP, without importing it here
 
 
 @dataclass(frozen=True)
@@ -171,42 +169,27 @@ class CheckpointInfo:
         return found
 
 
-GETATTR_ONLY = (
-    "reached through builtins.getattr: compatshim admits only the methods its table lists "
-    "(allow= does not open getattr)"
-)
-
-
 def _use(
     name: str, count: int, reached: bool = False, split: tuple[str, str] | None = None
 ) -> GlobalUse:
     module, _, attr = name.rpartition(".")
-    entry = covering(module, attr)
-    note = "not on compatshim's allowlist" if entry is None else entry.problem()
-    if entry is not None and note is None:
+    verdict = judge(module, attr, None, reached)  # as load judges it, less a call's allow=
+    entry = verdict.entry
+    if verdict.source == ALLOWLIST and entry is not None:
         return GlobalUse(name, count, entry.qualname, entry.kind)
-    reason = GETATTR_ONLY if reached else denied(name)  # denied: no source admits it
-    allowed_by = None if reason is not None else _process_wide(split or (module, attr))
-    plain = reason is None and allowed_by is None
+    allowed_by = verdict.allowed
+    plain = verdict.dangerous is None and allowed_by is None
     return GlobalUse(
         name,
         count,
         None if entry is None else entry.qualname,
         None if entry is None else entry.kind,
-        note,
-        dangerous=reason,
+        verdict.note,
+        dangerous=verdict.dangerous,
         allow=allow_code(name, split) if plain else None,
-        allowed_by=allowed_by,
+        allowed_by=None if allowed_by is None else f"{allowed_by.source} ({allowed_by.reason})",
         allow_everywhere=process_lines(name, split) if plain else (),
     )
-
-
-def _process_wide(split: tuple[str, str]) -> str | None:
-    """``source (reason)`` of the process-wide entry ``load`` would admit ``split`` by."""
-    from . import process_allow  # imports neither torch nor numpy
-
-    hit = process_allow.declared(*split)
-    return None if hit is None else f"{hit[1].source} ({hit[1].reason})"
 
 
 def _numpy_major(names: list[str]) -> int | None:

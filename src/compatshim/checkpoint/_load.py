@@ -36,6 +36,7 @@ from ._container import (
     LEGACY_MAGIC,
     LOCATION,
     ScanMachine,
+    ScanResult,
     StorageDecl,
     ZipDirectory,
     declare_storage,
@@ -46,12 +47,10 @@ from ._container import (
     refuse_torchscript,
     sniff,
 )
+from ._gate import Allow, judge
 from ._machine import Source
-from ._safe import Budget, SafeMachine, UserAllow, check_result
-from .allowlist import covering
-from .deny import denied
+from ._safe import Budget, SafeMachine, check_result
 from .errors import CheckpointError, UnsafeCheckpointError
-from .process_allow import ProcessAllow, admits
 
 log = logging.getLogger("compatshim.checkpoint")
 MAX_NESTED_LOADS = 2
@@ -240,7 +239,7 @@ class Loader:
     def __init__(self, map_location: Any, allow: Iterable[Any], mmap: bool, depth: int = 0):
         self.map_location = map_location
         self.restore = restorer(map_location)  # a wrong type is a TypeError before any read
-        self.allow: UserAllow = ProcessAllow(allow)  # allow=, then process-wide entries
+        self.allow = Allow(allow)  # allow=; the process-wide entries are judge()'s to read
         self.mmap = mmap
         self.depth = depth
         self.budget = Budget(0)
@@ -331,7 +330,7 @@ class Loader:
             scanner.run()
         except Exception:
             return first
-        others = [n for n in refusals(scanner.found.globals, self.allow) if n not in first.refused]
+        others = [n for n in refusals(scanner.found, self.allow) if n not in first.refused]
         if not others:
             return first
         return UnsafeCheckpointError(
@@ -340,21 +339,13 @@ class Loader:
         )
 
 
-def refusals(globals_named: Iterable[str], allow: UserAllow) -> list[str]:
-    """The globals among ``globals_named`` that neither the allowlist nor ``allow=`` admits."""
-    out = []
-    for qualname in globals_named:
-        module, _, name = qualname.rpartition(".")
-        entry = covering(module, name)
-        if denied(qualname) is not None:  # no allow source admits it: only a curated rule
-            if entry is None or not entry.applies():
-                out.append(qualname)
-            continue
-        if (module, name) in allow.named:
-            continue
-        if (entry is None or not entry.applies()) and not admits(module, name):
-            out.append(qualname)
-    return out
+def refusals(found: ScanResult, allow: Allow) -> list[str]:
+    """The globals a scanned pickle names that :func:`judge` refuses, as ``load`` would."""
+    return [
+        name
+        for name in found.globals
+        if not judge(*name.rpartition(".")[::2], allow, name in found.reached).admitted
+    ]
 
 
 def load(f: Any, map_location: Any = None, *, allow: Iterable[Any] = (), mmap: bool = False) -> Any:

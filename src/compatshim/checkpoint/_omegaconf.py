@@ -118,17 +118,6 @@ def unsafe(message: str, what: str) -> UnsafeCheckpointError:
     return UnsafeCheckpointError(message, (what,))
 
 
-def resolver_name(entry: str) -> str:
-    """NAME of an ``"omegaconf-resolver:NAME"`` entry; TypeError unless NAME is a plain name."""
-    try:
-        name = _settings.resolver_name(entry, "allow entry")
-    except _settings.SettingError as exc:
-        raise TypeError(str(exc)) from None
-    if name is None:
-        raise TypeError(f"allow= entry {entry[:80]!r} is not '{RESOLVER_PREFIX}NAME'")
-    return name
-
-
 class Builder:
     """The omegaconf objects of one load: made empty, built once from checked state."""
 

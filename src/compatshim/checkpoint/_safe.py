@@ -2,7 +2,8 @@
 
 Rules, whatever the bytes:
 
-* A global resolves only through compatshim's allowlist or the call's ``allow=``.
+* A global resolves only as :func:`_gate.judge` admits it (the allowlist, then the call's
+  ``allow=`` and the process-wide entries; nothing the deny list names).
 * REDUCE/NEWOBJ reach only handlers chosen by the global's *kind*; the
   allow-listed originals of rebuild functions are never called with the
   file's arguments.
@@ -23,18 +24,18 @@ from __future__ import annotations
 import collections
 import enum
 import functools
-import importlib
 import itertools
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Container, Iterable
+from typing import Any, Callable, Iterable
 
 from .._text import cut, short
 from . import _dcp, _numpy, _objects, _omegaconf, _partial, _tensors
+from ._gate import ALLOWLIST, NOT_LISTED, Allow, judge
 from ._machine import MAX_NESTING, Machine, Source
-from .allowlist import Entry, covering, enum_member, lookup, storage_type
+from .allowlist import Entry, storage_type
 from .deny import REFUSAL as DENIED_REFUSAL
-from .deny import denied, denied_object
+from .deny import denied_object
 from .errors import CheckpointError, UnsafeCheckpointError
 
 Builder = Callable[[Any, Any], None]
@@ -140,47 +141,6 @@ def describe(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-class UserAllow:
-    """``allow=``: objects, "module.name" strings, (object, "module.name") pairs, or
-    "omegaconf-resolver:NAME" (an omegaconf resolver the loaded configs may call)."""
-
-    def __init__(self, items: Iterable[Any]) -> None:
-        self.named: dict[tuple[str, str], Any] = {}
-        resolvers: set[str] = set()
-        for item in items:
-            if isinstance(item, str) and item.startswith(_omegaconf.RESOLVER_PREFIX):
-                resolvers.add(_omegaconf.resolver_name(item))  # TypeError: not a plain name
-            elif isinstance(item, str):
-                module, _, name = item.rpartition(".")
-                if not module:
-                    raise TypeError(f"allow= string {item!r} is not 'module.name'")
-                self.named[(module, name)] = _UNRESOLVED
-            elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str):
-                module, _, name = item[1].rpartition(".")
-                self.named[(module, name)] = item[0]
-            elif hasattr(item, "__module__") and hasattr(item, "__qualname__"):
-                self.named[(item.__module__, item.__qualname__)] = item
-            else:
-                raise TypeError(
-                    f"allow= takes classes, functions, 'module.name' strings or "
-                    f"(object, 'module.name') pairs, got {type(item).__name__}"
-                )
-        self.resolvers: Container[str] = frozenset(resolvers)  # omegaconf resolvers kept
-
-    def resolve(self, module: str, name: str) -> Any:
-        found = self.named.get((module, name), _MISSING)
-        if found is _UNRESOLVED:
-            found = vars(importlib.import_module(module)).get(name, _MISSING)
-            if found is _MISSING:
-                raise LookupError(f"{module}.{name} (named in allow=) does not exist")
-            self.named[(module, name)] = found
-        return found
-
-
-_MISSING = object()
-_UNRESOLVED = object()
-
-
 class SafeMachine(Machine):
     """The machine ``load`` runs: allowlist, checked handlers, state only on its own objects."""
 
@@ -188,7 +148,7 @@ class SafeMachine(Machine):
         self,
         source: Source,
         *,
-        allow: UserAllow,
+        allow: Allow,
         tensors: _tensors.Tensors,
         storages: StorageGetter | None,
         budget: Budget,
@@ -226,31 +186,24 @@ class SafeMachine(Machine):
         return found
 
     def _resolve(self, module: str, name: str) -> Any:
-        reason = denied(f"{module}.{name}")  # before every allow source: none can override it
+        verdict = judge(module, name, self.allow)  # the one gate: inspect asks it too
+        if not verdict.admitted:
+            raise refused(f"{module}.{name}", verdict.why or NOT_LISTED)
+        entry = verdict.entry
+        if verdict.source == ALLOWLIST and entry is not None:
+            if verdict.member is not None:  # Class.MEMBER as one global (protocol 4)
+                owner = self._resolve_entry(entry)
+                return _objects.enum_member_by_name(owner, verdict.member)
+            return self._resolve_entry(entry)
+        try:
+            user = self.allow.obtain(verdict, module)
+        except (ImportError, LookupError) as exc:
+            raise refused(f"{module}.{name}", f"in allow= but cannot be imported: {exc}") from None
+        reason = denied_object(user)  # a string entry, now that it is imported
         if reason is not None:
-            if covering(module, name) is None:
-                raise refused(f"{module}.{name}", f"{DENIED_REFUSAL}: {reason}")
-            user = _MISSING  # the curated entry's own checked rule, never allow='s object
-        else:
-            try:
-                user = self.allow.resolve(module, name)
-            except (ImportError, LookupError) as exc:
-                raise refused(
-                    f"{module}.{name}", f"in allow= but cannot be imported: {exc}"
-                ) from None
-            reason = None if user is _MISSING else denied_object(user)
-            if reason is not None:
-                raise refused(f"{module}.{name}", f"{DENIED_REFUSAL}: {reason}")
-        if user is not _MISSING:
-            self._roles[id(user)] = Role(f"{module}.{name}", "user", f"{module}.{name}", user)
-            return user
-        entry = lookup(module, name)
-        if entry is None:
-            member = enum_member(module, name)  # Class.MEMBER as one global (protocol 4)
-            if member is None:
-                raise refused(f"{module}.{name}", "not on compatshim's allowlist")
-            return _objects.enum_member_by_name(self._resolve_entry(member[0]), member[1])
-        return self._resolve_entry(entry)
+            raise refused(f"{module}.{name}", f"{DENIED_REFUSAL}: {reason}")
+        self._roles[id(user)] = Role(f"{module}.{name}", "user", f"{module}.{name}", user)
+        return user
 
     def _resolve_entry(self, entry: Entry) -> Any:
         try:

@@ -89,6 +89,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ._names import canonical
+
 Kind = Literal[
     "constant", "constructor", "enum", "instance", "dict-subclass", "rebuild", "method", "rule"
 ]
@@ -117,9 +119,8 @@ class Entry:
 
     @property
     def key(self) -> str:
-        """One name for a global's aliases (numpy's two core spellings): what handlers use."""
-        core = numpy_core(self.module)
-        return self.qualname if core is None else f"numpy._core{core[1]}.{self.name}"
+        """One name for a global's aliases (``_names.canonical``): what handlers use."""
+        return canonical(self.module, self.name)
 
     def problem(self) -> str | None:
         """Why this entry does not apply to the installed release, or None."""
@@ -139,7 +140,7 @@ class Entry:
         problem = _version_problem(self)
         if problem is not None:
             raise LookupError(problem)
-        for module_name in _candidate_modules(self.module):
+        for module_name in candidate_modules(self.module):
             module = sys.modules.get(module_name)
             if module is None and self.importable:
                 try:
@@ -247,7 +248,7 @@ def numpy_core(module: str) -> tuple[int, str] | None:
     return None
 
 
-def _candidate_modules(module: str) -> tuple[str, ...]:
+def candidate_modules(module: str) -> tuple[str, ...]:
     """Where to look for ``module`` here: numpy's core renamed in 2.0, pathlib split in 3.13."""
     core = numpy_core(module)
     if core is not None:
@@ -780,20 +781,20 @@ def lookup(module: str, name: str) -> Entry | None:
     return _INDEX.get(f"{module}.{name}")
 
 
-def enum_member(module: str, name: str) -> tuple[Entry, str] | None:
-    """``Enum.MEMBER`` named as one global (protocol 4): the enum's entry and the member name."""
-    owner, _, member = f"{module}.{name}".rpartition(".")
+def row(key: str) -> tuple[Entry | None, str | None]:
+    """The entry that covers the global ``key`` (``module.name``): its own row, or its enum's
+    for ``Enum.MEMBER`` named as one global (protocol 4), with the member's name."""
+    entry = _INDEX.get(key)
+    if entry is not None:
+        return entry, None
+    owner, _, member = key.rpartition(".")
     entry = _INDEX.get(owner)
-    return (entry, member) if entry is not None and entry.kind == "enum" else None
+    return (entry, member) if entry is not None and entry.kind == "enum" else (None, None)
 
 
 def covering(module: str, name: str) -> Entry | None:
     """The entry that admits ``module.name``: its own row, or its enum's for a member."""
-    entry = lookup(module, name)
-    if entry is None:
-        member = enum_member(module, name)
-        entry = member[0] if member is not None else None
-    return entry
+    return row(f"{module}.{name}")[0]
 
 
 def storage_type(entry: Entry | None) -> str | None:

@@ -14,12 +14,15 @@ rule, never as a callable the file calls freely.
 Keys are ``module.name``, or ``prefix*`` for every name starting so (``os.*``:
 os and its submodules, standard modules no checkpoint needs whose names
 include gadgets; ``code`` may be a project's package, so its gadgets are named
-one by one). ``__builtin__`` (Python 2 pickles) is ``builtins``.
+one by one). Names are judged as ``_names.canonical`` spells them (``__builtin__``, in
+Python 2 pickles, is ``builtins``).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from ._names import canonical_name
 
 DENIED: dict[str, str] = {
     "os.*": "operating-system calls: run shell commands, execute programs, delete files",
@@ -100,8 +103,7 @@ _DEPTH = max(k.count(".") + 1 for k in _MODULES)  # the deepest module prefix li
 
 def denied(name: str) -> str | None:
     """Why the global ``name`` (``module.name``) can never be allowed, or None."""
-    if name.startswith("__builtin__."):
-        name = "builtins." + name[len("__builtin__.") :]
+    name = canonical_name(name)
     reason = _EXACT.get(name)
     if reason is not None:
         return reason
@@ -133,9 +135,10 @@ def denied_object(obj: Any) -> str | None:
     return denied(f"{module}.{qualname}")
 
 
-def denied_key(module: str, name: str, obj: Any = None) -> str | None:
-    """:func:`denied` for ``module.name``, then for the object's own name (None: no object)."""
-    reason = denied(f"{module}.{name}")
+def denied_entry(name: str, obj: Any = None) -> str | None:
+    """:func:`denied` for an allow entry's name, then for its object's own name (None: a
+    string entry, whose object is judged once imported)."""
+    reason = denied(name)
     if reason is None and obj is not None:
         reason = denied_object(obj)
     return reason

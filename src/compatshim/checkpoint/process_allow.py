@@ -24,11 +24,12 @@ interpolations, as ``allow=["omegaconf-resolver:NAME"]`` lets one call
 whatever is allowed). These are consulted only when a config calls a resolver
 outside omegaconf's safe ones, and never name a global.
 
-They are consulted only for a global that neither the call's ``allow=`` nor
-compatshim's allowlist admits: a load that needs none of them never reads the
-file or the entry points, and a string names a module that is imported only
-when a file needs it. An entry never replaces the allowlist's handling of a
-global it already lists. A malformed variable, file or entry point is warned
+Only ``_gate.judge`` consults them, for a global that neither compatshim's
+allowlist nor the call's ``allow=`` admits and the deny list does not name: a
+load that needs none of them never reads the file or the entry points, and a
+string names a module that is imported only when a file needs it. An entry never
+replaces the allowlist's handling of a global it already lists. Entries are read
+by ``_names.parse``, as ``allow=`` is. A malformed variable, file or entry point is warned
 about once and ignored: ignoring an entry only makes loading stricter.
 Allowed classes are constructed and functions called with the file's
 arguments, as with ``allow=``: name only globals you trust.
@@ -42,16 +43,14 @@ from typing import Any, Iterable, Iterator
 
 from .. import _settings
 from .._engine import decisions
-from ._safe import _MISSING, _UNRESOLVED, UserAllow
-from .allowlist import covering
+from ._names import RESOLVER, UNRESOLVED, Parsed, parse, parse_text
 from .deny import REFUSAL as DENIED_REFUSAL
-from .deny import denied, denied_key
+from .deny import denied_entry
 
 GROUP = "compatshim.allow"
 MAX_FILE_BYTES = 1 << 20
-RESOLVER = _settings.RESOLVER_PREFIX  # the key (RESOLVER, NAME) holds a resolver entry
 
-Key = tuple[str, str]  # (module, name), or (RESOLVER, resolver name)
+Key = str  # ``_names.canonical`` of a global, or "omegaconf-resolver:NAME"
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ class Allowed:
 
 
 _lock = threading.Lock()
-_code: dict[Key, tuple[Any, Allowed]] = {}  # the object, or _UNRESOLVED for a string
+_code: dict[Key, tuple[Any, Allowed]] = {}  # the object, or UNRESOLVED for a string
 _entry_points: dict[Key, tuple[Any, Allowed]] | None = None
 _file: tuple[Any, dict[Key, tuple[Any, Allowed]]] | None = None  # (stat key, entries)
 
@@ -77,39 +76,29 @@ def allow(*globals: Any, reason: str) -> None:
     """
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError("allow() needs a reason: why these globals are trusted")
-    found = _keyed(UserAllow(globals))  # the same items, and the same errors, as allow=
-    for key, obj in found.items():
-        why = None if key[0] == RESOLVER else denied_key(*key, obj)
+    found = [parse(item) for item in globals]  # the same items, and the same errors, as allow=
+    for entry in found:
+        why = None if entry.resolver else denied_entry(entry.key, _object(entry))
         if why is not None:
-            raise ValueError(f"{_qualname(key)} is {DENIED_REFUSAL}: {why}")
+            raise ValueError(f"{entry.written} is {DENIED_REFUSAL}: {why}")
     with _lock:
-        for key, obj in found.items():
-            _code[key] = (
-                obj,
-                Allowed(_qualname(key), reason.strip(), "compatshim.checkpoint.allow"),
+        for entry in found:
+            _code[entry.key] = (
+                entry.obj,
+                Allowed(entry.written, reason.strip(), "compatshim.checkpoint.allow"),
             )
 
 
 def disallow(*globals: Any) -> None:
     """Undo :func:`allow` for ``globals`` (entries from other sources stay)."""
-    found = _keyed(UserAllow(globals))
+    found = [parse(item) for item in globals]
     with _lock:
-        for key in found:
-            _code.pop(key, None)
+        for entry in found:
+            _code.pop(entry.key, None)
 
 
-def _keyed(items: UserAllow) -> dict[Key, Any]:
-    """The globals and resolvers of parsed entries, by key (a resolver's object: None)."""
-    found: dict[Key, Any] = dict(items.named)
-    resolvers = items.resolvers
-    assert isinstance(resolvers, frozenset)  # a parsed list's (ProcessAllow's is lazy)
-    for name in sorted(resolvers):
-        found[(RESOLVER, name)] = None
-    return found
-
-
-def _qualname(key: Key) -> str:
-    return key[0] + key[1] if key[0] == RESOLVER else ".".join(key)
+def _object(entry: Parsed) -> Any:
+    return None if entry.obj is UNRESOLVED else entry.obj
 
 
 def allowed() -> list[Allowed]:
@@ -121,25 +110,16 @@ def allowed() -> list[Allowed]:
     return list(found.values())
 
 
-def find(module: str, name: str) -> Any:
-    """The object (or ``_UNRESOLVED``) a process-wide entry gives ``module.name``, else _MISSING.
-
-    Sources are read in order and only as far as needed: entry points last.
-    """
-    hit = declared(module, name)
-    return _MISSING if hit is None else hit[0]
-
-
-def declared(module: str, name: str) -> tuple[Any, Allowed] | None:
-    """The first process-wide entry for the global ``module.name``: (object, entry), or None."""
-    if module == RESOLVER:  # a pickle may spell anything as a module: resolvers are no global
+def declared(key: str) -> tuple[Any, Allowed] | None:
+    """The first process-wide entry for the global ``key`` (``_names.canonical``): (object or
+    UNRESOLVED, entry), or None. Sources are read in order and only as far as needed: entry
+    points last. Only ``_gate.judge`` asks, after the allowlist and the deny list."""
+    if key.startswith(RESOLVER):  # a pickle may spell any module: a resolver is no global
         return None
-    return _first((module, name))
+    return _first(key)
 
 
 def _first(key: Key) -> tuple[Any, Allowed] | None:
-    if key[0] != RESOLVER and denied(_qualname(key)) is not None:
-        return None  # the deny list comes before every source (deny.py)
     for source in _sources():
         hit = source.get(key)
         if hit is not None:
@@ -147,14 +127,9 @@ def _first(key: Key) -> tuple[Any, Allowed] | None:
     return None
 
 
-def admits(module: str, name: str) -> bool:
-    """Whether a process-wide entry names ``module.name`` (for listing every refusal)."""
-    return find(module, name) is not _MISSING
-
-
 def admits_resolver(name: str) -> bool:
     """Whether a process-wide ``omegaconf-resolver:NAME`` entry names ``name`` (never "")."""
-    return bool(name) and _first((RESOLVER, name)) is not None
+    return bool(name) and _first(RESOLVER + name) is not None
 
 
 class Resolvers:
@@ -171,30 +146,6 @@ class Resolvers:
         return iter(self.call)
 
 
-class ProcessAllow(UserAllow):
-    """A call's ``allow=``, then, for globals off the allowlist, the process-wide entries;
-    for omegaconf resolvers, the call's then the process-wide ones."""
-
-    def __init__(self, items: Iterable[Any]) -> None:
-        super().__init__(items)
-        self.resolvers = Resolvers(self.resolvers)
-
-    def resolve(self, module: str, name: str) -> Any:
-        found = super().resolve(module, name)
-        if found is not _MISSING or _curated(module, name):
-            return found
-        hit = find(module, name)
-        if hit is _MISSING:
-            return _MISSING
-        self.named[(module, name)] = hit
-        return super().resolve(module, name)  # imports the module of a string entry
-
-
-def _curated(module: str, name: str) -> bool:
-    entry = covering(module, name)
-    return entry is not None and entry.applies()
-
-
 def _sources() -> Iterable[dict[Key, tuple[Any, Allowed]]]:
     with _lock:
         code = dict(_code)
@@ -204,31 +155,24 @@ def _sources() -> Iterable[dict[Key, tuple[Any, Allowed]]]:
     yield _from_entry_points()
 
 
-def _strings(names: Iterable[tuple[str, str, str]]) -> dict[Key, tuple[Any, Allowed]]:
-    """``(qualname, reason, source)`` triples (checked by ``_settings.qualnames``) as entries
-    (strings: resolved when needed; a resolver entry holds no object)."""
+def _strings(entries: Iterable[tuple[Parsed, str, str]]) -> dict[Key, tuple[Any, Allowed]]:
+    """``(entry, reason, source)`` triples as entries, less the denied ones (warned about)."""
     out: dict[Key, tuple[Any, Allowed]] = {}
-    for qualname, reason, source in names:
-        if qualname.startswith(RESOLVER):
-            key, obj = (RESOLVER, qualname[len(RESOLVER) :]), None
-        elif _denied_entry(qualname, None, source):
-            continue
-        else:
-            module, _, name = qualname.rpartition(".")
-            key, obj = (module, name), _UNRESOLVED
-        out.setdefault(key, (obj, Allowed(qualname, reason, source)))
+    for entry, reason, source in entries:
+        if entry.resolver or not _denied_entry(entry, source):
+            out.setdefault(entry.key, (entry.obj, Allowed(entry.written, reason, source)))
     return out
 
 
 def _from_environment() -> dict[Key, tuple[Any, Allowed]]:
     try:
-        names = _settings.allow_names()
+        entries = parse_text(_settings.allow_text(), _settings.ALLOW)
     except _settings.SettingError as exc:
         decisions.warn_once(
             "allow", f"env:{exc}", f"compatshim: {exc}; {_settings.ALLOW} is ignored"
         )
         return {}
-    return _strings((n, f"listed in {_settings.ALLOW}", _settings.ALLOW) for n in names)
+    return _strings((e, f"listed in {_settings.ALLOW}", _settings.ALLOW) for e in entries)
 
 
 def _from_file() -> dict[Key, tuple[Any, Allowed]]:
@@ -273,13 +217,13 @@ def _regular(mode: int) -> None:
         raise _settings.SettingError("not a regular file")
 
 
-def _parse_file(text: str, path: str) -> list[tuple[str, str, str]]:
+def _parse_file(text: str, path: str) -> list[tuple[Parsed, str, str]]:
     found = []
     for number, line in enumerate(text.splitlines(), 1):
         entry, _, comment = line.partition("#")
         where = f"{path}:{number}"
-        for name in _settings.qualnames(entry, where):
-            found.append((name, comment.strip() or f"listed in {where}", where))
+        for parsed in parse_text(entry, where):
+            found.append((parsed, comment.strip() or f"listed in {where}", where))
     return found
 
 
@@ -328,29 +272,24 @@ def _points() -> list[Any]:
 def _entry_point_items(value: Any, source: str) -> dict[Key, tuple[Any, Allowed]]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise TypeError(f"expected a list of entries, got {type(value).__name__}")
-    out: dict[Key, tuple[Any, Allowed]] = {}
+    found = []
     for item in value:
         reason = f"declared by {source}"
         if isinstance(item, tuple) and len(item) == 2 and all(isinstance(i, str) for i in item):
             item, reason = item
-        if isinstance(item, str):
-            _settings.qualnames(item, source)
-        for key, obj in _keyed(UserAllow([item])).items():
-            if key[0] == RESOLVER or not _denied_entry(_qualname(key), obj, source):
-                out[key] = (obj, Allowed(_qualname(key), reason, source))
-    return out
+        found.append((parse(item, source, strict=isinstance(item, str)), reason, source))
+    return _strings(found)
 
 
-def _denied_entry(qualname: str, obj: Any, source: str) -> bool:
+def _denied_entry(entry: Parsed, source: str) -> bool:
     """Whether an entry names a denied global (warned about once, then ignored)."""
-    module, _, name = qualname.rpartition(".")
-    why = denied_key(module, name, obj)
+    why = denied_entry(entry.key, _object(entry))
     if why is None:
         return False
     decisions.warn_once(
         "allow",
-        f"denied:{source}:{qualname}",
-        f"compatshim: {qualname} ({source}) is ignored: {DENIED_REFUSAL}: {why}",
+        f"denied:{source}:{entry.written}",
+        f"compatshim: {entry.written} ({source}) is ignored: {DENIED_REFUSAL}: {why}",
     )
     return True
 

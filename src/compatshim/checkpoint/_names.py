@@ -1,0 +1,95 @@
+"""How a global and an allow entry are spelled: one canonical name, one entry parser.
+
+A pickle may name one global several ways (``numpy.core.multiarray`` and numpy 2's
+``numpy._core.multiarray``; ``__builtin__`` in Python 2 pickles), and a caller may split a
+dotted name anywhere (``("module", "Class.method")``). :func:`canonical` gives each global
+one key, so the allowlist, ``allow=``, the process-wide sources and the deny list are all
+asked about the same string (``_gate.judge``). :func:`parse` is the one reader of allow
+entries, whatever their source: ``allow=``, ``compatshim.checkpoint.allow``,
+``COMPATSHIM_ALLOW``, the allow file and entry points.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+from .. import _settings
+
+RESOLVER = _settings.RESOLVER_PREFIX  # "omegaconf-resolver:NAME": a resolver, never a global
+UNRESOLVED: Any = object()  # the object of a string entry, imported only when a file needs it
+_QUALNAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
+# a resolver name as omegaconf's grammar spells one (``eval``, ``oc.env``); never computed
+_RESOLVER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*")
+
+
+def canonical(module: str, name: str) -> str:
+    """The one key of the global ``module.name``: numpy's core under numpy 2's name,
+    ``__builtin__`` as ``builtins``. Any split of a dotted name gives the same key; linear
+    in the name (a file may name a 1 MiB module)."""
+    return canonical_name(f"{module}.{name}")
+
+
+def canonical_name(qualname: str) -> str:
+    """:func:`canonical` of a dotted name already joined."""
+    for old, new in _ALIASES:
+        if qualname.startswith(old):
+            return new + qualname[len(old) :]
+    return qualname
+
+
+# module prefixes one global is pickled under, to the spelling judged (numpy 2 renamed
+# numpy.core; Python 2 pickles name builtins __builtin__)
+_ALIASES = (("numpy.core.", "numpy._core."), ("__builtin__.", "builtins."))
+
+
+class Parsed(NamedTuple):
+    """One allow entry: its key (:func:`canonical`, or ``omegaconf-resolver:NAME``), the
+    object (:data:`UNRESOLVED` for a string, None for a resolver) and the name as written."""
+
+    key: str
+    obj: Any
+    written: str
+
+    @property
+    def resolver(self) -> bool:
+        return self.key.startswith(RESOLVER)
+
+
+def parse(item: Any, where: str = "allow=", strict: bool = False) -> Parsed:
+    """An entry: a ``"module.name"`` string, an ``"omegaconf-resolver:NAME"`` string, an
+    ``(object, "module.name")`` pair or a class/function. ``strict`` (the environment, the
+    allow file, entry points): a string must be an ASCII dotted name, else SettingError;
+    otherwise a malformed entry is a TypeError."""
+    if isinstance(item, str):
+        if item.startswith(RESOLVER):
+            name = item[len(RESOLVER) :]
+            if not _RESOLVER_NAME.fullmatch(name):
+                error = (
+                    f"{where}: {item[:80]!r} does not name a resolver ('{RESOLVER}NAME', NAME "
+                    "such as eval or oc.env; a computed resolver name is never allowed)"
+                )
+                raise _settings.SettingError(error) if strict else TypeError(error)
+            return Parsed(item, None, item)
+        if strict and not _QUALNAME.fullmatch(item):
+            raise _settings.SettingError(f"{where}: {item[:80]!r} is not a 'module.name' global")
+        module, _, name = item.rpartition(".")
+        if not module:
+            raise TypeError(f"{where} string {item!r} is not 'module.name'")
+        return Parsed(canonical(module, name), UNRESOLVED, item)
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str):
+        module, _, name = item[1].rpartition(".")
+        return Parsed(canonical(module, name), item[0], item[1])
+    if hasattr(item, "__module__") and hasattr(item, "__qualname__"):
+        written = f"{item.__module__}.{item.__qualname__}"
+        return Parsed(canonical(item.__module__, item.__qualname__), item, written)
+    raise TypeError(
+        f"{where} takes classes, functions, 'module.name' strings or "
+        f"(object, 'module.name') pairs, got {type(item).__name__}"
+    )
+
+
+def parse_text(raw: str, where: str) -> list[Parsed]:
+    """Entries separated by commas or whitespace (``COMPATSHIM_ALLOW``, a line of the allow
+    file); SettingError names a bad one."""
+    return [parse(part, where, strict=True) for part in re.split(r"[\s,]+", raw) if part]
