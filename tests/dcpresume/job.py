@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+import compatshim
 import compatshim.ema
 import compatshim.optim
 import compatshim.rng
@@ -129,7 +130,9 @@ def train(rank: int, world: int, layout: str, folder: str, save_at: int, steps: 
     model, net, ema, opt, sched = _build(layout, world)
     # FSDP2 averages gradients with reduce_scatter_tensor(AVG): where that sums, scale the loss
     sums = layout == "fsdp2" and reduce_scatter_ignores_op()
-    out: dict[str, Any] = {"losses": {}, "draws": {}, "reduce_scatter_sums": sums}
+    out: dict[str, Any] = {"losses": {}, "draws": {}, "reduce_scatter_sums": sums,
+                           "gloo_patch": any(r.name == "torch-gloo-reduce-scatter-op" and r.applied
+                                             for r in compatshim.status())}
     start = 0
     if resume:
         state = _state(model, ema, opt, sched, -1)

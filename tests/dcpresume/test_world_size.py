@@ -120,4 +120,6 @@ def test_uninterrupted_runs_agree_across_world_sizes(layout: str, root: Path) ->
             assert loss == pytest.approx(one["losses"][step], rel=1e-5, abs=1e-7), (world, step)
         if layout == "fsdp2":
             low, high = _GLOO_RS_SUMS
-            assert got["reduce_scatter_sums"] == (low <= release < high), release
+            # armed, compatshim's torch-gloo-reduce-scatter-op patch makes it average
+            expected = low <= release < high and not got["gloo_patch"]
+            assert got["reduce_scatter_sums"] == expected, (release, got["gloo_patch"])
