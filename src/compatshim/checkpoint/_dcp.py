@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Callable
 
 from ._container import read, sniff
-from ._tensors import MAX_DIMS
+from ._limits import check_shape
 from .errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -66,10 +66,8 @@ def build_tensor_properties(inst: Any, state: Any) -> None:
         or encoding.value not in (0, 1, 2)
     ):
         raise CheckpointError("TensorProperties state holds an unexpected field")
-    if strides is not None and not (
-        type(strides) is tuple and len(strides) <= MAX_DIMS and all(type(s) is int for s in strides)
-    ):
-        raise CheckpointError("TensorProperties strides are not a tuple of ints")
+    if strides is not None:
+        check_shape(strides, "TensorProperties", "strides")
     known = getattr(type(inst), "__dataclass_fields__", {})
     if strides is not None and "strides" not in known:
         raise CheckpointError(

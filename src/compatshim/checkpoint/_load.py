@@ -48,8 +48,9 @@ from ._container import (
     sniff,
 )
 from ._gate import Allow, judge
+from ._limits import Budget
 from ._machine import Source
-from ._safe import Budget, SafeMachine, check_result
+from ._safe import SafeMachine, check_result
 from .errors import CheckpointError, UnsafeCheckpointError
 
 log = logging.getLogger("compatshim.checkpoint")

@@ -30,9 +30,9 @@ import re
 from importlib import import_module
 from typing import Any, Callable, Iterator
 
-from .._text import short
+from .._text import cut, short
+from ._limits import Quota, check_shape, count
 from ._objects import bad
-from ._tensors import MAX_DIMS
 from .errors import CheckpointError, UnsafeCheckpointError
 
 _SPEC = re.compile(r"[?biufcSUVMm]\d{0,9}")
@@ -144,29 +144,14 @@ def _checked_dtype(value: Any, what: str, objects: bool = False) -> Any:
     return value
 
 
-def _shape(value: Any, what: str) -> tuple[int, ...]:
-    if type(value) is not tuple or len(value) > MAX_DIMS:
-        raise CheckpointError(f"{what}: shape is {short(value)}, expected a tuple of ints")
-    for dim in value:  # each within int64 before any product (a huge int multiplies slowly)
-        if type(dim) is not int or not 0 <= dim < 2**63:
-            raise CheckpointError(f"{what}: shape holds {short(dim)}")
-    return value
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    total = 1
-    for dim in shape:
-        total *= dim
-    return total
-
-
-def _data_matches(raw: Any, shape: tuple[int, ...], dtype: Any, what: str) -> None:
+def _data_matches(raw: Any, dims: tuple[int, ...], dtype: Any, what: str) -> None:
     if dtype.kind == "O":  # only where _checked_dtype admitted it: the items, one each
-        if type(raw) is not list or len(raw) != _count(shape):
+        items = count(dims, what)
+        if type(raw) is not list or len(raw) != items:
             held = f"{len(raw)} items" if type(raw) is list else f"a {type(raw).__name__}"
             raise CheckpointError(
-                f"{what}: an object array of shape {shape[:8]} needs a list of "
-                f"{_count(shape)} items, the file holds {held}"
+                f"{what}: an object array of shape {cut(str(dims), 120)} needs a list of "
+                f"{items} items, the file holds {held}"
             )
         return
     if type(raw) not in (bytes, bytearray):
@@ -175,11 +160,11 @@ def _data_matches(raw: Any, shape: tuple[int, ...], dtype: Any, what: str) -> No
             if type(raw) is list
             else CheckpointError(f"{what}: data is {short(raw)}, expected bytes")
         )
-    expected = _count(shape) * dtype.itemsize
+    expected = count(dims, what) * dtype.itemsize
     if len(raw) != expected:
         raise CheckpointError(
-            f"{what}: shape {shape[:8]} of {dtype.str} needs {expected} bytes, the file holds "
-            f"{len(raw)}"
+            f"{what}: shape {cut(str(dims), 120)} of {dtype.str} needs {expected} bytes, "
+            f"the file holds {len(raw)}"
         )
 
 
@@ -207,24 +192,24 @@ def set_array_state(array: Any, state: Any) -> None:
         state = (1, *state)
     if type(state) is not tuple or len(state) != 5 or state[0] != 1:
         raise CheckpointError(f"numpy array state is {short(state)}, expected a 5-tuple")
-    _, shape, dtype, fortran, raw = state
-    shape = _shape(shape, "numpy array")
+    _, dims, dtype, fortran, raw = state
+    dims = check_shape(dims, "numpy array")
     dtype = _checked_dtype(dtype, "numpy array", objects=True)
     if type(fortran) is not bool:
         raise CheckpointError("numpy array state: fortran flag is not a bool")
-    _data_matches(raw, shape, dtype, "numpy array")
-    array.__setstate__((1, shape, dtype, fortran, raw))
+    _data_matches(raw, dims, dtype, "numpy array")
+    array.__setstate__((1, dims, dtype, fortran, raw))
 
 
 def frombuffer(_: Any, args: tuple[Any, ...]) -> Any:
     """``_frombuffer(buffer, dtype, shape, order)`` as protocol 5 writes arrays in-band."""
     if len(args) != 4 or args[3] not in ("C", "F", "A"):
         raise bad("numpy _frombuffer", args)
-    buffer, dtype, shape, order = args
-    shape = _shape(shape, "numpy _frombuffer")
+    buffer, dtype, dims, order = args
+    dims = check_shape(dims, "numpy _frombuffer")
     dtype = _checked_dtype(dtype, "numpy _frombuffer")
-    _data_matches(buffer, shape, dtype, "numpy _frombuffer")
-    return _np().frombuffer(buffer, dtype=dtype).reshape(shape, order=order)
+    _data_matches(buffer, dims, dtype, "numpy _frombuffer")
+    return _np().frombuffer(buffer, dtype=dtype).reshape(dims, order=order)
 
 
 def scalar(real_scalar: Any, args: tuple[Any, ...]) -> Any:
@@ -291,13 +276,9 @@ def _named(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def _one_more(made: list[int], cost: int = 1) -> None:
-    made[0] += cost
-    if made[0] > MAX_RANDOM_OBJECTS:
-        raise CheckpointError(
-            f"more numpy.random objects than one file may hold ({MAX_RANDOM_OBJECTS} units, "
-            "an MT19937 counting 8)"
-        )
+def random_quota() -> Quota:
+    """One load's count of numpy.random objects (an MT19937 counting 8)."""
+    return Quota(MAX_RANDOM_OBJECTS, "numpy.random objects (an MT19937 counting 8)")
 
 
 def _matches(value: Any, schema: Schema) -> bool:
@@ -344,12 +325,12 @@ def _bit_generator_class(value: Any) -> Any:
     return found
 
 
-def bit_generator_ctor(args: tuple[Any, ...], register: Register, made: list[int]) -> Any:
+def bit_generator_ctor(args: tuple[Any, ...], register: Register, quota: Quota) -> Any:
     """``__bit_generator_ctor(name)`` (numpy 1) or ``(class)`` (numpy 2): a fresh bit generator."""
     if len(args) != 1:
         raise bad("numpy.random __bit_generator_ctor", args)
     cls = _bit_generator_class(args[0])
-    _one_more(made, _COST.get(cls.__name__, 1))
+    quota.take(_COST.get(cls.__name__, 1))
     bit_generator = cls()  # seeded from OS entropy, as numpy's ctor does; BUILD sets the state
     register(bit_generator, set_bit_generator_state)
     return bit_generator
@@ -376,7 +357,7 @@ def set_bit_generator_state(bit_generator: Any, state: Any) -> None:
 
 
 def _bit_generator_argument(
-    what: str, args: tuple[Any, ...], register: Register, made: list[int]
+    what: str, args: tuple[Any, ...], register: Register, quota: Quota
 ) -> Any:
     """numpy 2 passes the bit generator itself; numpy 1 its name and ``__bit_generator_ctor``."""
     random = _random()
@@ -389,14 +370,14 @@ def _bit_generator_argument(
             ctor = vars(import_module("numpy.random._pickle"))["__bit_generator_ctor"]
             if args[1] is not ctor:
                 raise _refuse_random(what, args[1])
-        return bit_generator_ctor(args[:1], register, made)
+        return bit_generator_ctor(args[:1], register, quota)
     raise _refuse_random(what, args[0] if args else None)
 
 
-def generator_ctor(args: tuple[Any, ...], register: Register, made: list[int]) -> Any:
+def generator_ctor(args: tuple[Any, ...], register: Register, quota: Quota) -> Any:
     """``__generator_ctor``: a Generator over a checked bit generator."""
-    bit_generator = _bit_generator_argument("numpy.random Generator", args, register, made)
-    _one_more(made)
+    bit_generator = _bit_generator_argument("numpy.random Generator", args, register, quota)
+    quota.take()
     generator = _random().Generator(bit_generator)
     register(generator, set_generator_state)
     return generator
@@ -408,20 +389,20 @@ def set_generator_state(generator: Any, state: Any) -> None:
     bit_generator.state = _checked_state(type(bit_generator).__name__, state)
 
 
-def randomstate_ctor(args: tuple[Any, ...], register: Register, made: list[int]) -> Any:
+def randomstate_ctor(args: tuple[Any, ...], register: Register, quota: Quota) -> Any:
     """``__randomstate_ctor``: a RandomState over a checked bit generator."""
-    bit_generator = _bit_generator_argument("numpy.random RandomState", args, register, made)
-    _one_more(made)
+    bit_generator = _bit_generator_argument("numpy.random RandomState", args, register, quota)
+    quota.take()
     legacy = _random().RandomState(bit_generator)
     register(legacy, set_random_state_state)
     return legacy
 
 
-def legacy_randomstate_ctor(args: tuple[Any, ...], register: Register, made: list[int]) -> Any:
+def legacy_randomstate_ctor(args: tuple[Any, ...], register: Register, quota: Quota) -> Any:
     """numpy < 1.17's ``numpy.random.__RandomState_ctor()``: RandomState(0), state from BUILD."""
     if args:
         raise bad("numpy.random.__RandomState_ctor", args)
-    _one_more(made)
+    quota.take()
     legacy = _random().RandomState(0)
     register(legacy, set_random_state_state)
     return legacy
@@ -441,13 +422,13 @@ def set_random_state_state(legacy: Any, state: Any) -> None:
     legacy.set_state(state)
 
 
-def seed_sequence(args: tuple[Any, ...], register: Register, made: list[int]) -> Any:
+def seed_sequence(args: tuple[Any, ...], register: Register, quota: Quota) -> Any:
     """Cython's ``__pyx_unpickle_SeedSequence(cls, checksum, state)``: an empty SeedSequence."""
     cls = _random().SeedSequence
     if len(args) != 3 or args[0] is not cls or type(args[1]) is not int:
         what = "numpy.random SeedSequence"
         raise _refuse_random(what, args[0] if args else None, "SeedSequence itself")
-    _one_more(made)
+    quota.take()
     made_seq = cls.__new__(cls)
     if args[2] is not None:
         set_seed_sequence_state(made_seq, args[2])
@@ -501,7 +482,7 @@ def _whole(value: Any, np: Any) -> bool:
 
 
 #: Handlers of the numpy.random globals, by allowlist qualname.
-RANDOM: dict[str, Callable[[tuple[Any, ...], Register, list[int]], Any]] = {
+RANDOM: dict[str, Callable[[tuple[Any, ...], Register, Quota], Any]] = {
     "numpy.random._pickle.__bit_generator_ctor": bit_generator_ctor,
     "numpy.random._pickle.__generator_ctor": generator_ctor,
     "numpy.random._pickle.__randomstate_ctor": randomstate_ctor,

@@ -68,6 +68,7 @@ from typing import Any, Callable, Container
 from .. import _settings
 from .._text import short
 from ._interp_size import charge_expansion
+from ._limits import ITEM_BYTES
 from .errors import CheckpointError, UnsafeCheckpointError
 
 MAX_DEPTH = 100  # omegaconf recurses per level (to_container, merge): keep well below 1000
@@ -286,7 +287,7 @@ class Builder:
             if id(content) in self.contents:
                 raise unsafe(f"{what}._content shared with another container refused", what)
             self.contents.add(id(content))
-            self.charge(50 * len(content), f"{what}._content")
+            self.charge(ITEM_BYTES[dict] * len(content), f"{what}._content")
         fresh_content: Any
         if content is None or type(content) is str:
             fresh_content = content

@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from .._text import short
 from . import _omegaconf
+from ._limits import cost
 from .errors import CheckpointError, UnsafeCheckpointError
 
 RULE = "new-of-listed-class"
@@ -45,7 +46,7 @@ _LEAVES = frozenset({type(None), bool, int, float, str, bytes})
 _MAPPINGS = (dict, collections.OrderedDict)
 
 RoleOf = Callable[[Any], Any]  # SafeMachine.role_of
-Charge = Callable[[int, str], None]  # Budget.charge
+Charge = Callable[[int, str], None]  # _limits.Budget.charge
 
 
 class Pending:
@@ -169,11 +170,11 @@ def plain_data(value: Any, charge: Charge) -> bool:
             continue
         if kind is list or kind is tuple:
             seen.add(id(item))
-            charge(8 * len(item) + 16, "functools.partial data")
+            charge(cost(kind, len(item)), "functools.partial data")
             todo.extend(item)
         elif kind is dict or kind is collections.OrderedDict:
             seen.add(id(item))
-            charge(50 * len(item) + 16, "functools.partial data")
+            charge(cost(dict, len(item)), "functools.partial data")
             for key in item:
                 if type(key) not in _LEAVES:
                     return False

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable
 from .._text import cut, short
 from . import _dcp, _numpy, _objects, _omegaconf, _partial, _tensors
 from ._gate import ALLOWLIST, NOT_LISTED, Allow, judge
+from ._limits import SIZED, Budget, weight
 from ._machine import MAX_NESTING, Machine, Source
 from .allowlist import Entry, storage_type
 from .deny import REFUSAL as DENIED_REFUSAL
@@ -40,78 +41,6 @@ from .errors import CheckpointError, UnsafeCheckpointError
 
 Builder = Callable[[Any, Any], None]
 StorageGetter = Callable[["str | None", tuple[Any, ...]], Any]
-BUDGET_PER_BYTE = 8
-BUDGET_FLOOR = 1 << 25  # small files may still build a few MB (a metrics dict, an RNG state)
-
-
-class Budget:
-    """Bytes a load may still allocate through calls (estimated; see :func:`weight`).
-
-    ``BUDGET_PER_BYTE`` times the file's size, plus ``BUDGET_FLOOR``; nested loads
-    (storages pickled inside a pickle) draw from the same budget. What the opcodes
-    build directly is bounded by the file already; the budget bounds what calls add
-    on top, which memo references could otherwise repeat without limit.
-    """
-
-    def __init__(self, file_size: int) -> None:
-        self.total = BUDGET_PER_BYTE * max(file_size, 0) + BUDGET_FLOOR
-        self.left = self.total
-        self.file_size = file_size
-
-    def charge(self, units: int, what: str) -> None:
-        self.left -= units
-        if self.left < 0:
-            raise CheckpointError(
-                f"{what} goes over the work budget of {self.total} bytes for a file of "
-                f"{self.file_size} bytes (shared references are counted at every use): "
-                "the file asks for far more work or memory than it holds"
-            )
-
-
-def weight(args: Any) -> int:
-    """Bytes a call handed ``args`` may allocate by copying them: per character or byte, per
-    list/tuple item (a pointer) and per set/dict entry (a hash slot), one level inside tuples
-    too (numpy's array state holds its bytes there). Iterates nothing but those tuples."""
-    total = 16
-    for arg in args if type(args) is tuple else (args,):
-        per_item = _ITEM_BYTES.get(type(arg))
-        if per_item is not None:
-            total += per_item * len(arg)
-            if type(arg) is tuple:
-                for item in arg:
-                    inner = _ITEM_BYTES.get(type(item))
-                    if inner is not None:
-                        total += inner * len(item)
-    return total
-
-
-# built by calls, charged sys.getsizeof of what was built (C sizes: no code of the file runs)
-_SIZED = frozenset(
-    {
-        str,
-        bytes,
-        bytearray,
-        tuple,
-        list,
-        dict,
-        set,
-        frozenset,
-        collections.OrderedDict,
-        collections.Counter,
-        collections.defaultdict,
-        collections.deque,
-    }
-)
-_ITEM_BYTES: dict[type, int] = {
-    str: 1,
-    bytes: 1,
-    bytearray: 1,
-    tuple: 8,
-    list: 8,
-    dict: 50,
-    set: 50,
-    frozenset: 50,
-}
 
 
 @dataclass(frozen=True)
@@ -167,7 +96,7 @@ class SafeMachine(Machine):
         self._created: dict[int, Any] = {}
         self._builders: dict[int, Builder] = {}
         self._dicts: dict[int, Any] = {}  # owned dict subclasses and deques
-        self._random_made = [0]  # numpy.random work units (_numpy.MAX_RANDOM_OBJECTS)
+        self._random_quota = _numpy.random_quota()
         self._omegaconf: _omegaconf.Builder | None = None
 
     def run(self) -> Any:
@@ -276,7 +205,7 @@ class SafeMachine(Machine):
             raise UnsafeCheckpointError(f"{role.qualname} has no checked handler", (role.qualname,))
         made = handler(self, func, args)
         kind = type(made)
-        if kind in _SIZED and not any(made is arg for arg in args):
+        if kind in SIZED and not any(made is arg for arg in args):
             # what was built, not only what was passed: a frozenset of a reused 20 000-item
             # list is 2 MB each time, 13x the list's pointers (sys.getsizeof of a builtin
             # container reads its allocation; it runs no code of the file's)
@@ -476,7 +405,7 @@ def _tensor(rebuild: _tensors.TensorRebuild) -> Handler:
 
 
 def _random(make: Callable[..., Any]) -> Handler:
-    return lambda m, f, a: make(a, m.register_builder, m._random_made)
+    return lambda m, f, a: make(a, m.register_builder, m._random_quota)
 
 
 def _constructor(key: str) -> Handler:

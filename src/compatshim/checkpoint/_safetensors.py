@@ -28,12 +28,11 @@ import sys
 from dataclasses import dataclass
 from typing import IO, Any, Callable
 
-from ._tensors import MAX_DIMS
+from ._limits import check_shape, count
 from .errors import CheckpointError
 
 MAX_HEADER = 100_000_000
 MAX_PASSES = 4  # each removes >= 1 bracket level; a header needs 2 ({ {[]} }), 2 spare
-MAX_INT64 = 2**63 - 1
 
 # safetensors dtype name -> (torch dtype attribute or None where torch has none, bits per item)
 DTYPES: dict[str, tuple[str | None, int]] = {
@@ -123,23 +122,6 @@ def _text(value: Any, what: str) -> str:
     return value
 
 
-def _shape(value: Any, name: str) -> tuple[int, ...]:
-    if type(value) is not list or len(value) > MAX_DIMS:
-        raise CheckpointError(f"{_label(name)}: shape is not a list of ints")
-    numel = 1
-    for dim in value:
-        if type(dim) is not int or not 0 <= dim <= MAX_INT64:
-            raise CheckpointError(
-                f"{_label(name)}: shape holds a "
-                + ("negative or too large int" if type(dim) is int else type(dim).__name__)
-            )
-        if dim:
-            numel *= dim
-            if numel > MAX_INT64:
-                raise CheckpointError(f"{_label(name)}: shape's product overflows int64")
-    return tuple(value)
-
-
 def _entry(name: str, info: Any, data_size: int) -> Entry:
     if type(info) is not dict:
         raise CheckpointError(f"{_label(name)}: its header entry is not an object")
@@ -147,7 +129,7 @@ def _entry(name: str, info: Any, data_size: int) -> Entry:
     if type(dtype) is not str or dtype not in DTYPES:
         shown = dtype[:20] if type(dtype) is str else type(dtype).__name__
         raise CheckpointError(f"{_label(name)}: unknown dtype {shown!r}")
-    shape = _shape(info.get("shape"), name)
+    dims = check_shape(info.get("shape"), _label(name), kinds=(list,))
     offsets = info.get("data_offsets")
     if (
         type(offsets) is not list
@@ -158,16 +140,14 @@ def _entry(name: str, info: Any, data_size: int) -> Entry:
         raise CheckpointError(
             f"{_label(name)}: data_offsets are not two ints within the {data_size}-byte data"
         )
-    numel = 1
-    for dim in shape:
-        numel *= dim
+    numel = count(dims, _label(name))
     bits = numel * DTYPES[dtype][1]
     if bits % 8 or bits // 8 != offsets[1] - offsets[0]:
         raise CheckpointError(
             f"{_label(name)}: {numel} x {dtype} is {bits / 8:g} bytes, its data_offsets hold "
             f"{offsets[1] - offsets[0]}"
         )
-    return Entry(name, dtype, shape, offsets[0], offsets[1])
+    return Entry(name, dtype, dims, offsets[0], offsets[1])
 
 
 def _parse(file: IO[bytes], length: int) -> Any:

@@ -14,11 +14,10 @@ import functools
 from typing import Any, Callable
 
 from .._text import short
+from ._limits import MAX_ITEMS, check_shape, count
 from ._objects import bad, is_dunder
 from .errors import CheckpointError, UnsafeCheckpointError
 
-MAX_DIMS = 64
-MAX_NUMEL = 2**62
 METADATA_KEYS = {"conj", "neg"}
 
 
@@ -65,13 +64,7 @@ class Tensors:
 
 
 def _ints(value: Any, what: str, name: str) -> tuple[int, ...]:
-    torch = _torch()
-    if type(value) not in (tuple, list, torch.Size) or len(value) > MAX_DIMS:
-        raise CheckpointError(f"{what}: {name} is {short(value)}, expected a tuple of ints")
-    for item in value:  # each under 2**62 before any product (a huge int multiplies slowly)
-        if type(item) is not int or not 0 <= item <= MAX_NUMEL:
-            raise CheckpointError(f"{what}: {name} holds {short(item)}")
-    return tuple(value)
+    return check_shape(value, what, name, (tuple, list, _torch().Size))
 
 
 def check_view(
@@ -84,13 +77,10 @@ def check_view(
     stride_t = _ints(stride, what, "stride")
     if len(size_t) != len(stride_t):
         raise CheckpointError(f"{what}: {len(size_t)} sizes but {len(stride_t)} strides")
-    numel = 1
+    numel = count(size_t, what)
     furthest = offset
     for dim, step in zip(size_t, stride_t):
-        numel *= dim
         furthest += (dim - 1) * step if dim else 0
-    if numel > MAX_NUMEL:
-        raise CheckpointError(f"{what}: {numel} elements is more than any tensor holds")
     if numel and furthest >= storage_items:
         raise CheckpointError(
             f"{what}: a view reaching element {furthest} of a storage of {storage_items} "
@@ -197,7 +187,7 @@ def rebuild_meta(tensors: Tensors, args: tuple[Any, ...]) -> Any:
     torch = _torch()
     if len(args) != 4 or not isinstance(args[0], torch.dtype) or type(args[3]) is not bool:
         raise bad(what, args)
-    _, size_t, stride_t = check_view(0, args[1], args[2], MAX_NUMEL, what)
+    _, size_t, stride_t = check_view(0, args[1], args[2], MAX_ITEMS, what)
     tensor = torch.empty_strided(size_t, stride_t, dtype=args[0], device="meta")
     if args[3]:
         tensor.requires_grad = True
