@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Callable
 
 from ._container import read, sniff
+from ._dtypes import BY_TORCH
 from ._limits import check_shape
 from .errors import CheckpointError
 
@@ -186,8 +187,6 @@ def inspect_folder(folder: Any, inspect_file: Callable[[Any], CheckpointInfo]) -
     except CheckpointError as exc:
         refusals = (*info.refusals, str(exc))
         return replace(info, path=path, container="dcp", dcp=unread, refusals=refusals)
-    import torch
-
     dtypes: dict[str, int] = {}
     size = 0
     for _, dtype, shape in tensors:
@@ -195,8 +194,8 @@ def inspect_folder(folder: Any, inspect_file: Callable[[Any], CheckpointInfo]) -
         numel = 1
         for n in shape:
             numel *= n
-        item = getattr(torch, dtype, None)
-        size += numel * (item.itemsize if isinstance(item, torch.dtype) else 0)
+        known = BY_TORCH.get(dtype)  # an unknown dtype counts no bytes, as before
+        size += numel * (known.torch_bytes if known is not None else 0)
     return replace(
         info,
         path=path,

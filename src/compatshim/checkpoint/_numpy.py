@@ -31,6 +31,7 @@ from importlib import import_module
 from typing import Any, Callable, Iterator
 
 from .._text import cut, short
+from ._dtypes import BY_NAME
 from ._limits import Quota, check_shape, count
 from ._objects import bad
 from .errors import CheckpointError, UnsafeCheckpointError
@@ -234,8 +235,8 @@ _COST = {"MT19937": 8}
 MAX_POOL_SIZE = 256  # SeedSequence mixing costs entropy words x pool size
 MAX_ENTROPY_WORDS = 1024  # entropy + spawn key; SeedSequence() draws 4 (128 bits)
 
-Schema = Any  # dict of field -> Schema | range of allowed ints | ((kind, itemsize), length)
-_U32, _U64 = ("u", 4), ("u", 8)
+Schema = Any  # dict of field -> Schema | range of allowed ints | (numpy dtype str, length)
+_U32, _U64 = BY_NAME["uint32"].numpy, BY_NAME["uint64"].numpy
 _BUFFERED = {"has_uint32": range(2), "uinteger": range(2**32)}
 _PCG = {"state": {"state": range(2**128), "inc": range(2**128)}, **_BUFFERED}
 #: ``bit_generator.state`` of each generator, without its ``bit_generator`` name (numpy 1.17-2.5).
@@ -292,11 +293,10 @@ def _matches(value: Any, schema: Schema) -> bool:
         return type(value) is int and value in schema
     if schema is float:
         return type(value) is float
-    (kind, itemsize), length = schema
+    code, length = schema
     return (
         type(value) is _np().ndarray
-        and value.dtype.kind == kind
-        and value.dtype.itemsize == itemsize
+        and f"{value.dtype.kind}{value.dtype.itemsize}" == code
         and value.shape == (length,)
     )
 

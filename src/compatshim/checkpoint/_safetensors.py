@@ -28,37 +28,13 @@ import sys
 from dataclasses import dataclass
 from typing import IO, Any, Callable
 
+from ._dtypes import BY_SAFETENSORS as DTYPES
 from ._limits import check_shape, count
 from .errors import CheckpointError
 
 MAX_HEADER = 100_000_000
 MAX_PASSES = 4  # each removes >= 1 bracket level; a header needs 2 ({ {[]} }), 2 spare
 
-# safetensors dtype name -> (torch dtype attribute or None where torch has none, bits per item)
-DTYPES: dict[str, tuple[str | None, int]] = {
-    "BOOL": ("bool", 8),
-    "U8": ("uint8", 8),
-    "I8": ("int8", 8),
-    "F8_E5M2": ("float8_e5m2", 8),
-    "F8_E4M3": ("float8_e4m3fn", 8),
-    "F8_E5M2FNUZ": ("float8_e5m2fnuz", 8),
-    "F8_E4M3FNUZ": ("float8_e4m3fnuz", 8),
-    "F8_E8M0": ("float8_e8m0fnu", 8),
-    "F4": ("float4_e2m1fn_x2", 4),
-    "F6_E2M3": (None, 6),
-    "F6_E3M2": (None, 6),
-    "I16": ("int16", 16),
-    "U16": ("uint16", 16),
-    "F16": ("float16", 16),
-    "BF16": ("bfloat16", 16),
-    "I32": ("int32", 32),
-    "U32": ("uint32", 32),
-    "F32": ("float32", 32),
-    "C64": ("complex64", 64),
-    "F64": ("float64", 64),
-    "I64": ("int64", 64),
-    "U64": ("uint64", 64),
-}
 # A string, or an unclosed one up to the end: the star always stops where its tail matches,
 # so no start fails after scanning to the end (``"(...)*"`` alone is quadratic on
 # ``{"a\"\"\"...`` unclosed: every later quote starts another scan to the end).
@@ -82,7 +58,7 @@ class Entry:
     @property
     def torch_dtype(self) -> str:
         """torch's name for the dtype where it has one (the report uses these), else the file's."""
-        return DTYPES[self.dtype][0] or self.dtype
+        return DTYPES[self.dtype].torch or self.dtype
 
 
 @dataclass(frozen=True)
@@ -141,7 +117,7 @@ def _entry(name: str, info: Any, data_size: int) -> Entry:
             f"{_label(name)}: data_offsets are not two ints within the {data_size}-byte data"
         )
     numel = count(dims, _label(name))
-    bits = numel * DTYPES[dtype][1]
+    bits = numel * DTYPES[dtype].bits
     if bits % 8 or bits // 8 != offsets[1] - offsets[0]:
         raise CheckpointError(
             f"{_label(name)}: {numel} x {dtype} is {bits / 8:g} bytes, its data_offsets hold "
@@ -244,7 +220,7 @@ def load(
     header = read_header(file)
     dtypes = {}
     for entry in header.entries:
-        torch_name = DTYPES[entry.dtype][0]
+        torch_name = DTYPES[entry.dtype].torch
         dtype = getattr(torch, torch_name, None) if torch_name else None
         if dtype is None:
             raise CheckpointError(

@@ -89,6 +89,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ._dtypes import BY_TORCH, STORAGES
 from ._names import canonical
 
 Kind = Literal[
@@ -285,52 +286,9 @@ def _torch(name: str, kind: Kind, reason: str, module: str = "torch") -> Entry:
     return Entry(module, name, "torch", _TORCH, kind, reason)
 
 
-_TORCH_DTYPES = [
-    "float64",
-    "float32",
-    "float16",
-    "bfloat16",
-    "complex32",
-    "complex64",
-    "complex128",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "bool",
-    "float8_e4m3fn",
-    "float8_e5m2",
-    "float8_e4m3fnuz",
-    "float8_e5m2fnuz",
-    "double",
-    "float",
-    "half",
-    "cfloat",
-    "cdouble",
-    "short",
-    "int",
-    "long",
-]
+_TORCH_DTYPES = list(BY_TORCH)  # every name torch has for a dtype a checkpoint holds
 # storage type name (as torch.save writes it) -> (torch dtype attribute, item size)
-STORAGE_DTYPES: dict[str, tuple[str, int]] = {
-    "DoubleStorage": ("float64", 8),
-    "FloatStorage": ("float32", 4),
-    "HalfStorage": ("float16", 2),
-    "BFloat16Storage": ("bfloat16", 2),
-    "ComplexDoubleStorage": ("complex128", 16),
-    "ComplexFloatStorage": ("complex64", 8),
-    "LongStorage": ("int64", 8),
-    "IntStorage": ("int32", 4),
-    "ShortStorage": ("int16", 2),
-    "CharStorage": ("int8", 1),
-    "ByteStorage": ("uint8", 1),
-    "BoolStorage": ("bool", 1),
-    "UntypedStorage": ("uint8", 1),
-}
+STORAGE_DTYPES: dict[str, tuple[str, int]] = STORAGES
 _NUMPY_DTYPE_CLASSES = [
     "BoolDType",
     "Int8DType",
