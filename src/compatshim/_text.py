@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["cut", "names", "short"]
+__all__ = ["cut", "named", "names", "short"]
 
 
 def short(value: Any) -> str:
@@ -37,3 +37,13 @@ def names(items: list[str], limit: int = 20) -> str:
     """A comma-separated list of at most ``limit`` of ``items``, each cut, and how many more."""
     shown = ", ".join(cut(item) for item in items[:limit])
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def named(value: Any) -> str:
+    """``module.qualname`` of a class or function (each part cut), else ``a <type>``."""
+    if isinstance(value, type) or callable(value):
+        module = getattr(value, "__module__", None) or "?"
+        name = getattr(value, "__qualname__", None)
+        if type(module) is str and type(name) is str:
+            return f"{cut(module, 100)}.{cut(name, 100)}"
+    return f"a {type(value).__name__}"

@@ -37,7 +37,7 @@ import zipfile
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Literal, NamedTuple, TypeVar
 
-from .._text import short
+from .._text import cut, names, short
 from . import _safetensors
 from ._gate import ALLOWLIST, Verdict, judge
 from ._machine import Machine, Source
@@ -102,7 +102,7 @@ def plain_text(exc: BaseException) -> str:
     """An exception's message only when every argument is a short string: ``str(KeyError(x))``
     is ``repr(x)``, and ``x`` may be a file value whose text is exponential in its size."""
     if all(type(arg) is str for arg in exc.args):
-        return str(exc)[:300]
+        return cut(str(exc), 300)
     return "message not shown: it holds values from the file"
 
 
@@ -178,9 +178,9 @@ def read_zip_directory(file: IO[bytes], what: str) -> ZipDirectory:
     duplicates = sorted(name for name, count in counts.items() if count > 1)
     if duplicates:
         raise UnsafeCheckpointError(
-            f"{what}: zip records with the same name ({', '.join(duplicates[:5])}): readers "
+            f"{what}: zip records with the same name ({names(duplicates, 5)}): readers "
             "disagree on which one counts",
-            tuple(f"duplicate zip record {n}" for n in duplicates[:5]),
+            tuple(f"duplicate zip record {cut(n)}" for n in duplicates[:5]),
         )
     archive = infos[0].filename.split("/", 1)[0]
     records: dict[str, Record] = {}
@@ -197,9 +197,9 @@ def read_zip_directory(file: IO[bytes], what: str) -> ZipDirectory:
             or name.startswith("/")
         ):
             raise UnsafeCheckpointError(
-                f"{what}: zip record name {name[:80]!r} is outside the archive folder "
-                f"{archive!r} (torch files keep every record in one folder)",
-                (f"zip record {name[:80]}",),
+                f"{what}: zip record name {short(name)} is outside the archive folder "
+                f"{short(archive)} (torch files keep every record in one folder)",
+                (f"zip record {cut(name, 80)}",),
             )
         records[name[len(archive) + 1 :]] = Record(name, info.file_size)
     directory = ZipDirectory(archive, records)

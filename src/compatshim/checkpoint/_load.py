@@ -30,7 +30,7 @@ import os
 import sys
 from typing import IO, Any, Callable, Iterable
 
-from .._text import names
+from .._text import names, short
 from . import _safetensors, _tensors
 from ._container import (
     LEGACY_MAGIC,
@@ -112,7 +112,7 @@ def place(storage: Any, saved: str, target: str | None = None) -> Any:
     if location == "cpu" and storage.device.type == "cpu":
         return storage
     if not LOCATION.fullmatch(location):
-        raise CheckpointError(f"storage location {location[:40]!r} is not a device name")
+        raise CheckpointError(f"storage location {short(location)} is not a device name")
     from torch import serialization
 
     restore: Any = serialization.default_restore_location
@@ -153,7 +153,7 @@ class ZipStorages:
         if "byteorder" in directory.records:
             data = bytes(reader.get_record("byteorder"))
             if data not in (b"little", b"big"):
-                raise CheckpointError(f"{what}: byteorder record holds {data[:20]!r}")
+                raise CheckpointError(f"{what}: byteorder record holds {short(data)}")
             self.swap = data.decode() != sys.byteorder
 
     def __call__(self, type_name: str | None, rest: tuple[Any, ...]) -> Any:

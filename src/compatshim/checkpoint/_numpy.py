@@ -30,7 +30,7 @@ import re
 from importlib import import_module
 from typing import Any, Callable, Iterator
 
-from .._text import cut, short
+from .._text import cut, named, short
 from ._dtypes import BY_NAME
 from ._limits import Quota, check_shape, count
 from ._objects import bad
@@ -263,18 +263,9 @@ def _random() -> Any:
 
 
 def _refuse_random(what: str, value: Any, only: str = "") -> UnsafeCheckpointError:
-    shown = short(value) if isinstance(value, (str, bytes, int, float)) else _named(value)
+    shown = short(value) if isinstance(value, (str, bytes, int, float)) else named(value)
     only = only or f"numpy's bit generators {', '.join(BIT_GENERATORS)}"
     return UnsafeCheckpointError(f"{what} of {shown} refused: only {only}", (f"{what} argument",))
-
-
-def _named(value: Any) -> str:
-    if isinstance(value, type) or callable(value):
-        module = getattr(value, "__module__", None)
-        name = getattr(value, "__qualname__", None)
-        if type(module) is str and type(name) is str:
-            return f"{module[:60]}.{name[:60]}"
-    return f"a {type(value).__name__}"
 
 
 def random_quota() -> Quota:

@@ -66,7 +66,7 @@ from collections import defaultdict
 from typing import Any, Callable, Container
 
 from .. import _settings
-from .._text import short
+from .._text import named, short
 from ._interp_size import charge_expansion
 from ._limits import ITEM_BYTES
 from .errors import CheckpointError, UnsafeCheckpointError
@@ -176,10 +176,8 @@ class Builder:
             and (issubclass(value, enum.Enum) or role.kind == "user")
         ):
             return value
-        from ._safe import describe
-
         raise unsafe(
-            f"{what}.{field} = {describe(value)} refused: omegaconf metadata may name typing.Any, "
+            f"{what}.{field} = {named(value)} refused: omegaconf metadata may name typing.Any, "
             "builtin value types, Enums and classes given in allow=",
             f"{what}.{field}",
         )

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from .._text import cut, short
+from .._text import named as describe
 from . import _dcp, _numpy, _objects, _omegaconf, _partial, _tensors
 from ._gate import ALLOWLIST, NOT_LISTED, Allow, judge
 from ._limits import SIZED, Budget, weight
@@ -61,13 +62,6 @@ def harmless_value(entry: Entry, obj: Any) -> bool:
     if entry.kind == "rule":
         return False
     return isinstance(obj, type) or not callable(obj) or entry.kind == "method"
-
-
-def describe(value: Any) -> str:
-    if isinstance(value, type) or (callable(value) and hasattr(value, "__qualname__")):
-        module = getattr(value, "__module__", None) or "?"
-        return f"{module}.{getattr(value, '__qualname__', '?')}"
-    return f"a {type(value).__name__}"
 
 
 class SafeMachine(Machine):

@@ -28,6 +28,7 @@ import sys
 from dataclasses import dataclass
 from typing import IO, Any, Callable
 
+from .._text import cut, short
 from ._dtypes import BY_SAFETENSORS as DTYPES
 from ._limits import check_shape, count
 from .errors import CheckpointError
@@ -74,7 +75,7 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     for key, value in pairs:
         if key in found:
             raise CheckpointError(
-                f"safetensors header names {key[:60]!r} twice: readers disagree on which counts"
+                f"safetensors header names {short(key)} twice: readers disagree on which counts"
             )
         found[key] = value
     return found
@@ -85,7 +86,7 @@ def _no_constant(name: str) -> Any:
 
 
 def _label(name: str) -> str:
-    return f"safetensors tensor {name[:60]!r}"
+    return f"safetensors tensor {short(name)}"
 
 
 def _text(value: Any, what: str) -> str:
@@ -103,8 +104,7 @@ def _entry(name: str, info: Any, data_size: int) -> Entry:
         raise CheckpointError(f"{_label(name)}: its header entry is not an object")
     dtype = info.get("dtype")
     if type(dtype) is not str or dtype not in DTYPES:
-        shown = dtype[:20] if type(dtype) is str else type(dtype).__name__
-        raise CheckpointError(f"{_label(name)}: unknown dtype {shown!r}")
+        raise CheckpointError(f"{_label(name)}: unknown dtype {short(dtype)}")
     dims = check_shape(info.get("shape"), _label(name), kinds=(list,))
     offsets = info.get("data_offsets")
     if (
@@ -141,7 +141,7 @@ def _parse(file: IO[bytes], length: int) -> Any:
         del raw  # parsing holds ~8x the header in objects; not these bytes as well
         return json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise CheckpointError(f"safetensors header is not JSON ({str(exc)[:120]})") from None
+        raise CheckpointError(f"safetensors header is not JSON ({cut(str(exc), 120)})") from None
 
 
 def read_header(file: IO[bytes]) -> Header:
