@@ -63,18 +63,15 @@ class Tensors:
         return {key: t for key, t in self._tensors.items() if key not in self._dressed}
 
 
-def _ints(value: Any, what: str, name: str) -> tuple[int, ...]:
-    return check_shape(value, what, name, (tuple, list, _torch().Size))
-
-
 def check_view(
     offset: Any, size: Any, stride: Any, storage_items: int, what: str
 ) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
     """Offset/size/stride as ints whose furthest element lies inside the storage."""
     if type(offset) is not int or offset < 0:
         raise CheckpointError(f"{what}: storage offset is {short(offset)}")
-    size_t = _ints(size, what, "size")
-    stride_t = _ints(stride, what, "stride")
+    kinds = (tuple, list, _torch().Size)
+    size_t = check_shape(size, what, "size", kinds)
+    stride_t = check_shape(stride, what, "stride", kinds)
     if len(size_t) != len(stride_t):
         raise CheckpointError(f"{what}: {len(size_t)} sizes but {len(stride_t)} strides")
     numel = count(size_t, what)
@@ -274,7 +271,8 @@ def rebuild_from_type_v2(
 def make_size(_: Any, args: tuple[Any, ...]) -> Any:
     if len(args) != 1:
         raise bad("torch.Size", args)
-    return _torch().Size(_ints(args[0], "torch.Size", "dims"))
+    torch = _torch()
+    return torch.Size(check_shape(args[0], "torch.Size", "dims", (tuple, list, torch.Size)))
 
 
 def make_device(_: Any, args: tuple[Any, ...]) -> Any:
