@@ -87,7 +87,7 @@ def patch_row(patch: PatchStatus) -> DoctorRow:
         detail = (
             f"{patch.distribution} not installed"
             if version is None
-            else f"{where}: older than the patch supports ({patch.requires})"
+            else f"{where}: outside the releases the patch supports ({patch.requires})"
         )
     elif patch.disabled:
         state = {True: "present", False: "absent", None: "not probed"}[present]

@@ -311,7 +311,7 @@ def _record(state: _State, target: str, outcome: _Outcome, module: ModuleType | 
 
 def _report(name: str, target: str, outcome: _Outcome, *, applied: bool) -> None:
     if outcome.position == "unsupported":
-        decisions.record(name, "left alone", f"{target}: older than the patch supports")
+        decisions.record(name, "left alone", f"{target}: outside the releases the patch supports")
     elif outcome.error is not None:
         decisions.record(name, "failed", outcome.error)
         decisions.warn_once(

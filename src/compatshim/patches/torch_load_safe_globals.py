@@ -93,10 +93,11 @@ Limits of hardened mode
     framing with torch's weights-only unpickler before the guard refuses); such a
     stale reference with ``weights_only=True``
     still reaches torch's weights-only unpickler (``COMPATSHIM_AUTO=1`` arms at
-    ``import torch``, before any reference can be taken). Not covered, because
-    they are not torch's loaders: ``numpy.load(allow_pickle=True)``, plain
-    ``pickle``, and ``torch.distributed.checkpoint``'s ``.metadata`` (a plain
-    ``pickle.load``). The doctor's ``checkpoint-safe-load`` row says so.
+    ``import torch``, before any reference can be taken). Covered by their own
+    patches, because they are not torch's loaders: ``numpy.load(allow_pickle=True)``
+    (``numpy-load-hardened``) and ``torch.distributed.checkpoint``'s ``.metadata``
+    (``torch-dcp-safe-metadata``). Not covered: plain ``pickle``. The doctor's
+    ``checkpoint-safe-load`` row says so.
 
 Confirmed
     Right after the fix, by :func:`confirm` (both attributes are the wrapper);
