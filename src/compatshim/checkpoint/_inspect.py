@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import zipfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import IO, Any
 
-from . import _safetensors, process_allow
+from . import _dcp_folder, _safetensors, process_allow
 from ._container import (
     LEGACY_MAGIC,
     ScanMachine,
@@ -37,8 +38,8 @@ from ._container import (
     read_zip_directory,
     sniff,
 )
-from ._dcp import DcpInfo
-from ._dcp import is_folder as is_dcp_folder
+from ._dcp_folder import DcpInfo
+from ._dtypes import BY_TORCH
 from ._gate import ALLOWLIST, judge
 from ._machine import Source
 from ._names import parse
@@ -150,7 +151,7 @@ class CheckpointInfo:
     refusals: tuple[str, ...] = field(default_factory=tuple)
     named_tensors: tuple[NamedTensor, ...] = field(default_factory=tuple)  # safetensors only
     metadata: dict[str, str] | None = None  # safetensors' __metadata__
-    dcp: DcpInfo | None = None  # a torch.distributed.checkpoint folder (_dcp.py)
+    dcp: DcpInfo | None = None  # a torch.distributed.checkpoint folder (_dcp_folder.py)
 
     @property
     def unknown(self) -> tuple[str, ...]:
@@ -312,14 +313,48 @@ def inspect(f: Any) -> CheckpointInfo:
     A torch.distributed.checkpoint folder: its ``.metadata`` as above, then, when
     loadable, read with ``load``'s machine (torch is imported; no tensor data is read).
     """
-    if is_dcp_folder(f):
-        from ._dcp import inspect_folder
-
-        return inspect_folder(f, inspect)
+    if _dcp_folder.is_folder(f):
+        return _inspect_folder(f)
     try:
         return read(f, _read)
     except UnsafeCheckpointError as exc:
         return CheckpointInfo(describe_source(f), "other", (), 0, 0, 0, {}, Writer(), (str(exc),))
+
+
+def _inspect_folder(folder: Any) -> CheckpointInfo:
+    """``inspect`` of a DCP folder: its ``.metadata``'s globals and verdict, then what it
+    lists (FQNs, dtypes, shapes, ranks that wrote it, non-tensor items) when loadable."""
+    path = os.fspath(folder)
+    info = inspect(os.path.join(path, _dcp_folder.METADATA))
+    world_size, files = _dcp_folder.ranks_on_disk(path)
+    unread = DcpInfo(world_size, files, (), None)
+    if not info.loadable:
+        return replace(info, path=path, container="dcp", dcp=unread)
+    try:
+        found, tensors = _dcp_folder.describe(_dcp_folder.load_folder_metadata(path))
+    except CheckpointError as exc:
+        refusals = (*info.refusals, str(exc))
+        return replace(info, path=path, container="dcp", dcp=unread, refusals=refusals)
+    dtypes: dict[str, int] = {}
+    size = 0
+    for _, dtype, shape in tensors:
+        dtypes[dtype] = dtypes.get(dtype, 0) + 1
+        numel = 1
+        for n in shape:
+            numel *= n
+        known = BY_TORCH.get(dtype)  # an unknown dtype counts no bytes, as before
+        size += numel * (known.torch_bytes if known is not None else 0)
+    return replace(
+        info,
+        path=path,
+        container="dcp",
+        tensors=len(tensors),
+        storages=len(found.data_files),
+        tensor_bytes=size,
+        dtypes=dict(sorted(dtypes.items())),
+        named_tensors=tuple(NamedTensor(n, d, s) for n, d, s in tensors),
+        dcp=found,
+    )
 
 
 def _read(file: IO[bytes], what: str, path: str | None) -> CheckpointInfo:

@@ -34,7 +34,7 @@ The fix
     The module's ``pickle`` (which its reader calls ``pickle.load`` on and its
     writer ``pickle.dump``) becomes a stand-in whose ``load`` is compatshim's
     loader, pickles only, with DCP's classes on the allowlist
-    (``compatshim.checkpoint._dcp``); everything else is the real module. A
+    (``compatshim.checkpoint._dcp_folder``); everything else is the real module. A
     refusal raises :class:`~compatshim.checkpoint.UnsafeCheckpointError` (a
     ``pickle.UnpicklingError``) naming the refused globals; nothing runs.
     ``torch.distributed.checkpoint`` is never imported by compatshim: the patch
@@ -82,7 +82,7 @@ class SafePickle:
         import io
 
         from ..checkpoint import CheckpointError
-        from ..checkpoint._dcp import read_metadata
+        from ..checkpoint._dcp_folder import read_metadata
 
         what = repr(getattr(file, "name", "a DCP .metadata stream"))
         if not _seekable(file):
