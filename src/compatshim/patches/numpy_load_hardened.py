@@ -88,9 +88,10 @@ def _load(file: Any, encoding: str) -> Any:
     import io
 
     from ..checkpoint import CheckpointError
+    from .torch_load_safe_globals import seekable
 
     what = repr(getattr(file, "name", None) or "a numpy.load stream")
-    if not _seekable(file):
+    if not seekable(file):
         file = io.BytesIO(file.read())
     try:
         return _read(file, encoding)
@@ -146,13 +147,6 @@ def _refuse_python2_text(file: IO[bytes], encoding: str) -> None:
         pass
     finally:
         file.seek(here)
-
-
-def _seekable(file: Any) -> bool:
-    try:
-        return bool(file.seekable())
-    except Exception:
-        return False
 
 
 def _refusal(why: BaseException, what: str) -> BaseException:

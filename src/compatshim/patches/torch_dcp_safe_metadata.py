@@ -83,9 +83,10 @@ class SafePickle:
 
         from ..checkpoint import CheckpointError
         from ..checkpoint._dcp_folder import read_metadata
+        from .torch_load_safe_globals import seekable
 
         what = repr(getattr(file, "name", "a DCP .metadata stream"))
-        if not _seekable(file):
+        if not seekable(file):
             data = io.BytesIO(file.read())
             data.name = getattr(file, "name", "<DCP .metadata>")  # type: ignore[attr-defined]
             file = data
@@ -94,13 +95,6 @@ class SafePickle:
         except CheckpointError as why:  # UnsafeCheckpointError included
             _record("refused", f"{what}: {type(why).__name__}")
             raise _refusal(why, what) from None
-
-
-def _seekable(file: Any) -> bool:
-    try:
-        return bool(file.seekable())
-    except Exception:
-        return False
 
 
 def _refusal(why: BaseException, what: str) -> BaseException:

@@ -302,6 +302,14 @@ def _refused_hardened(
     )
 
 
+def seekable(file: Any) -> bool:
+    """Whether a hardened reader can read ``file`` in place (else it buffers the bytes first)."""
+    try:
+        return bool(file.seekable())
+    except Exception:
+        return False
+
+
 def _through_compatshim(
     f: Any,
     start: int | None,
