@@ -11,25 +11,19 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from compatshim import checkpoint  # noqa: E402
-from compatshim.checkpoint import deny, process_allow  # noqa: E402
+from compatshim.checkpoint import deny  # noqa: E402
 
 DENIED = "denied (cannot be allowed)"
 
 
-@pytest.fixture(autouse=True)
-def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("COMPATSHIM_ALLOW", "COMPATSHIM_ALLOW_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    process_allow._reset()
-    yield
-    process_allow._reset()
+pytestmark = pytest.mark.usefixtures("process_allow_cleared")
 
 
 def _calls(module: str, name: str, argument: str) -> bytes:

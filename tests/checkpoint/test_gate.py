@@ -12,7 +12,7 @@ from __future__ import annotations
 import fractions
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -25,13 +25,7 @@ from compatshim.checkpoint.allowlist import entries  # noqa: E402
 UNKNOWN = ("compatshim_no_such_module", "Refused")  # admitted by nothing
 
 
-@pytest.fixture(autouse=True)
-def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("COMPATSHIM_ALLOW", "COMPATSHIM_ALLOW_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    process_allow._reset()
-    yield
-    process_allow._reset()
+pytestmark = pytest.mark.usefixtures("process_allow_cleared")
 
 
 def _text(value: str) -> bytes:

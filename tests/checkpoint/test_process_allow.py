@@ -19,14 +19,7 @@ torch = pytest.importorskip("torch")
 from compatshim import checkpoint  # noqa: E402
 from compatshim.checkpoint import process_allow  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("COMPATSHIM_ALLOW", "COMPATSHIM_ALLOW_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    process_allow._reset()
-    yield
-    process_allow._reset()
+pytestmark = pytest.mark.usefixtures("process_allow_cleared")
 
 
 def _saved(obj: Any) -> io.BytesIO:
