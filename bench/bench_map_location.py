@@ -27,13 +27,27 @@ more often than ours (median 99 375 vs 131 137 faults, 1.23x), in others neither
 the ratio swung both ways with the box's load (1.68x and 0.74x on the same code). Read a
 "calls in a row" ratio with its fault counts.
 
-``main()`` prints Markdown and returns the ratios (compatshim / torch).
+Which of the two happens is glibc's heap layout, not the loader: so the "calls in a row"
+procedure is run once more with the heap held to one regime, each contender in its own
+child process (a process that loads one way; the child's environment sets glibc's
+``MALLOC_*_`` tunables, the benchmark's own process and a user's are untouched):
+"fresh pages" (``MALLOC_MMAP_THRESHOLD_=131072``: every storage is mmapped and unmapped
+when dropped, as in a process's first load), "reused heap" (mmap and trim thresholds at
+4 GiB: dropped storages stay in the heap and the next call reuses them, no page faults)
+and glibc's default (the ratio then follows the fault counts).
+
+``BENCH_QUICK=1`` (the GPU leg's clock): the "fresh pages" regime only, 3 repeats, no
+one-contender-per-process rows. ``main()`` prints Markdown and returns the ratios
+(compatshim / torch).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,6 +57,11 @@ from _common import median, table
 
 MIB = 2**20
 BLOCK = 3  # calls per block in the "calls in a row" rows (the first not counted)
+HEAPS = {  # glibc heap regimes for the one-contender-per-process rows (child environment only)
+    "fresh pages": {"MALLOC_MMAP_THRESHOLD_": "131072"},
+    "reused heap": {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**32)},
+    "glibc default": {},
+}
 
 
 def big_state() -> dict[str, Any]:
@@ -116,6 +135,39 @@ def timed(fn: Callable[[], Any], sync: Callable[[], None], who: str = "") -> flo
     return took
 
 
+def child(path: str, who: str, calls: int) -> None:
+    """One contender's ``calls`` loads with ``"cpu"`` back to back; prints (faults, s) of all
+    but the first."""
+    import torch
+
+    from compatshim.checkpoint import load
+
+    if who == "compatshim":
+        fn = lambda: load(path, map_location="cpu")  # noqa: E731
+    else:
+        fn = lambda: torch.load(path, map_location="cpu", weights_only=True)  # noqa: E731
+    FAULTS[who] = []
+    times = [timed(fn, lambda: None, who) for _ in range(calls)]
+    print(json.dumps(list(zip(FAULTS[who][1:], times[1:]))))
+
+
+def in_processes(path: Path, heap: dict[str, str], rounds: int, calls: int) -> list[float]:
+    """Medians (compatshim s, torch s, compatshim faults, torch faults) over ``rounds``
+    pairs of child processes, the order alternating."""
+    env = {**os.environ, **heap}
+    got: dict[str, list[tuple[int, float]]] = {"compatshim": [], "torch": []}
+    for index in range(rounds):
+        order = ("compatshim", "torch") if index % 2 == 0 else ("torch", "compatshim")
+        for who in order:
+            command = [sys.executable, __file__, "--child", str(path), who, str(calls)]
+            out = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+            got[who] += [tuple(pair) for pair in json.loads(out.stdout.splitlines()[-1])]
+    return [
+        *(median([t for _, t in got[who]]) for who in ("compatshim", "torch")),
+        *(median([f for f, _ in got[who]]) for who in ("compatshim", "torch")),
+    ]
+
+
 def compare(
     path: Path, map_location: Any, mmap: bool, repeats: int, in_a_row: bool = False
 ) -> tuple[float, float]:
@@ -153,8 +205,8 @@ def compare(
     return median(a), median(b)
 
 
-def main(repeats: int = 9) -> dict[str, float]:
-    import torch
+def tables(heap: str, repeats: int) -> dict[str, float]:
+    """The per-form tables, in this process (whose heap regime ``heap`` names)."""
 
     import compatshim.checkpoint._load  # noqa: F401  (imports are not what is measured)
 
@@ -174,7 +226,7 @@ def main(repeats: int = 9) -> dict[str, float]:
             for label, (map_location, mmap, in_a_row) in forms(saved_on).items():
                 ours, theirs = compare(path, map_location, mmap, repeats, in_a_row)
                 ratio = ours / theirs
-                ratios[f"{title} | saved on {saved_on} | {label}"] = ratio
+                ratios[f"{title} | {heap} | saved on {saved_on} | {label}"] = ratio
                 rows.setdefault(label, ["-"] * 6)
                 at = 0 if saved_on == "cpu" else 3
                 rows[label][at : at + 3] = [
@@ -187,9 +239,10 @@ def main(repeats: int = 9) -> dict[str, float]:
                 fault_rows[label][at : at + 2] = [
                     f"{median(FAULTS[who]):.0f}" for who in ("compatshim", "torch")
                 ]
-        for path in files.values():
-            path.unlink()
-        print(f"## checkpoint.load vs torch.load(weights_only=True) by map_location: {title}\n")
+        print(
+            "## checkpoint.load vs torch.load(weights_only=True) by map_location: "
+            f"{title}, heap: {heap}\n"
+        )
         print(f"{nbytes / MIB:.1f} MiB of tensor data; ms are medians of {repeats}.\n")
         header = (
             "map_location",
@@ -212,22 +265,82 @@ def main(repeats: int = 9) -> dict[str, float]:
         )
         print(table(header, [(label, *cells) for label, cells in fault_rows.items()]))
         print()
+        for path in files.values():
+            path.unlink()
     folder.rmdir()
+    print(json.dumps(ratios))
+    return ratios
+
+
+def main(repeats: int = 9) -> dict[str, float]:
+    """Each heap regime's tables in a child process, then the one-contender-per-process
+    rows; prints Markdown, returns every ratio."""
+    import torch
+
+    quick = os.environ.get("BENCH_QUICK") == "1"  # the GPU leg's short clock: one regime
+    heaps = {"fresh pages": HEAPS["fresh pages"]} if quick else HEAPS
+    repeats = 3 if quick else repeats
+    ratios: dict[str, float] = {}
+    for heap, tunables in heaps.items():
+        command = [sys.executable, __file__, "--heap", heap, str(repeats)]
+        out = subprocess.run(
+            command, env={**os.environ, **tunables}, check=True, capture_output=True, text=True
+        ).stdout.splitlines()
+        print("\n".join(out[:-1]))
+        ratios.update(json.loads(out[-1]))
+    if quick:
+        print(json.dumps(ratios))
+        return ratios
+    folder = Path(tempfile.mkdtemp(prefix="bench_map_location_"))
+    state = big_state()
+    files = {on: save(state, folder / f"{on.replace(':', '')}.pt", on) for on in ("cpu", "cuda:0")}
+    del state
+    rows = []
+    for heap, tunables in HEAPS.items():
+        for saved_on, path in files.items():
+            ours, theirs, f_ours, f_theirs = in_processes(path, tunables, 4, 6)
+            ratios[f"512 MiB | {heap} | saved on {saved_on} | one contender per process"] = (
+                ours / theirs
+            )
+            rows.append((
+                heap, saved_on, f"{ours * 1e3:.1f}", f"{theirs * 1e3:.1f}",
+                f"{ours / theirs:.2f}x", f"{f_ours:.0f}", f"{f_theirs:.0f}",
+            ))  # fmt: skip
+    for path in files.values():
+        path.unlink()
+    folder.rmdir()
+    print(
+        '## "cpu", calls in a row, one contender per process: 512 MiB state dict\n\n'
+        "4 processes a contender, alternating; each loads 6 times and the first is not "
+        "counted; medians of the 20 counted calls.\n"
+    )
+    header = ("heap", "saved on", "compatshim ms", "torch ms", "ratio",
+              "compatshim faults", "torch faults")  # fmt: skip
+    print(table(header, rows))
+    print()
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA"
     print(
         f"Device: {device}. '-': a form torch cannot place on this machine (a CUDA location "
-        "without CUDA; compatshim raises CheckpointError there, tested). Contenders alternate "
-        "in one process on the same file in the page cache, each result dropped after its "
-        "call, no gc.collect(); 'calls in a row': each contender's calls back to back, "
-        f"in blocks of {BLOCK} ordered A B B A, repeated, each block's first call not counted "
-        "(the procedure of the 2026-11-27 GPU run, where a load "
-        "whose storages outlived its result showed as 1.48x). Shared machine: compare the "
-        "ratios, and the page faults (load-independent: fewer faults in a row mean the "
-        "previous result's memory was reused from glibc's heap)."
+        "without CUDA; compatshim raises CheckpointError there, tested). Per-form tables: "
+        "contenders alternate in one process on the same file in the page cache, each result "
+        "dropped after its call, no gc.collect(); 'calls in a row': each contender's calls "
+        f"back to back, in blocks of {BLOCK} ordered A B B A, repeated, each block's first "
+        "call not counted (the procedure of the 2026-11-27 GPU run). Heap regimes (glibc "
+        "tunables in the child's environment): 'fresh pages' MALLOC_MMAP_THRESHOLD_=131072 "
+        "(every storage mapped anew, as in a process's first load), 'reused heap' mmap and "
+        "trim thresholds at 4 GiB (dropped storages reused), 'glibc default' none set: there "
+        "the ratio follows the page faults, that is whether a small live allocation above "
+        "the dropped storages kept them in the heap, which neither loader decides. Shared "
+        "machine: compare the ratios and the faults."
     )
     print(json.dumps(ratios))
     return ratios
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--child"]:
+        child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif sys.argv[1:2] == ["--heap"]:
+        tables(sys.argv[2], int(sys.argv[3]))
+    else:
+        main()
