@@ -12,18 +12,19 @@ from typing import Any
 __all__ = ["cut", "named", "names", "short"]
 
 
-def short(value: Any) -> str:
-    """A bounded description of a value from the file (never a deep repr, never its own code)."""
+def short(value: Any, limit: int = 40) -> str:
+    """A bounded description of a value from the file (never a deep repr, never its own code):
+    the repr of at most ``limit`` characters of a str or bytes."""
     kind = type(value)
     if kind is int and value.bit_length() > 128:  # repr is quadratic, and raises past 4300 digits
         return f"an int of {value.bit_length()} bits"
     if kind in (int, float, bool, type(None)):
         text = repr(value)
     elif kind in (str, bytes):
-        text = repr(value[:40]) + ("..." if len(value) > 40 else "")
+        text = repr(value[:limit]) + ("..." if len(value) > limit else "")
     else:
         return f"a {type(value).__name__}"
-    return text if len(text) < 60 else text[:57] + "..."
+    return text if len(text) < limit + 20 else text[: limit + 17] + "..."
 
 
 def cut(text: str, limit: int = 200) -> str:

@@ -47,6 +47,43 @@ def test_numpy_codes_are_numpys(row: Any) -> None:
     assert made.itemsize * 8 == row.bits
 
 
+NUMPY_DTYPES_MODULE = tuple(int(p) for p in np.__version__.split(".")[:2]) >= (1, 25)
+needs_numpy_dtypes = pytest.mark.skipif(not NUMPY_DTYPES_MODULE, reason="numpy.dtypes: 1.25+")
+
+
+@needs_numpy_dtypes
+@pytest.mark.parametrize("row", [d for d in DTYPES if d.numpy_classes], ids=lambda d: d.name)
+def test_numpy_dtype_classes_are_numpys(row: Any) -> None:
+    """The sized class is the name numpy's pickle writes and makes the row's dtype; numpy's
+    C-type names make the same kind of dtype (of the same size or the platform's)."""
+    import numpy.dtypes
+
+    sized, *c_names = (getattr(numpy.dtypes, name) for name in row.numpy_classes)
+    assert sized.__name__ == row.numpy_classes[0] and sized.__module__ == "numpy.dtypes"
+    assert load(io.BytesIO(pickle.dumps({"class": sized})))["class"] is sized  # admitted
+    made = np.dtype(sized.type)
+    if row.numpy is not None:
+        assert made == np.dtype(row.numpy)
+    for alias in c_names:
+        assert np.dtype(alias.type).kind == made.kind
+
+
+@needs_numpy_dtypes
+def test_every_numpy_dtype_class_of_plain_data_is_in_the_table() -> None:
+    """What numpy's pickle can write for a dtype class, less object, void and StringDType
+    (whose items are arbitrary objects or records), is a table row's, and so admitted."""
+    import numpy.dtypes
+
+    from compatshim.checkpoint._dtypes import NUMPY_CLASSES
+    from compatshim.checkpoint.allowlist import lookup
+
+    written = {
+        getattr(numpy.dtypes, name).__name__ for name in dir(numpy.dtypes) if name.endswith("DType")
+    }
+    assert written - set(NUMPY_CLASSES) == {"ObjectDType", "VoidDType", "StringDType"} & written
+    assert all(lookup("numpy.dtypes", name) is not None for name in NUMPY_CLASSES)
+
+
 @pytest.mark.parametrize("name", sorted(STORAGES), ids=str)
 def test_legacy_storages_name_their_dtype(name: str) -> None:
     dtype_name, item_size = STORAGES[name]

@@ -850,3 +850,113 @@ def test_the_bound_is_never_below_what_omegaconf_builds(seed: int, tmp_path: pat
                 assert bound >= len(text), (key, text)
             checked += 1
     assert checked > 300
+
+
+# --------------------------------------------------------------------------- inspect agrees
+
+
+def _shared_content() -> DictConfig:
+    cfg = OmegaConf.create({"a": {"k": 1}, "b": {}})
+    cfg._get_node("b").__dict__["_content"] = cfg._get_node("a").__dict__["_content"]
+    return cfg
+
+
+def _cycle() -> DictConfig:
+    cfg = OmegaConf.create({})
+    cfg.a, cfg.b = "${b}", "${a}"  # OmegaConf.create would not object either
+    return cfg
+
+
+WHOLE_LOAD: dict[str, Any] = {
+    **{
+        f"expanding {case}": lambda case=case: OmegaConf.create(EXPANDING[case]())
+        for case in EXPANDING
+    },
+    "second order": lambda: OmegaConf.create({"d": "$", "x": "${d}{oc.env:HOME}"}),
+    "escaped": lambda: OmegaConf.create({"x": "\\${eval:1}"}),
+    "resolver": lambda: OmegaConf.create({"x": "${oc.env:HOME}"}),
+    "shared content": _shared_content,
+    "reference cycle": _cycle,
+}
+
+
+@pytest.mark.parametrize("case", sorted(WHOLE_LOAD))
+def test_inspect_refuses_what_load_refuses_once_configs_are_built(
+    case: str, tmp_path: pathlib.Path
+) -> None:
+    """Issue 26 items 1 and 5: every global is admitted, so only the whole-load checks (case 11
+    references, shared content, case 12 second-order syntax) refuse; inspect used to say
+    loadable. Now it reports load's own refusal."""
+    from compatshim.checkpoint import inspect
+
+    path = save(WHOLE_LOAD[case](), tmp_path)
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        load(path)
+    start = time.perf_counter()
+    info = inspect(path)
+    assert time.perf_counter() - start < 10
+    assert not info.unknown and not info.loadable
+    assert info.refusals and info.refusals[-1] in str(refused.value)
+
+
+def _cli(path: pathlib.Path, *args: str) -> Any:
+    import subprocess
+
+    return subprocess.run(
+        [sys.executable, "-m", "compatshim", "inspect", str(path), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("case", ["expanding absolute", "shared content", "second order"])
+def test_the_cli_refuses_what_load_refuses_once_configs_are_built(
+    case: str, tmp_path: pathlib.Path
+) -> None:
+    import json
+
+    path = save(WHOLE_LOAD[case](), tmp_path)
+    human = _cli(path)
+    assert human.returncode == 1, human.stderr
+    assert "  REFUSED: " in human.stdout and human.stdout.rstrip().endswith("NOT loadable as is")
+    as_json = _cli(path, "--json")
+    assert as_json.returncode == 1, as_json.stderr
+    found = json.loads(as_json.stdout)
+    assert found["loadable"] is False and found["unknown"] == [] and found["refusals"]
+
+
+def test_a_genuine_hydra_config_inspects_clean_without_reading_tensor_data(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hparams with references, oc.select, escapes and 3 000 relative paths: load's machine
+    reads it for inspect with every storage on meta; no tensor record is read."""
+    from compatshim.checkpoint import inspect
+
+    reads: list[str] = []
+    real = torch._C.PyTorchFileReader
+
+    class Spy:  # the real reader, counting the tensor records read through it
+        def __init__(self, source: Any) -> None:
+            self.reader = real(source)
+
+        def get_storage_from_record(self, name: str, *args: Any) -> Any:
+            reads.append(name)
+            return self.reader.get_storage_from_record(name, *args)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.reader, name)
+
+    cfg = plain_hparams()
+    cfg.paths = {f"p{i}": f"${{lr}}/{i}/${{..model.name}}" for i in range(3000)}
+    path = tmp_path / "hydra.pt"
+    torch.save({"hparams": cfg, "state_dict": {"w": torch.zeros(1 << 20)}}, path)
+    monkeypatch.setattr(torch._C, "PyTorchFileReader", Spy)
+    assert load(path)["state_dict"]["w"].shape == (1 << 20,) and reads == ["data/0"]
+    reads.clear()
+    info = inspect(path)
+    assert info.loadable and not info.refusals and info.tensor_bytes == 4 << 20
+    assert reads == []
+    monkeypatch.undo()
+    human = _cli(path)
+    assert human.returncode == 0 and "REFUSED" not in human.stdout, human.stdout

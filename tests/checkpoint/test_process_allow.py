@@ -81,6 +81,30 @@ def test_environment_entries_and_a_malformed_value(monkeypatch: pytest.MonkeyPat
         _refused(fractions.Fraction(1, 2))
 
 
+def test_entry_text_is_cut_in_errors_warnings_and_the_doctor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Entries come from the environment and files: what an error, a warning or the doctor
+    prints of them is cut (``_text``), however long they are."""
+    from compatshim.checkpoint.doctor import safe_load_row
+
+    long = "m" * 100_000
+    for entry in (long, f"omegaconf-resolver:{long}:"):
+        with pytest.raises(TypeError) as raised:
+            checkpoint.load(_saved(1), allow=[entry])
+        assert len(str(raised.value)) < 400
+    monkeypatch.setenv("COMPATSHIM_ALLOW", f"fractions.Fraction,{long}!")
+    with pytest.warns(RuntimeWarning) as warned:
+        _refused(fractions.Fraction(1, 2))
+    assert all(len(str(w.message)) < 1000 for w in warned)
+    monkeypatch.delenv("COMPATSHIM_ALLOW")
+    for index in range(15):
+        checkpoint.allow(f"pkg{index}.{'N' * 10_000}", reason="ours")
+    detail = safe_load_row().detail
+    assert "15 process-wide allow entries" in detail and "and 5 more" in detail
+    assert len(detail) < 4000
+
+
 def test_a_file_of_entries_with_reasons(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     listing = tmp_path / "allow.txt"
     listing.write_text("# ours\nfractions.Fraction  # exact ratios in our files\n")

@@ -250,3 +250,36 @@ def test_a_config_composed_by_hydra_resumes_armed(tmp_path: pathlib.Path, armed:
     assert loaded.hparams.cfg.model.depth == 0.02
     for mine, theirs in zip(loaded.parameters(), saved.parameters()):
         assert torch.equal(mine, theirs)
+
+
+def test_inspect_judges_lightning_checkpoints_as_load_does(tmp_path: pathlib.Path) -> None:
+    """``compatshim inspect`` on Lightning's own file: the Hydra-style run inspects clean; the
+    same file with hparams whose references expand (issue 26 case 11) is refused, as ``load``
+    refuses it (before, inspect called it loadable)."""
+    import subprocess
+    import sys
+
+    from compatshim.checkpoint import UnsafeCheckpointError, inspect, load
+
+    path, _ = fit_and_save(tmp_path, hydra_cfg())
+    info = inspect(path)
+    assert info.loadable and not info.refusals, info.refusals
+    checkpoint = torch.load(path, weights_only=False)  # our own file: rewrite its config
+    cfg = checkpoint["hyper_parameters"]["cfg"]
+    OmegaConf.set_struct(cfg, False)
+    cfg.refs = {"a0": "x" * 8, **{f"a{i}": f"${{.a{i - 1}}}${{.a{i - 1}}}" for i in range(1, 31)}}
+    doubled = tmp_path / "doubled.ckpt"
+    torch.save(checkpoint, doubled)
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        load(doubled)
+    info = inspect(doubled)
+    assert not info.loadable and info.refusals[-1] in str(refused.value)
+    assert "resolves to at most" in info.refusals[-1]
+    for file, code in ((path, 0), (doubled, 1)):
+        done = subprocess.run(
+            [sys.executable, "-m", "compatshim", "inspect", str(file), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == code, done.stderr

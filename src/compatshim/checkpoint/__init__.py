@@ -10,7 +10,9 @@ class, function, module or any object the file did not create, memory is
 bounded by what the file holds, and only :class:`UnsafeCheckpointError` or
 :class:`CheckpointError` escape (a missing path stays ``FileNotFoundError``).
 
-``inspect(f)`` says what a file needs without constructing anything from it.
+``inspect(f)`` says what a file needs without constructing anything from it, except
+for omegaconf configs, which are judged once built: a file naming them (and nothing
+refused) is also read by ``load``'s own machine, with no tensor data.
 
 ``allow(*globals, reason=...)`` adds globals that every load in this process
 accepts, ``compatshim.checkpoint.load`` and the patched ``torch.load`` alike;
@@ -125,7 +127,8 @@ def doctor_rows() -> list[Any]:
 
 
 def inspect(f: Any) -> CheckpointInfo:
-    """What ``f`` needs and holds, read from its headers and pickle alone (no tensor data)."""
+    """What ``f`` needs and holds, from its headers and pickle (no tensor data; omegaconf
+    configs are judged by ``load``'s own machine)."""
     from ._inspect import inspect as run
 
     return run(f)

@@ -5,7 +5,12 @@ same checks of the zip directory, storage ids, legacy layout and safetensors
 header, the same error boundary), and the pickle run symbolically (``_container.ScanMachine``):
 nothing it names is imported or constructed, and no tensor data is read.
 Neither torch nor numpy is imported, which keeps it well under a second for any
-size of file.
+size of file. One exception: omegaconf configs are judged whole only once built
+(interpolations, content shared between containers, what node references expand
+to: ``_omegaconf.Builder.finish``), so a file that names them and passes every
+other check is read by ``load``'s own machine with every storage on ``meta``
+(torch and omegaconf are imported; a zip file's tensor data is not read, a
+legacy-format file's is, as ``load`` reads it), and its refusal is reported.
 
 Every global is judged by ``load``'s own gate (``_gate.judge``, without a call's
 ``allow=``): the allowlist, the deny list, then the process-wide entries
@@ -26,7 +31,7 @@ import zipfile
 from dataclasses import asdict, dataclass, field, replace
 from typing import IO, Any
 
-from . import _dcp_folder, _safetensors, process_allow
+from . import _dcp_folder, _omegaconf, _safetensors, process_allow
 from ._container import (
     LEGACY_MAGIC,
     ScanMachine,
@@ -358,6 +363,28 @@ def _inspect_folder(folder: Any) -> CheckpointInfo:
 
 
 def _read(file: IO[bytes], what: str, path: str | None) -> CheckpointInfo:
+    start = file.tell()
+    info = _headers(file, what)
+    if not info.loadable or not any(
+        g.entry in _omegaconf.CLASSES or g.name in _omegaconf.CLASSES for g in info.globals
+    ):
+        return info
+    file.seek(start)
+    return _whole_load(file, what, info)
+
+
+def _whole_load(file: IO[bytes], what: str, info: CheckpointInfo) -> CheckpointInfo:
+    """``info`` with ``load``'s refusal added, if it refuses the file (see the module docstring)."""
+    from ._load import Loader
+
+    try:
+        read(file, Loader("meta", (), False).read)
+    except CheckpointError as exc:
+        return replace(info, refusals=(*info.refusals, str(exc).removeprefix(f"{what}: ")))
+    return info
+
+
+def _headers(file: IO[bytes], what: str) -> CheckpointInfo:
     kind = sniff(file)
     if kind == "zip":
         return _from_zip(file, what)

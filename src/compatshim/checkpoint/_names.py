@@ -15,6 +15,7 @@ import re
 from typing import Any, NamedTuple
 
 from .. import _settings
+from .._text import short
 
 RESOLVER = _settings.RESOLVER_PREFIX  # "omegaconf-resolver:NAME": a resolver, never a global
 UNRESOLVED: Any = object()  # the object of a string entry, imported only when a file needs it
@@ -66,16 +67,17 @@ def parse(item: Any, where: str = "allow=", strict: bool = False) -> Parsed:
             name = item[len(RESOLVER) :]
             if not _RESOLVER_NAME.fullmatch(name):
                 error = (
-                    f"{where}: {item[:80]!r} does not name a resolver ('{RESOLVER}NAME', NAME "
+                    f"{where}: {short(item, 80)} does not name a resolver ('{RESOLVER}NAME', NAME "
                     "such as eval or oc.env; a computed resolver name is never allowed)"
                 )
                 raise _settings.SettingError(error) if strict else TypeError(error)
             return Parsed(item, None, item)
         if strict and not _QUALNAME.fullmatch(item):
-            raise _settings.SettingError(f"{where}: {item[:80]!r} is not a 'module.name' global")
+            error = f"{where}: {short(item, 80)} is not a 'module.name' global"
+            raise _settings.SettingError(error)
         module, _, name = item.rpartition(".")
         if not module:
-            raise TypeError(f"{where} string {item!r} is not 'module.name'")
+            raise TypeError(f"{where} string {short(item, 80)} is not 'module.name'")
         return Parsed(canonical(module, name), UNRESOLVED, item)
     if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str):
         module, _, name = item[1].rpartition(".")

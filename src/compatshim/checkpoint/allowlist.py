@@ -89,7 +89,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._dtypes import BY_TORCH, STORAGES
+from ._dtypes import BY_TORCH, NUMPY_CLASSES, STORAGES
 from ._names import canonical
 
 Kind = Literal[
@@ -289,38 +289,6 @@ def _torch(name: str, kind: Kind, reason: str, module: str = "torch") -> Entry:
 _TORCH_DTYPES = list(BY_TORCH)  # every name torch has for a dtype a checkpoint holds
 # storage type name (as torch.save writes it) -> (torch dtype attribute, item size)
 STORAGE_DTYPES: dict[str, tuple[str, int]] = STORAGES
-_NUMPY_DTYPE_CLASSES = [
-    "BoolDType",
-    "Int8DType",
-    "UInt8DType",
-    "Int16DType",
-    "UInt16DType",
-    "Int32DType",
-    "UInt32DType",
-    "Int64DType",
-    "UInt64DType",
-    "ByteDType",
-    "UByteDType",
-    "ShortDType",
-    "UShortDType",
-    "IntDType",
-    "UIntDType",
-    "LongDType",
-    "ULongDType",
-    "LongLongDType",
-    "ULongLongDType",
-    "Float16DType",
-    "Float32DType",
-    "Float64DType",
-    "LongDoubleDType",
-    "Complex64DType",
-    "Complex128DType",
-    "CLongDoubleDType",
-    "BytesDType",
-    "StrDType",
-    "DateTime64DType",
-    "TimeDelta64DType",
-]
 _NUMPY_RANDOM_CLASSES = (
     ("numpy.random._mt19937", "MT19937"),
     ("numpy.random._pcg64", "PCG64"),
@@ -494,7 +462,7 @@ def _build_table() -> tuple[Entry, ...]:
                 "every state field checked (numpy's own calls any class or callable given)",
             )
         )
-    for name in _NUMPY_DTYPE_CLASSES:
+    for name in NUMPY_CLASSES:
         e.append(
             Entry(
                 "numpy.dtypes",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .._engine.versions import installed_version, version_at_least
 from .._records import DoctorRow
+from .._text import names
 
 
 def doctor_rows() -> list[DoctorRow]:
@@ -74,9 +75,8 @@ def safe_load_row() -> DoctorRow:
             detail += "; NOT applied in the doctor's own probe process"
     entries = allowed()
     if entries:
-        names = ", ".join(f"{e.qualname} ({e.source})" for e in entries[:10])
-        more = f" and {len(entries) - 10} more" if len(entries) > 10 else ""
-        detail += f"; {len(entries)} process-wide allow entries: {names}{more}"
+        listed = names([f"{e.qualname} ({e.source})" for e in entries], 10)
+        detail += f"; {len(entries)} process-wide allow entries: {listed}"
     return DoctorRow(
         name="checkpoint-safe-load",
         kind="adapter",

@@ -127,6 +127,7 @@ def _refuse_python2_text(file: IO[bytes], encoding: str) -> None:
     """
     import pickletools
 
+    from .._text import short
     from ..checkpoint import CheckpointError
 
     here = file.tell()
@@ -139,7 +140,7 @@ def _refuse_python2_text(file: IO[bytes], encoding: str) -> None:
         for opcode, arg, _ in pickletools.genops(file):
             if opcode.name in _PY2_STR_OPCODES and (keep_bytes or not str(arg).isascii()):
                 raise CheckpointError(
-                    f"a Python 2 str read with encoding={str(encoding)[:20]!r} is not supported "
+                    f"a Python 2 str read with encoding={short(encoding, 20)} is not supported "
                     "in hardened mode: only ASCII text, or encoding='utf-8' (re-save the file "
                     "under Python 3)"
                 )
