@@ -72,7 +72,7 @@ def read(f: Any, reader: Callable[[IO[bytes], str, str | None], T], advice: str 
     if isinstance(f, (str, os.PathLike)):
         with open(f, "rb") as file:
             return _guarded(reader, file, what, os.fspath(f), advice)
-    if not all(hasattr(f, a) for a in ("read", "seek", "tell")):
+    if not (hasattr(f, "read") and hasattr(f, "seek") and hasattr(f, "tell")):
         raise TypeError("expected a path or a seekable binary file object")
     return _guarded(reader, f, what, None, advice)
 
@@ -189,7 +189,7 @@ def read_zip_directory(file: IO[bytes], what: str) -> ZipDirectory:
     if (
         not archive  # an absolute name
         or joined.count("\0" + prefix) != len(all_names)
-        or any(text in joined for text in _OUTSIDE)
+        or _OUTSIDE.search(joined)
     ):
         for name in all_names:
             rest = name[len(prefix) :].split("/")
@@ -241,7 +241,7 @@ _ZIP64_EXTRA = 0x0001
 _MASK32 = 0xFFFFFFFF
 _BAD_PARTS = frozenset(("", ".", ".."))  # in a record's path inside the archive folder
 # the same, and a backslash, found at once in the names joined with NUL (names hold none)
-_OUTSIDE = ("//", "/\0", "/./", "/.\0", "/../", "/..\0", "\\")
+_OUTSIDE = re.compile(r"/\.{0,2}[/\0]|\\")
 _record = functools.partial(tuple.__new__, Record)  # Record(name, size), without its Python __new__
 
 # (name, compression method, compressed size, size, local header offset)
