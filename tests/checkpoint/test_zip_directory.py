@@ -11,7 +11,9 @@ where the locator says.
 from __future__ import annotations
 
 import io
+import struct
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -139,3 +141,48 @@ def test_duplicate_and_escaping_names_are_still_refused() -> None:
         escaping = _zip([("archive/data.pkl", PICKLE), (name, b"x")])
         with pytest.raises(UnsafeCheckpointError, match="outside the archive folder"):
             load(io.BytesIO(escaping))
+
+
+def _zip64_everywhere(data: bytes) -> bytes:
+    """``data``'s records rewritten with every size and offset in a zip64 extra field (what
+    torch writes for records or offsets past 4 GiB), 32-bit fields saturated."""
+    records = [(i.filename, zipfile.ZipFile(io.BytesIO(data)).read(i)) for i in
+               zipfile.ZipFile(io.BytesIO(data)).infolist()]  # fmt: skip
+    body, central = b"", b""
+    for name, payload in records:
+        raw, crc, offset = name.encode(), zlib.crc32(payload), len(body)
+        extra = struct.pack("<HHQQQ", 1, 24, len(payload), len(payload), offset)
+        body += struct.pack("<4s5H3L2H", b"PK\x03\x04", 45, 0, 0, 0, 0, crc, 0xFFFFFFFF,
+                            0xFFFFFFFF, len(raw), 20) + raw + struct.pack(
+            "<HHQQ", 1, 16, len(payload), len(payload)) + payload  # fmt: skip
+        central += struct.pack("<4s4B4HL2L5H2L", b"PK\x01\x02", 45, 3, 45, 0, 0, 0, 0, 0, crc,
+                               0xFFFFFFFF, 0xFFFFFFFF, len(raw), len(extra), 0, 0, 0, 0,
+                               0xFFFFFFFF) + raw + extra  # fmt: skip
+    count, at = len(records), len(body)
+    end64 = struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, count, count,
+                        len(central), at)  # fmt: skip
+    locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, at + len(central), 1)
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF,
+                      0xFFFFFFFF, 0)  # fmt: skip
+    return body + central + end64 + locator + end
+
+
+def test_zip64_extra_fields_give_the_sizes_and_offsets() -> None:
+    """Past 4 GiB torch writes sizes and offsets in zip64 extra fields: read as zipfile and
+    torch's reader read them, and the file loads."""
+    state = torch.nn.Linear(4, 3).state_dict()
+    data = _zip64_everywhere(_torch_bytes(state))
+    records = _records(data)
+    assert records == _zipfile_records(data)
+    assert all(size < 0xFFFFFFFF for _, size in records.values())
+    loaded = load(io.BytesIO(data))
+    assert all(torch.equal(loaded[k], state[k]) for k in state)
+
+
+def test_a_zip64_extra_field_missing_a_value_is_refused() -> None:
+    data = bytearray(_zip64_everywhere(_torch_bytes({})))
+    at = data.index(b"PK\x01\x02")  # the first central directory entry
+    name_len = struct.unpack_from("<H", data, at + 28)[0]
+    struct.pack_into("<HH", data, at + 46 + name_len, 1, 8)  # holds the size only
+    with pytest.raises(CheckpointError, match="corrupt zip64 extra field"):
+        load(io.BytesIO(bytes(data)))

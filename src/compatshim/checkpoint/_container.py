@@ -335,23 +335,26 @@ def _zip64_sizes(
     extra: bytes, file_size: int, compressed: int, offset: int
 ) -> tuple[int, int, int]:
     """Sizes and offset, their zip64 values where the 32-bit fields say so (zipfile's rules:
-    every extra field must fit, the zip64 one must hold each value asked of it, in order)."""
-    while len(extra) >= 4:
-        kind, length = _U16_PAIR.unpack_from(extra)
-        if length + 4 > len(extra):
+    every extra field must fit, the zip64 one must hold each value asked of it, in order).
+    Walked by position, never re-sliced: linear in the field's length."""
+    field = 0
+    while field + 4 <= len(extra):
+        kind, length = _U16_PAIR.unpack_from(extra, field)
+        end = field + 4 + length
+        if end > len(extra):
             raise CheckpointError(f"not a readable zip file (corrupt extra field {kind:04x})")
         if kind == _ZIP64_EXTRA:
-            at = 4
+            at = field + 4
             values = []
             for value in (file_size, compressed, offset):
                 if value == _MASK32:
-                    if at + 8 > length + 4:
+                    if at + 8 > end:
                         raise CheckpointError("not a readable zip file (corrupt zip64 extra field)")
                     value = _U64.unpack_from(extra, at)[0]
                     at += 8
                 values.append(value)
             file_size, compressed, offset = values
-        extra = extra[length + 4 :]
+        field = end
     return file_size, compressed, offset
 
 
