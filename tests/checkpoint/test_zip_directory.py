@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import struct
+import time
 import zipfile
 import zlib
 from pathlib import Path
@@ -186,3 +187,18 @@ def test_a_zip64_extra_field_missing_a_value_is_refused() -> None:
     struct.pack_into("<HH", data, at + 46 + name_len, 1, 8)  # holds the size only
     with pytest.raises(CheckpointError, match="corrupt zip64 extra field"):
         load(io.BytesIO(bytes(data)))
+
+
+def test_extra_fields_cost_what_they_weigh() -> None:
+    """64 KiB extra fields made of empty fields (16 383 each, 40 records): walked by position,
+    in time linear in their size (~0.1 s here; zipfile's re-slicing walk took 0.34 s)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for index in range(40):
+            info = zipfile.ZipInfo("archive/data.pkl" if index == 0 else f"archive/r{index}")
+            info.extra = b"\x99\x99\x00\x00" * 16_383
+            archive.writestr(info, PICKLE)
+    data = buffer.getvalue()
+    start = time.process_time()
+    assert len(read_zip_directory(io.BytesIO(data), "f").records) == 40
+    assert time.process_time() - start < 5
