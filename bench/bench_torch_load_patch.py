@@ -39,7 +39,12 @@ def _files() -> dict[str, bytes]:
         "lr_scheduler": {"last_epoch": 3, "base_lrs": [1e-3], "_step_count": 4},
     }
     out = {}
-    for name, obj in (("state dict, 8 Linear(64, 64)", small.state_dict()), ("training", training)):
+    files = (
+        ("empty state dict (fixed cost per call)", {}),
+        ("state dict, 8 Linear(64, 64)", small.state_dict()),
+        ("training", training),
+    )
+    for name, obj in files:
         buffer = io.BytesIO()
         torch.save(obj, buffer)
         out[name] = buffer.getvalue()

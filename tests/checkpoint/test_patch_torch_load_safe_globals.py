@@ -310,3 +310,79 @@ def test_hardened_reads_every_file_with_compatshim(tmp_path: Path) -> None:
     assert raised.value.refused == ("builtins.getattr", "pathlib.Path.write_text") and calls == []
     assert not (tmp_path / "marker").exists()
     assert [(w.filename, w.lineno) for w in seen] == [(__file__, caller_line)]
+
+
+class _Registered:
+    """A class only torch's ``add_safe_globals`` / ``safe_globals`` can admit."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+class _InContext(_Registered):
+    pass
+
+
+needs_registrations = pytest.mark.skipif(
+    not hasattr(torch.serialization, "add_safe_globals"),
+    reason=f"torch {torch.__version__} has no add_safe_globals",
+)
+
+
+@pytest.fixture
+def registrations() -> Any:
+    """torch's registrations as they were, before and after the test."""
+    serialization = torch.serialization
+    before = list(serialization.get_safe_globals())
+    yield serialization
+    serialization.clear_safe_globals()
+    serialization.add_safe_globals(before)
+
+
+@needs_registrations
+def test_hardened_sees_registrations_made_after_a_load(registrations: Any) -> None:
+    """The registrations are worked out once and kept while torch's registry is unchanged
+    (every hardened load asks): a registration made after a load counts at the next one,
+    and one made by a ``safe_globals`` context stops counting when the context ends."""
+    from compatshim.checkpoint import UnsafeCheckpointError
+
+    load = patch._wrap(torch.load, True)
+    registered, in_context = _saved({"r": _Registered(3)}), _saved({"c": _InContext(4)})
+
+    def value(buffer: io.BytesIO) -> int:
+        buffer.seek(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", patch.CheckpointRefusedWarning)
+            return int(next(iter(load(buffer).values())).value)
+
+    for buffer in (registered, in_context):
+        with pytest.raises(UnsafeCheckpointError):
+            value(buffer)
+    assert patch._torch_safe_globals() is patch._torch_safe_globals()  # kept while unchanged
+    registrations.add_safe_globals([_Registered])
+    assert value(registered) == 3
+    if hasattr(registrations, "safe_globals"):
+        with registrations.safe_globals([_InContext]):
+            assert value(in_context) == 4
+        with pytest.raises(UnsafeCheckpointError):
+            value(in_context)
+    assert value(registered) == 3
+    registrations.clear_safe_globals()
+    with pytest.raises(UnsafeCheckpointError):
+        value(registered)
+
+
+@needs_registrations
+def test_a_registry_changed_in_place_counts(registrations: Any) -> None:
+    """torch 2.4-2.5 hand out their registry list itself: a change made to it in place
+    counts too (the cache compares contents, not the list's identity)."""
+    registry = patch._registry(sys.modules["torch._weights_only_unpickler"])
+    assert registry is not None, "torch's registry layout is unknown: loads read it uncached"
+    before = patch._torch_safe_globals()
+    if isinstance(registry, list):
+        registry.append(_Registered)
+    else:
+        registry.add(_Registered)
+    assert set(patch._torch_safe_globals()) == {*before, _Registered}
+    registry.remove(_Registered)
+    assert set(patch._torch_safe_globals()) == set(before)

@@ -2,9 +2,10 @@
 
 One place for each number, so a reader cannot drift from the others: the
 budget a load draws from (bytes that calls may allocate, a small multiple of the
-file's size), the bytes each container item is charged, the most dimensions and
-items any array may claim, and a count of costly objects that is not bytes
-(:class:`Quota`). Imports nothing but the errors and ``_text``.
+file's size), the load machine's hashing allowance, the bytes each container item
+is charged, the most dimensions and items any array may claim, and a count of
+costly objects that is not bytes (:class:`Quota`). Imports nothing but the errors
+and ``_text``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ BUDGET_PER_BYTE = 8
 BUDGET_FLOOR = 1 << 25  # small files may still build a few MB (a metrics dict, an RNG state)
 MAX_DIMS = 64  # torch's own limit; numpy's is 64 from 2.0 (32 before)
 MAX_ITEMS = 2**62  # per dimension and in all: more than any array holds, far under int64
+
+# the load machine's work allowance (hashing, characters copied): elements per byte of the
+# pickle, plus the floor (~0.3 s of tuple hashing at worst); see ``_machine``
+HASH_PER_BYTE = 16
+HASH_FLOOR = 1 << 24
 
 HEADER_BYTES = 16  # charged once per call or container, whatever its length
 #: bytes one item may cost once copied: a character, a pointer, a hash slot
@@ -88,6 +94,11 @@ class Quota:
         self.left -= units
         if self.left < 0:
             raise CheckpointError(f"more {self.what} than one file may hold ({self.limit} units)")
+
+
+def hash_allowance(pickle_size: int) -> int:
+    """Elements the load machine may hash (or characters copy) for a pickle of this size."""
+    return HASH_PER_BYTE * max(pickle_size, 0) + HASH_FLOOR
 
 
 def cost(kind: type, items: int) -> int:

@@ -38,13 +38,12 @@ import io
 import struct
 from typing import IO, Any, Callable
 
+from ._limits import hash_allowance
 from .errors import CheckpointError, UnsafeCheckpointError
 
 MAX_MARK_DEPTH = 2000
 MAX_NESTING = 1000
 MAX_LINE = 1 << 20
-HASH_PER_BYTE = 16  # hashing allowance: elements hashed per byte of the pickle, plus the floor
-HASH_FLOOR = 1 << 24  # ~0.3 s of tuple hashing at worst
 MAX_CLASHES = 64  # different keys sharing one full hash value
 _SMALL_INT = 1 << 60  # ints below this (in magnitude) hash to themselves in O(1)
 HIGHEST_PROTOCOL = 5
@@ -124,11 +123,20 @@ def _unquote(line: bytes) -> bytes:
 _NONE = object()
 
 
+Handler = Callable[["Machine"], None]
+
+
 class Machine:
     """Opcode decoding; subclasses supply the policy hooks."""
 
     encoding = "utf-8"
     _last_size = 1  # expanded size found by the latest ``nesting`` call
+    # opcode -> handler taking the machine, one table per class (see :func:`_dispatch_table`)
+    _dispatch: dict[bytes, Handler] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._dispatch = _dispatch_table(cls)
 
     def __init__(self, source: Source) -> None:
         self.source = source
@@ -141,7 +149,7 @@ class Machine:
         self._nest: dict[int, Any] = {}
         self._depth: dict[int, int] = {}
         self._size: dict[int, int] = {}  # id -> expanded size, where not len + 1
-        self.hash_left = HASH_PER_BYTE * max(source.end, 0) + HASH_FLOOR
+        self.hash_left = hash_allowance(source.end)
         self._first_of_hash: dict[int, Any] = {}  # hash -> the first counted key with it
         self._clashes: dict[int, int] = {}  # hash -> different keys seen with it
 
@@ -174,9 +182,7 @@ class Machine:
     def run(self) -> Any:
         """Execute opcodes up to STOP and return the object; the source stays after STOP."""
         read1 = self.source.read1
-        # built per run, never stored: its handlers refer back to the machine, and that cycle
-        # kept every object of a load (its storages too) alive until the next gc collection
-        dispatch = self._build_dispatch()
+        dispatch = self._dispatch
         try:
             while True:
                 op = read1(1)
@@ -185,7 +191,7 @@ class Machine:
                     if not op:
                         raise CheckpointError("the pickle ends before its STOP opcode")
                     raise CheckpointError(f"unknown pickle opcode 0x{op[0]:02x}")
-                handler()
+                handler(self)
         except Stop as stop:
             return stop.value
 
@@ -235,7 +241,7 @@ class Machine:
         return deepest + 1
 
     def hash_allowance(self) -> int:
-        return HASH_PER_BYTE * max(self.source.end, 0) + HASH_FLOOR
+        return hash_allowance(self.source.end)
 
     def hashable(self, value: Any, depth: int) -> Any:
         """Remember a tuple/frozenset deeper than one level or dearer to hash than its length
@@ -326,80 +332,6 @@ class Machine:
         return module, name
 
     # ------------------------------------------------------------------ opcodes
-    def _build_dispatch(self) -> dict[bytes, Callable[[], None]]:
-        s = self
-        table: dict[bytes, Callable[[], None]] = {
-            b"\x80": s._proto,
-            b"\x95": s._frame,
-            b".": s._stop,
-            b"(": s._mark,
-            b"0": s._pop_op,
-            b"1": s._pop_mark_op,
-            b"2": s._dup,
-            b"I": s._int,
-            b"J": lambda: s.stack.append(s.source.unpack(_I32)),
-            b"K": lambda: s.stack.append(s.source.byte()),
-            b"M": lambda: s.stack.append(s.source.unpack(_U16)),
-            b"L": s._long,
-            b"\x8a": lambda: s._long_bytes(s.source.byte()),
-            b"\x8b": lambda: s._long_bytes(s.source.unpack(_I32)),
-            b"N": lambda: s.stack.append(None),
-            b"\x88": lambda: s.stack.append(True),
-            b"\x89": lambda: s.stack.append(False),
-            b"F": s._float,
-            b"G": lambda: s.stack.append(s.source.unpack(_F64)),
-            b"S": s._string,
-            b"T": lambda: s._binstring(s.source.unpack(_I32)),
-            b"U": lambda: s._binstring(s.source.byte()),
-            b"V": lambda: s.stack.append(s._text(s.source.readline(), "raw-unicode-escape")),
-            b"X": lambda: s._unicode(s.source.unpack(_U32)),
-            b"\x8c": lambda: s._unicode(s.source.byte()),
-            b"\x8d": lambda: s._unicode(s.source.unpack(_U64)),
-            b"B": lambda: s.stack.append(s.source.read(s.source.unpack(_U32))),
-            b"C": lambda: s.stack.append(s.source.read(s.source.byte())),
-            b"\x8e": lambda: s.stack.append(s.source.read(s.source.unpack(_U64))),
-            b"\x96": lambda: s.stack.append(bytearray(s.source.read(s.source.unpack(_U64)))),
-            b"\x97": s._buffer,
-            b"\x98": s._buffer,
-            b")": lambda: s.stack.append(()),
-            b"t": lambda: s._push_hashable(tuple),
-            b"\x85": lambda: s._tuple(1),
-            b"\x86": lambda: s._tuple(2),
-            b"\x87": lambda: s._tuple(3),
-            b"]": lambda: s.stack.append([]),
-            b"l": lambda: s._push_marked(list),
-            b"a": s._append,
-            b"e": s._appends,
-            b"}": lambda: s.stack.append({}),
-            b"d": s._dict,
-            b"s": s._setitem,
-            b"u": s._setitems,
-            b"\x8f": lambda: s.stack.append(set()),
-            b"\x90": s._additems,
-            b"\x91": lambda: s._push_hashable(frozenset),
-            b"p": lambda: s._put(s._line_int()),
-            b"q": lambda: s._put(s.source.byte()),
-            b"r": lambda: s._put(s.source.unpack(_U32)),
-            b"\x94": lambda: s._put(len(s.memo)),
-            b"g": lambda: s._get(s._line_int()),
-            b"h": lambda: s._get(s.source.byte()),
-            b"j": lambda: s._get(s.source.unpack(_U32)),
-            b"c": s._global,
-            b"\x93": s._stack_global,
-            b"R": s._reduce,
-            b"b": s._build,
-            b"\x81": s._newobj,
-            b"\x92": s._newobj_ex,
-            b"i": s._inst,
-            b"o": s._obj,
-            b"P": lambda: s._persid(s._text(s.source.readline(), "ascii")),
-            b"Q": lambda: s._persid(s._pop()),
-            b"\x82": lambda: s._ext(s.source.byte()),
-            b"\x83": lambda: s._ext(s.source.unpack(_U16)),
-            b"\x84": lambda: s._ext(s.source.unpack(_I32)),
-        }
-        return table
-
     def _proto(self) -> None:
         proto = self.source.byte()
         if proto > HIGHEST_PROTOCOL:
@@ -616,3 +548,88 @@ class Machine:
             "process's extension registry, which compatshim does not consult",
             (f"<extension {code}>",),
         )
+
+
+# ---------------------------------------------------------------------- dispatch table
+# opcode -> the name of a Machine method, or a function of the machine. Unbound, so one
+# table serves every run of a class: a table of bound methods would be rebuilt per run
+# (~6 us) and, if stored, would tie the machine, and every object of its load, in a cycle.
+_OPCODES: dict[bytes, str | Handler] = {
+    b"\x80": "_proto",
+    b"\x95": "_frame",
+    b".": "_stop",
+    b"(": "_mark",
+    b"0": "_pop_op",
+    b"1": "_pop_mark_op",
+    b"2": "_dup",
+    b"I": "_int",
+    b"J": lambda s: s.stack.append(s.source.unpack(_I32)),
+    b"K": lambda s: s.stack.append(s.source.byte()),
+    b"M": lambda s: s.stack.append(s.source.unpack(_U16)),
+    b"L": "_long",
+    b"\x8a": lambda s: s._long_bytes(s.source.byte()),
+    b"\x8b": lambda s: s._long_bytes(s.source.unpack(_I32)),
+    b"N": lambda s: s.stack.append(None),
+    b"\x88": lambda s: s.stack.append(True),
+    b"\x89": lambda s: s.stack.append(False),
+    b"F": "_float",
+    b"G": lambda s: s.stack.append(s.source.unpack(_F64)),
+    b"S": "_string",
+    b"T": lambda s: s._binstring(s.source.unpack(_I32)),
+    b"U": lambda s: s._binstring(s.source.byte()),
+    b"V": lambda s: s.stack.append(s._text(s.source.readline(), "raw-unicode-escape")),
+    b"X": lambda s: s._unicode(s.source.unpack(_U32)),
+    b"\x8c": lambda s: s._unicode(s.source.byte()),
+    b"\x8d": lambda s: s._unicode(s.source.unpack(_U64)),
+    b"B": lambda s: s.stack.append(s.source.read(s.source.unpack(_U32))),
+    b"C": lambda s: s.stack.append(s.source.read(s.source.byte())),
+    b"\x8e": lambda s: s.stack.append(s.source.read(s.source.unpack(_U64))),
+    b"\x96": lambda s: s.stack.append(bytearray(s.source.read(s.source.unpack(_U64)))),
+    b"\x97": "_buffer",
+    b"\x98": "_buffer",
+    b")": lambda s: s.stack.append(()),
+    b"t": lambda s: s._push_hashable(tuple),
+    b"\x85": lambda s: s._tuple(1),
+    b"\x86": lambda s: s._tuple(2),
+    b"\x87": lambda s: s._tuple(3),
+    b"]": lambda s: s.stack.append([]),
+    b"l": lambda s: s._push_marked(list),
+    b"a": "_append",
+    b"e": "_appends",
+    b"}": lambda s: s.stack.append({}),
+    b"d": "_dict",
+    b"s": "_setitem",
+    b"u": "_setitems",
+    b"\x8f": lambda s: s.stack.append(set()),
+    b"\x90": "_additems",
+    b"\x91": lambda s: s._push_hashable(frozenset),
+    b"p": lambda s: s._put(s._line_int()),
+    b"q": lambda s: s._put(s.source.byte()),
+    b"r": lambda s: s._put(s.source.unpack(_U32)),
+    b"\x94": lambda s: s._put(len(s.memo)),
+    b"g": lambda s: s._get(s._line_int()),
+    b"h": lambda s: s._get(s.source.byte()),
+    b"j": lambda s: s._get(s.source.unpack(_U32)),
+    b"c": "_global",
+    b"\x93": "_stack_global",
+    b"R": "_reduce",
+    b"b": "_build",
+    b"\x81": "_newobj",
+    b"\x92": "_newobj_ex",
+    b"i": "_inst",
+    b"o": "_obj",
+    b"P": lambda s: s._persid(s._text(s.source.readline(), "ascii")),
+    b"Q": lambda s: s._persid(s._pop()),
+    b"\x82": lambda s: s._ext(s.source.byte()),
+    b"\x83": lambda s: s._ext(s.source.unpack(_U16)),
+    b"\x84": lambda s: s._ext(s.source.unpack(_I32)),
+}
+
+
+def _dispatch_table(cls: type[Machine]) -> dict[bytes, Handler]:
+    """``cls``'s opcode table: named handlers as ``cls`` defines them (a subclass's override
+    counts); the functions call the machine's methods, so they follow overrides too."""
+    return {op: getattr(cls, h) if isinstance(h, str) else h for op, h in _OPCODES.items()}
+
+
+Machine._dispatch = _dispatch_table(Machine)

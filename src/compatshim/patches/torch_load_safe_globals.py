@@ -222,20 +222,57 @@ def _retry(f: Any, start: int | None, args: tuple[Any, ...], kwargs: dict[str, A
     return load(f, map_location, allow=_torch_safe_globals(), mmap=_mmap(kwargs))
 
 
-def _torch_safe_globals() -> list[Any]:
+def _torch_safe_globals() -> tuple[Any, ...]:
     """What ``torch.serialization.add_safe_globals`` / ``safe_globals`` registered (PyG
     registers its data classes), as ``allow=`` entries for compatshim's loader: a file
     torch's loader would accept for them loads here too. Globals compatshim's allowlist
-    lists keep its checked handling; the deny list refuses what it always refuses."""
+    lists keep its checked handling; the deny list refuses what it always refuses.
+
+    Worked out again only when the registrations change (see :func:`_registry`): every
+    hardened ``torch.load`` asks, and working them out costs more than a small load's
+    pickle. What it gives depends on nothing else but the installed releases.
+    """
     import sys
 
+    global _known
+
+    registry = _registry(sys.modules.get("torch._weights_only_unpickler"))
+    if registry is None:  # a layout this code does not know: read through torch's API
+        get = getattr(sys.modules.get("torch.serialization"), "get_safe_globals", None)
+        return () if get is None else _not_listed(get())  # torch < 2.4: no registrations
+    snapshot = tuple(registry)
+    known = _known
+    try:
+        if known is not None and known[0] == snapshot:  # the same objects: no __eq__ runs
+            return known[1]
+    except Exception:  # a registered object's own comparison failed: work it out again
+        pass
+    found = _not_listed(snapshot)
+    _known = (snapshot, found)
+    return found
+
+
+# the registrations last worked out, and what they gave
+_known: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
+
+
+def _registry(unpickler: ModuleType | None) -> Any:
+    """torch's own container of registrations (a set from torch 2.6, which each change
+    replaces; a list in 2.4-2.5, which ``get_safe_globals`` hands out and ``+=`` extends),
+    or None where neither is found. Compared by content, so a change in place counts."""
+    for name in ("_marked_safe_globals_set", "_marked_safe_globals_list"):
+        found = getattr(unpickler, name, None)
+        if isinstance(found, (set, list)):
+            return found
+    return None
+
+
+def _not_listed(registered: Any) -> tuple[Any, ...]:
+    """The registrations compatshim's allowlist does not cover (on this release)."""
     from ..checkpoint.allowlist import covering
 
-    get = getattr(sys.modules.get("torch.serialization"), "get_safe_globals", None)
-    if get is None:  # torch < 2.4: no registrations
-        return []
     found = []
-    for item in get():
+    for item in registered:
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str):
             name = item[1]
         else:
@@ -243,7 +280,7 @@ def _torch_safe_globals() -> list[Any]:
         entry = covering(*name.rpartition(".")[::2])
         if entry is None or not entry.applies():
             found.append(item)
-    return found
+    return tuple(found)
 
 
 def _plain(exc: BaseException) -> str:
@@ -325,10 +362,10 @@ def _through_compatshim(
     """
     from ..checkpoint import CheckpointError
 
-    what = _describe(f)
     try:
         loaded = _retry(f, start, args, kwargs)
     except (CheckpointError, LookupError) as why:
+        what = _describe(f)
         refused = tuple(getattr(why, "refused", ()))
         text = f"{type(why).__name__}: {_plain(why)}"
         _record("refused", f"{what}: {text}")
@@ -350,7 +387,9 @@ def _through_compatshim(
         )
         raise refusal from None
     if refusal is not None:  # hardened, every load comes here: not recorded
-        _record("retried", f"{what}: torch refused it, compatshim.checkpoint.load loaded it")
+        _record(
+            "retried", f"{_describe(f)}: torch refused it, compatshim.checkpoint.load loaded it"
+        )
     return loaded
 
 
