@@ -18,23 +18,19 @@ defect showed as 1.48x with ``"cpu"``). Medians.
 
 Each call's minor page faults are counted too (``getrusage``; unlike time, they do not
 depend on the machine's load): a loader that copied a storage once more, or kept the
-previous result alive, would fault more pages per call than torch. Alternating, both
+previous result alive, would fault more pages per call than torch. Usually both
 fault one page per 4 KiB of tensor data (131 041 for the 512 MiB file): the previous
-result's memory went back to the system when it was dropped. In a row, a call sometimes
-finds the previous result's memory still in glibc's heap (a small live allocation above
-it stopped the trim), faults far less and runs faster; in one run torch's calls did so
-more often than ours (median 99 375 vs 131 137 faults, 1.23x), in others neither did and
-the ratio swung both ways with the box's load (1.68x and 0.74x on the same code). Read a
-"calls in a row" ratio with its fault counts.
-
-Which of the two happens is glibc's heap layout, not the loader: so the "calls in a row"
-procedure is run once more with the heap held to one regime, each contender in its own
-child process (a process that loads one way; the child's environment sets glibc's
-``MALLOC_*_`` tunables, the benchmark's own process and a user's are untouched):
-"fresh pages" (``MALLOC_MMAP_THRESHOLD_=131072``: every storage is mmapped and unmapped
-when dropped, as in a process's first load), "reused heap" (mmap and trim thresholds at
-4 GiB: dropped storages stay in the heap and the next call reuses them, no page faults)
-and glibc's default (the ratio then follows the fault counts).
+result's memory went back to the system when it was dropped. But a call sometimes finds
+the previous result's memory still in glibc's heap (a freed small chunk in glibc's
+per-thread cache above it stopped the trim; bench/RESULTS.md traces which), faults far
+less and runs faster, and which contender that favours is the heap's layout before the
+call, not the loader's work. So the tables run once per heap regime, each in a child
+process whose environment sets glibc's ``MALLOC_*_`` tunables (the benchmark's own
+process and a user's are untouched): "fresh pages" (``MALLOC_MMAP_THRESHOLD_=131072``:
+every storage is mmapped and unmapped when dropped, as in a process's first load),
+"reused heap" (mmap and trim thresholds at 4 GiB: dropped storages stay in the heap and
+the next call reuses them, no page faults) and glibc's default (the ratio then follows
+the fault counts); and "calls in a row" once more with one contender per process.
 
 ``BENCH_QUICK=1`` (the GPU leg's clock): the "fresh pages" regime only, 3 repeats, no
 one-contender-per-process rows. ``main()`` prints Markdown and returns the ratios
@@ -329,9 +325,10 @@ def main(repeats: int = 9) -> dict[str, float]:
         "tunables in the child's environment): 'fresh pages' MALLOC_MMAP_THRESHOLD_=131072 "
         "(every storage mapped anew, as in a process's first load), 'reused heap' mmap and "
         "trim thresholds at 4 GiB (dropped storages reused), 'glibc default' none set: there "
-        "the ratio follows the page faults, that is whether a small live allocation above "
-        "the dropped storages kept them in the heap, which neither loader decides. Shared "
-        "machine: compare the ratios and the faults."
+        "the ratio follows the page faults, that is whether a freed small chunk left in "
+        "glibc's per-thread cache above the dropped storages kept them in the heap (the "
+        "heap's layout before the call decides it). Shared machine: compare the ratios and "
+        "the faults."
     )
     print(json.dumps(ratios))
     return ratios
