@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, inspect, load
-from compatshim.checkpoint._container import read_zip_directory
+from compatshim.checkpoint._container import read_record, read_zip_directory
 
 PICKLE = b"\x80\x02}q\x00."  # protocol 2: an empty dict
 
@@ -71,6 +71,28 @@ def test_records_are_the_ones_zipfile_and_torch_see(kind: str) -> None:
     assert records == _zipfile_records(data)
     reader = torch._C.PyTorchFileReader(io.BytesIO(data))
     assert sorted(records) == sorted(reader.get_all_records())
+
+
+@pytest.mark.parametrize("kind", FILES)
+def test_record_bytes_are_the_ones_zipfile_and_torch_read(kind: str) -> None:
+    """inspect reads records through ``read_record`` (the one zip reader), not zipfile."""
+    data = FILES[kind]()
+    directory = read_zip_directory(io.BytesIO(data), "f")
+    archive = zipfile.ZipFile(io.BytesIO(data))
+    reader = torch._C.PyTorchFileReader(io.BytesIO(data))
+    for key, record in directory.records.items():
+        got = read_record(io.BytesIO(data), record, "f")
+        assert got == archive.read(record.name) == bytes(reader.get_record(key))
+
+
+def test_a_record_without_its_local_header_is_a_checkpoint_error() -> None:
+    data = FILES["state dict"]()
+    record = read_zip_directory(io.BytesIO(data), "f").records["data.pkl"]
+    broken = data[: record.offset] + b"XX" + data[record.offset + 2 :]
+    with pytest.raises(CheckpointError, match="has no local header"):
+        read_record(io.BytesIO(broken), record, "f")
+    with pytest.raises(CheckpointError, match="runs past the file's end"):
+        read_record(io.BytesIO(data[: record.offset + 40]), record, "f")
 
 
 def test_torch_writes_zip64_end_records_and_they_are_read() -> None:

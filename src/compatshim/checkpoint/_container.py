@@ -134,6 +134,7 @@ def sniff(file: IO[bytes]) -> Container:
 class Record(NamedTuple):  # one per zip record: cheaper to make than a frozen dataclass
     name: str
     size: int
+    offset: int  # of its local header
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,9 @@ def read_zip_directory(file: IO[bytes], what: str) -> ZipDirectory:
                     (f"zip record {cut(name, 80)}",),
                 )
     skip = len(prefix)
-    records = dict(zip([name[skip:] for name in all_names], map(_record, zip(all_names, sizes))))
+    records = dict(
+        zip([name[skip:] for name in all_names], map(_record, zip(all_names, sizes, offsets)))
+    )
     directory = ZipDirectory(archive, records)
     if directory.is_torchscript:
         return directory  # refused by the caller; its code records are compressed
@@ -242,7 +245,24 @@ _MASK32 = 0xFFFFFFFF
 _BAD_PARTS = frozenset(("", ".", ".."))  # in a record's path inside the archive folder
 # the same, and a backslash, found at once in the names joined with NUL (names hold none)
 _OUTSIDE = re.compile(r"/\.{0,2}[/\0]|\\")
-_record = functools.partial(tuple.__new__, Record)  # Record(name, size), without its Python __new__
+_record = functools.partial(tuple.__new__, Record)  # Record(...) without its Python __new__
+
+_LOCAL = struct.Struct("<4s5H3L2H")  # local file header
+
+
+def read_record(file: IO[bytes], record: Record, what: str) -> bytes:
+    """A stored record's bytes, found through its local header as torch's reader finds them."""
+    file.seek(record.offset)
+    head = file.read(_LOCAL.size)
+    if len(head) != _LOCAL.size or head[:4] != b"PK\x03\x04":
+        raise CheckpointError(f"{what}: zip record {short(record.name)} has no local header")
+    name_length, extra_length = _U16_PAIR.unpack_from(head, 26)
+    file.seek(record.offset + _LOCAL.size + name_length + extra_length)
+    data = file.read(record.size)
+    if len(data) != record.size:
+        raise CheckpointError(f"{what}: zip record {short(record.name)} runs past the file's end")
+    return data
+
 
 # (name, compression method, compressed size, size, local header offset)
 _Entry = tuple[str, int, int, int, int]

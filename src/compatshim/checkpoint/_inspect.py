@@ -27,7 +27,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import zipfile
 from dataclasses import asdict, dataclass, field, replace
 from typing import IO, Any
 
@@ -40,6 +39,7 @@ from ._container import (
     describe_source,
     read,
     read_legacy,
+    read_record,
     read_zip_directory,
     sniff,
 )
@@ -216,11 +216,11 @@ def _torch_hint(directory: ZipDirectory | None, container: str) -> str | None:
     return "torch < 1.13 (no byteorder record)"
 
 
-def _record_text(archive: zipfile.ZipFile, directory: ZipDirectory, name: str) -> str | None:
+def _record_text(file: IO[bytes], directory: ZipDirectory, name: str, what: str) -> str | None:
     record = directory.records.get(name)
     if record is None or record.size > 64:
         return None
-    return archive.read(record.name).decode("ascii", "replace").strip()
+    return read_record(file, record, what).decode("ascii", "replace").strip()
 
 
 def _scan(data: IO[bytes], container: str | None) -> tuple[Any, ScanResult]:
@@ -231,23 +231,22 @@ def _scan(data: IO[bytes], container: str | None) -> tuple[Any, ScanResult]:
 
 def _from_zip(file: IO[bytes], what: str) -> CheckpointInfo:
     directory = read_zip_directory(file, what)
-    archive = zipfile.ZipFile(file)
     refusals: list[str] = []
     if directory.is_torchscript:
         refusals.append("TorchScript archive (torch.jit.save): never loaded")
     found = ScanResult()
     if "data.pkl" in directory.records and not directory.is_torchscript:
-        _, found = _scan(io.BytesIO(archive.read(directory.records["data.pkl"].name)), "zip")
+        _, found = _scan(io.BytesIO(read_record(file, directory.records["data.pkl"], what)), "zip")
     for decl in found.storages.values():
         directory.storage_record(decl, what)
     container = "torchscript" if directory.is_torchscript else "zip"
     writer = Writer(
         pickle_protocol=found.protocol or None,
-        archive_version=_record_text(archive, directory, "version")
-        or _record_text(archive, directory, ".data/version"),
-        format_version=_record_text(archive, directory, ".format_version"),
-        byteorder=_record_text(archive, directory, "byteorder"),
-        storage_alignment=_record_text(archive, directory, ".storage_alignment"),
+        archive_version=_record_text(file, directory, "version", what)
+        or _record_text(file, directory, ".data/version", what),
+        format_version=_record_text(file, directory, ".format_version", what),
+        byteorder=_record_text(file, directory, "byteorder", what),
+        storage_alignment=_record_text(file, directory, ".storage_alignment", what),
         numpy_major=_numpy_major(list(found.globals)),
         torch=_torch_hint(directory, container),
     )
