@@ -15,7 +15,7 @@
 #
 # Knobs: OUT (default .gpu-out), GPU_PYTHON (python3), GPU_WORKERS (14), GPU_TESTS (tests),
 # GPU_SUITE_S (300), GPU_BENCHES (bench_ema bench_checkpoint bench_map_location), GPU_BENCH_S (60);
-# the benches run with BENCH_QUICK=1 (bench_map_location: the "fresh pages" heap only, 3 repeats).
+# the benches run with BENCH_QUICK=1 (bench_map_location: the 512 MiB file, "fresh pages" heap, 3 repeats).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
