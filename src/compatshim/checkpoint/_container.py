@@ -166,12 +166,18 @@ class ZipDirectory:
 
 
 def read_zip_directory(file: IO[bytes], what: str) -> ZipDirectory:
-    """Headers only; raises CheckpointError / UnsafeCheckpointError on anything odd."""
-    size = file.seek(0, 2)
+    """Headers only; raises CheckpointError / UnsafeCheckpointError on anything odd.
+
+    The archive starts where ``file`` stands (as for torch's reader: a file object may
+    hold other data first, e.g. a ``pickle.dump`` before ``torch.save``); offsets in it
+    count from there, and ``file`` is left there.
+    """
+    base = file.tell()
+    size = file.seek(0, 2) - base
     try:
-        entries = _central_directory(file, size, what)
+        entries = _central_directory(file, base, size, what)
     finally:
-        file.seek(0)
+        file.seek(base)
     if not entries:
         raise CheckpointError(f"{what}: the zip file holds no records")
     # column-wise, in C: the per-record loops below run only to name what is refused
@@ -268,8 +274,11 @@ def read_record(file: IO[bytes], record: Record, what: str) -> bytes:
 _Entry = tuple[str, int, int, int, int]
 
 
-def _central_directory(file: IO[bytes], size: int, what: str) -> list[_Entry]:
-    """Every central directory entry, in order; CheckpointError when it cannot be read."""
+def _central_directory(file: IO[bytes], base: int, size: int, what: str) -> list[_Entry]:
+    """Every central directory entry, in order; CheckpointError when it cannot be read.
+
+    ``size`` bytes from ``base`` are the archive; every offset counts from ``base``.
+    """
 
     def damaged(why: str) -> CheckpointError:
         return CheckpointError(f"{what}: not a readable zip file ({why})")
@@ -277,11 +286,11 @@ def _central_directory(file: IO[bytes], size: int, what: str) -> list[_Entry]:
     if size < _END.size:
         raise damaged("File is not a zip file")
     end_at = size - _END.size
-    file.seek(end_at)
+    file.seek(base + end_at)
     tail = file.read(_END.size)
     if tail[:4] != b"PK\x05\x06" or tail[-2:] != b"\0\0":  # an archive comment: search for it
         back = min(size, _MAX_COMMENT + _END.size)
-        file.seek(size - back)
+        file.seek(base + size - back)
         data = file.read(back)
         found = data.rfind(b"PK\x05\x06")
         if found < 0 or found + _END.size > len(data):
@@ -291,7 +300,7 @@ def _central_directory(file: IO[bytes], size: int, what: str) -> list[_Entry]:
     _, disk, cd_disk, _, count, cd_size, cd_offset, _ = _END.unpack(tail)
     records_end = end_at  # where the central directory must end
     if end_at >= _END64_LOCATOR.size:
-        file.seek(end_at - _END64_LOCATOR.size)
+        file.seek(base + end_at - _END64_LOCATOR.size)
         locator = file.read(_END64_LOCATOR.size)
         if locator[:4] == b"PK\x06\x07":  # zip64: its end record just before the locator
             _, disk64, _, disks = _END64_LOCATOR.unpack(locator)
@@ -300,7 +309,7 @@ def _central_directory(file: IO[bytes], size: int, what: str) -> list[_Entry]:
             records_end = end_at - _END64_LOCATOR.size - _END64.size
             head = b""
             if records_end >= 0:
-                file.seek(records_end)
+                file.seek(base + records_end)
                 head = file.read(_END64.size)
             if head[:4] != b"PK\x06\x06":  # miniz would look where the locator points
                 raise damaged("its zip64 end record is not before its locator")
@@ -312,7 +321,7 @@ def _central_directory(file: IO[bytes], size: int, what: str) -> list[_Entry]:
         raise damaged("its central directory is not where its end record says")
     if count > cd_size // _ENTRY.size:
         raise damaged(f"its end record counts {count} entries, its central directory is smaller")
-    file.seek(cd_offset)
+    file.seek(base + cd_offset)
     directory = file.read(cd_size)
     if len(directory) != cd_size:
         raise damaged("truncated central directory")

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import _compat_pickle
 import codecs
+import contextvars
 import io
 import struct
 from typing import IO, Any, Callable
@@ -121,6 +122,13 @@ def _unquote(line: bytes) -> bytes:
 
 
 _NONE = object()
+
+#: How the caller asked for Python 2 ``str`` to be read (``torch.load(..., encoding=)``,
+#: set around one load by the torch.load patch); "utf-8", torch's default, is the only
+#: reading the machine gives, so another one is refused where it would differ.
+PY2_STR_ENCODING: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "compatshim_py2_str_encoding", default="utf-8"
+)
 
 
 Handler = Callable[["Machine"], None]
@@ -405,10 +413,25 @@ class Machine:
             raw = codecs.escape_decode(_unquote(self.source.readline()))[0]
         except ValueError as exc:
             raise CheckpointError(f"bad STRING opcode: {exc}") from None
-        self.stack.append(self._text(raw, self.encoding))
+        self.stack.append(self._py2_text(raw))
 
     def _binstring(self, count: int) -> None:
-        self.stack.append(self._text(self.source.read(count), self.encoding))
+        self.stack.append(self._py2_text(self.source.read(count)))
+
+    def _py2_text(self, raw: bytes) -> str:
+        """A Python 2 ``str`` (STRING, BINSTRING, SHORT_BINSTRING), decoded as ``encoding``.
+
+        Asked for another reading (``encoding="bytes"``: kept as bytes; another codec on
+        non-ASCII text), it is refused, never read otherwise than the caller asked.
+        """
+        asked = PY2_STR_ENCODING.get()
+        if asked != self.encoding and (asked == "bytes" or not raw.isascii()):
+            raise CheckpointError(
+                f"a Python 2 str read with encoding={asked[:20]!r} is not supported: "
+                f"compatshim reads Python 2 text as {self.encoding} only (load it with "
+                f"encoding={self.encoding!r}, or re-save the file under Python 3)"
+            )
+        return self._text(raw, self.encoding)
 
     def _unicode(self, count: int) -> None:
         raw = self.source.read(count)

@@ -1,0 +1,114 @@
+"""Hardened ``torch.load`` against what torch's own serialization tests expect of it.
+
+torch's ``test/test_serialization.py`` (run plain, armed and hardened on torch 2.15,
+see bench/RESULTS.md) found two places where hardened mode read a file otherwise
+than torch: a zip archive that starts after other data in a file object (torch reads
+it from where the file stands), and ``encoding=`` for Python 2 ``str``. Real
+``torch.save`` output, loaded through the patched ``torch.load`` in this process.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+import warnings
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from compatshim.checkpoint import UnsafeCheckpointError, load  # noqa: E402
+from compatshim.checkpoint._container import read_zip_directory  # noqa: E402
+from compatshim.patches import torch_load_safe_globals as patch  # noqa: E402
+
+PATCH = "torch-load-safe-globals"
+
+
+@pytest.fixture
+def torch_own(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Hardened mode in this process; yields torch's own ``load`` to compare with."""
+    import compatshim
+
+    compatshim.uninstall([PATCH])
+    original = torch.load
+    monkeypatch.setenv("COMPATSHIM_SAFE_LOAD", "1")
+    compatshim.install(include=[PATCH])
+    try:
+        assert torch.load.__compatshim_hardened__ is True
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", patch.CheckpointRefusedWarning)
+            yield original
+    finally:
+        compatshim.uninstall([PATCH])
+
+
+def _after_a_pickle(obj: Any) -> io.BytesIO:
+    """``pickle.dump(41, f); torch.save(obj, f)``, rewound to the start."""
+    f = io.BytesIO()
+    pickle.dump(41, f)
+    torch.save(obj, f)
+    f.seek(0)
+    return f
+
+
+def test_a_zip_archive_after_other_data_is_read_from_where_the_file_stands(
+    torch_own: Any,
+) -> None:
+    state = {"w": torch.arange(6.0).reshape(2, 3), "n": 3}
+    for reader in (torch_own, torch.load, load):  # torch's own, patched, compatshim's loader
+        f = _after_a_pickle(state)
+        assert pickle.load(f) == 41
+        loaded = reader(f)
+        assert loaded.keys() == state.keys() and loaded["n"] == 3
+        assert torch.equal(loaded["w"], state["w"])
+
+
+def test_the_zip_directory_counts_offsets_from_the_archive_start(torch_own: Any) -> None:
+    f = _after_a_pickle({"w": torch.ones(2)})
+    pickle.load(f)
+    start = f.tell()
+    directory = read_zip_directory(f, "f")
+    assert f.tell() == start  # torch's reader takes the archive from here next
+    assert {"data.pkl", "data/0"} <= directory.records.keys()
+    damaged = io.BytesIO(f.getvalue()[:start] + b"junk" + f.getvalue()[start:])
+    damaged.seek(start)  # the recorded offsets no longer match: refused, not misread
+    with pytest.raises(UnsafeCheckpointError):
+        torch.load(damaged)
+
+
+def _python2_text_file(text: str) -> bytes:
+    """A legacy torch file whose first list item is a Python 2 ``str`` (SHORT_BINSTRING).
+
+    torch.save writes Python 3 text (BINUNICODE); the opcode is rewritten the way
+    Python 2 wrote ``str``; the legacy format has no offsets to fix up.
+    """
+    f = io.BytesIO()
+    torch.save([text, torch.zeros(2)], f, _use_new_zipfile_serialization=False)
+    raw = text.encode("utf-8")
+    python3 = b"X" + struct.pack("<I", len(raw)) + raw
+    data = f.getvalue()
+    assert data.count(python3) == 1
+    return data.replace(python3, b"U" + bytes([len(raw)]) + raw)
+
+
+@pytest.mark.parametrize("text", ["ascii", "żółw"])
+def test_python2_str_is_read_as_asked_or_refused(torch_own: Any, text: str) -> None:
+    data = _python2_text_file(text)
+    raw = text.encode("utf-8")
+    assert torch_own(io.BytesIO(data), weights_only=True, encoding="bytes")[0] == raw
+    for encoding in (None, "utf-8", "UTF8"):
+        kwargs = {} if encoding is None else {"encoding": encoding}
+        assert torch_own(io.BytesIO(data), **kwargs)[0] == text
+        assert torch.load(io.BytesIO(data), **kwargs)[0] == text
+    with pytest.raises(UnsafeCheckpointError, match="Python 2 str read with encoding='bytes'"):
+        torch.load(io.BytesIO(data), encoding="bytes")  # torch gives bytes: never a str
+    latin1 = raw.decode("latin-1")
+    assert torch_own(io.BytesIO(data), encoding="latin-1")[0] == latin1
+    if text.isascii():  # the same text whichever codec reads it
+        assert torch.load(io.BytesIO(data), encoding="latin-1")[0] == latin1
+    else:
+        with pytest.raises(UnsafeCheckpointError, match="encoding='iso8859-1'"):
+            torch.load(io.BytesIO(data), encoding="latin-1")
+    assert load(io.BytesIO(data))[0] == text  # checkpoint.load itself: UTF-8, as before
