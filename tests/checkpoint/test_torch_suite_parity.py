@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from compatshim.checkpoint import UnsafeCheckpointError, load  # noqa: E402
+from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, load  # noqa: E402
 from compatshim.checkpoint._container import read_zip_directory  # noqa: E402
 from compatshim.patches import torch_load_safe_globals as patch  # noqa: E402
 
@@ -112,3 +112,39 @@ def test_python2_str_is_read_as_asked_or_refused(torch_own: Any, text: str) -> N
         with pytest.raises(UnsafeCheckpointError, match="encoding='iso8859-1'"):
             torch.load(io.BytesIO(data), encoding="latin-1")
     assert load(io.BytesIO(data))[0] == text  # checkpoint.load itself: UTF-8, as before
+
+
+@pytest.mark.parametrize("zip_format", [True, False])
+def test_an_empty_storage_named_with_two_types_loads_as_each(
+    torch_own: Any, zip_format: bool
+) -> None:
+    """torch.save writes one key for an empty tensor and a TypedStorage of another dtype
+    over its storage; torch loads it (test_save_different_dtype_unallocated). A storage
+    with bytes named with two types stays refused (torch.save refuses to write one)."""
+    warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated
+    empty = torch.tensor([], dtype=torch.float16)
+    other = torch.TypedStorage(wrap_storage=empty.untyped_storage(), dtype=torch.int64)
+    f = io.BytesIO()
+    torch.save([empty, other], f, _use_new_zipfile_serialization=zip_format)
+    for reader in (torch_own, torch.load):
+        loaded = reader(io.BytesIO(f.getvalue()))
+        assert loaded[0].dtype == torch.float16 and loaded[0].numel() == 0
+        assert loaded[1].size() == 0
+    loaded = torch.load(io.BytesIO(f.getvalue()))
+    assert loaded[1].dtype == torch.int64  # as saved (torch's own gives the first type)
+
+
+def test_a_storage_with_bytes_named_with_two_types_is_still_refused() -> None:
+    """A legacy file whose second storage id is rewritten to the first one's key."""
+    import re
+
+    f = io.BytesIO()
+    saved = [torch.arange(4, dtype=torch.float32), torch.arange(2, dtype=torch.int64)]
+    torch.save(saved, f, _use_new_zipfile_serialization=False)
+    raw = f.getvalue()
+    keys = list(dict.fromkeys(re.findall(rb"X[\x01-\x40]\x00\x00\x00(\d+)", raw)))
+    assert len(keys) == 2
+    if len(keys[0]) != len(keys[1]):
+        pytest.skip("the two storage keys differ in length on this run")
+    with pytest.raises(CheckpointError, match="declared twice"):
+        load(io.BytesIO(raw.replace(keys[1], keys[0])))

@@ -456,7 +456,10 @@ def declare_storage(
             raise CheckpointError(f"storage {key}: legacy view reaches past the storage")
     decl = StorageDecl(key, type_name, numel, location, view)
     known = declared.setdefault(key, decl)
-    if (known.type_name, known.numel) != (type_name, numel):
+    if (known.type_name, known.numel) != (type_name, numel) and (known.numel or numel):
+        # an empty storage may be named with several types: torch.save writes one key for
+        # an empty tensor and a TypedStorage of another dtype over its storage (no bytes
+        # to disagree on; torch refuses to save any other type clash)
         raise CheckpointError(f"storage {key} declared twice with different types or sizes")
     return decl
 

@@ -160,10 +160,14 @@ class ZipStorages:
         import torch
 
         decl = declare_storage(self.declared, type_name, rest, legacy=False)
+        dtype = getattr(torch, decl.dtype)
         typed = self.loaded.get(decl.key)
         if typed is not None:
-            return typed
-        dtype = getattr(torch, decl.dtype)
+            return (
+                typed
+                if typed.dtype is dtype
+                else _tensors.typed_storage(typed._untyped_storage, dtype)
+            )
         self.directory.storage_record(decl, self.what)
         name = f"data/{decl.key}"
         nbytes = decl.nbytes
@@ -205,6 +209,10 @@ class LegacyStorages:
         typed = self.loaded.get(decl.key)
         if typed is None:
             typed = self.loaded[decl.key] = self._read(decl)
+        elif not decl.numel:  # empty, and may be named with another type (declare_storage)
+            import torch
+
+            typed = _tensors.typed_storage(typed._untyped_storage, getattr(torch, decl.dtype))
         if decl.view is None:
             return typed
         view_key, offset, size = decl.view
