@@ -12,7 +12,9 @@ from __future__ import annotations
 import io
 import pickle
 import struct
+import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -148,3 +150,28 @@ def test_a_storage_with_bytes_named_with_two_types_is_still_refused() -> None:
         pytest.skip("the two storage keys differ in length on this run")
     with pytest.raises(CheckpointError, match="declared twice"):
         load(io.BytesIO(raw.replace(keys[1], keys[0])))
+
+
+@pytest.mark.skipif(
+    not hasattr(torch.serialization, "set_default_mmap_options") or sys.platform == "win32",
+    reason="torch maps files MAP_PRIVATE only here",
+)
+def test_mmap_follows_torchs_default_mmap_options(torch_own: Any, tmp_path: Path) -> None:
+    """MAP_SHARED: writes to a tensor loaded with mmap=True reach the file, as with torch's
+    own load (test_serialization_mmap_loading_options); MAP_PRIVATE: they do not."""
+    import mmap
+
+    path = tmp_path / "sd.pt"
+    torch.save({"w": torch.ones(3)}, path)
+    loaded = torch.load(path, mmap=True)
+    loaded["w"][0] = 0
+    assert torch.load(path, mmap=True)["w"][0] == 1
+    torch.serialization.set_default_mmap_options(mmap.MAP_SHARED)
+    try:
+        for reader in (torch_own, torch.load):
+            loaded = reader(path, mmap=True)
+            loaded["w"][0] = 5
+            assert torch.load(path, mmap=False)["w"][0] == 5
+            loaded["w"][0] = 1
+    finally:
+        torch.serialization.set_default_mmap_options(mmap.MAP_PRIVATE)

@@ -294,7 +294,7 @@ class Loader:
             if path is None:
                 raise CheckpointError(f"{what}: mmap=True needs a file path, not a file object")
             size = os.path.getsize(path)
-            mapped = torch.UntypedStorage.from_file(path, False, size)
+            mapped = torch.UntypedStorage.from_file(path, _shared_mmap(torch), size)
         reader = torch._C.PyTorchFileReader(path if path is not None else file)
         # every storage to meta: none is read (torch 2.15 reads none either)
         restore = None if one_target(self.map_location) == "meta" else self.restore
@@ -346,6 +346,16 @@ class Loader:
             f"{first}; the file also names {names(others)}, not allow-listed either",
             (*first.refused, *others),
         )
+
+
+def _shared_mmap(torch: Any) -> bool:
+    """Whether torch maps files ``MAP_SHARED`` (``torch.serialization.set_default_mmap_options``),
+    so writes to the loaded tensors reach the file, as with torch's own ``load``."""
+    import mmap
+
+    get = getattr(torch.serialization, "get_default_mmap_options", None)  # torch 2.2+
+    shared = getattr(mmap, "MAP_SHARED", None)  # not on Windows, where torch maps private
+    return get is not None and shared is not None and get() == shared
 
 
 def refusals(found: ScanResult, allow: Allow) -> list[str]:
