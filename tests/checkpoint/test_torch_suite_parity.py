@@ -1,9 +1,10 @@
 """Hardened ``torch.load`` against what torch's own serialization tests expect of it.
 
-torch's ``test/test_serialization.py`` (run plain, armed and hardened on torch 2.15,
-see bench/RESULTS.md) found two places where hardened mode read a file otherwise
-than torch: a zip archive that starts after other data in a file object (torch reads
-it from where the file stands), and ``encoding=`` for Python 2 ``str``. Real
+torch's ``test/test_serialization.py`` run plain, armed and hardened on torch 2.15
+(``tests/checkpoint/upstream/run_torch_serialization.sh``, results in the README) found
+where hardened mode read a file otherwise than torch: a zip archive that starts after
+other data in a file object (torch reads it from where the file stands), ``encoding=``
+for Python 2 ``str``, an empty storage named with two dtypes, ``MAP_SHARED``. Real
 ``torch.save`` output, loaded through the patched ``torch.load`` in this process.
 """
 
