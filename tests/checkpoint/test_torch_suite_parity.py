@@ -22,7 +22,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, load  # noqa: E402
+from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, inspect, load  # noqa: E402
 from compatshim.checkpoint._container import read_zip_directory  # noqa: E402
 from compatshim.patches import torch_load_safe_globals as patch  # noqa: E402
 
@@ -75,6 +75,9 @@ def test_the_zip_directory_counts_offsets_from_the_archive_start(torch_own: Any)
     directory = read_zip_directory(f, "f")
     assert f.tell() == start  # torch's reader takes the archive from here next
     assert {"data.pkl", "data/0"} <= directory.records.keys()
+    info = inspect(f)  # reads records through their local headers, in the file
+    assert (info.container, info.tensors, info.refusals) == ("zip", 1, ())
+    f.seek(start)
     damaged = io.BytesIO(f.getvalue()[:start] + b"junk" + f.getvalue()[start:])
     damaged.seek(start)  # the recorded offsets no longer match: refused, not misread
     with pytest.raises(UnsafeCheckpointError):

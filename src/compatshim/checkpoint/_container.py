@@ -134,7 +134,7 @@ def sniff(file: IO[bytes]) -> Container:
 class Record(NamedTuple):  # one per zip record: cheaper to make than a frozen dataclass
     name: str
     size: int
-    offset: int  # of its local header
+    offset: int  # of its local header, from the start of the file (not of the archive)
 
 
 @dataclass(frozen=True)
@@ -212,8 +212,9 @@ def read_zip_directory(file: IO[bytes], what: str) -> ZipDirectory:
                     (f"zip record {cut(name, 80)}",),
                 )
     skip = len(prefix)
+    starts = [base + offset for offset in offsets] if base else offsets  # in the file
     records = dict(
-        zip([name[skip:] for name in all_names], map(_record, zip(all_names, sizes, offsets)))
+        zip([name[skip:] for name in all_names], map(_record, zip(all_names, sizes, starts)))
     )
     directory = ZipDirectory(archive, records)
     if directory.is_torchscript:
