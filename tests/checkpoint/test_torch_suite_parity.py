@@ -31,7 +31,8 @@ PATCH = "torch-load-safe-globals"
 
 @pytest.fixture
 def torch_own(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Hardened mode in this process; yields torch's own ``load`` to compare with."""
+    """Hardened mode in this process; yields torch's own ``load`` to compare with, weights-only
+    (hardened, torch's full unpickler is refused even to the original function)."""
     import compatshim
 
     compatshim.uninstall([PATCH])
@@ -42,7 +43,7 @@ def torch_own(monkeypatch: pytest.MonkeyPatch) -> Any:
         assert torch.load.__compatshim_hardened__ is True
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", patch.CheckpointRefusedWarning)
-            yield original
+            yield lambda *args, **kwargs: original(*args, weights_only=True, **kwargs)
     finally:
         compatshim.uninstall([PATCH])
 
@@ -60,6 +61,12 @@ def test_a_zip_archive_after_other_data_is_read_from_where_the_file_stands(
     torch_own: Any,
 ) -> None:
     state = {"w": torch.arange(6.0).reshape(2, 3), "n": 3}
+    f = _after_a_pickle(state)
+    pickle.load(f)
+    try:
+        torch_own(f)
+    except RuntimeError:  # torch's reader (both loaders read records with it)
+        pytest.skip(f"torch {torch.__version__} reads a zip archive only at the file's start")
     for reader in (torch_own, torch.load, load):  # torch's own, patched, compatshim's loader
         f = _after_a_pickle(state)
         assert pickle.load(f) == 41
@@ -103,7 +110,7 @@ def _python2_text_file(text: str) -> bytes:
 def test_python2_str_is_read_as_asked_or_refused(torch_own: Any, text: str) -> None:
     data = _python2_text_file(text)
     raw = text.encode("utf-8")
-    assert torch_own(io.BytesIO(data), weights_only=True, encoding="bytes")[0] == raw
+    assert torch_own(io.BytesIO(data), encoding="bytes")[0] == raw
     for encoding in (None, "utf-8", "UTF8"):
         kwargs = {} if encoding is None else {"encoding": encoding}
         assert torch_own(io.BytesIO(data), **kwargs)[0] == text
