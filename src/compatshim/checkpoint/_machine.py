@@ -39,6 +39,7 @@ import io
 import struct
 from typing import IO, Any, Callable
 
+from .._text import short
 from ._limits import hash_allowance
 from .errors import CheckpointError, UnsafeCheckpointError
 
@@ -427,7 +428,7 @@ class Machine:
         asked = PY2_STR_ENCODING.get()
         if asked != self.encoding and (asked == "bytes" or not raw.isascii()):
             raise CheckpointError(
-                f"a Python 2 str read with encoding={asked[:20]!r} is not supported: "
+                f"a Python 2 str read with encoding={short(asked, 20)} is not supported: "
                 f"compatshim reads Python 2 text as {self.encoding} only (load it with "
                 f"encoding={self.encoding!r}, or re-save the file under Python 3)"
             )
