@@ -26,6 +26,7 @@ TESTS = ROOT / "tests"
 SCRIPT_FOLDERS = {
     "tests/lightning/scripts",
     "tests/lightning/upstream",
+    "tests/checkpoint/upstream",
     "tests/checkpoint/fixtures",
     "tests/checkpoint/numpy_fixtures",
     "tests/checkpoint/omegaconf_fixtures",
