@@ -265,17 +265,6 @@ def test_allowed_resolver_loads_and_runs_only_when_read(
 # --------------------------------------------------------------------------- process-wide resolvers
 
 
-@pytest.fixture
-def process_wide(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    from compatshim.checkpoint import process_allow
-
-    for name in ("COMPATSHIM_ALLOW", "COMPATSHIM_ALLOW_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    process_allow._reset()
-    yield
-    process_allow._reset()
-
-
 def _two_resolvers(tmp_path: pathlib.Path) -> pathlib.Path:
     """A file calling a user resolver (eval) and one that reads the environment (oc.env)."""
     cfg = OmegaConf.create({"two": "${eval:'1+1'}", "home": "${oc.env:COMPATSHIM_TEST_HOME}"})
@@ -283,7 +272,7 @@ def _two_resolvers(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def test_a_resolver_allowed_in_code_is_kept_and_others_stay_refused(
-    tmp_path: pathlib.Path, marker: pathlib.Path, process_wide: None
+    tmp_path: pathlib.Path, marker: pathlib.Path, process_allow_cleared: None
 ) -> None:
     """The file names eval and oc.env; only the allowed one is admitted, for every load."""
     import compatshim.checkpoint as ckpt
@@ -315,7 +304,7 @@ def test_a_resolver_allowed_in_code_is_kept_and_others_stay_refused(
 def test_resolvers_from_the_environment_and_a_file(
     tmp_path: pathlib.Path,
     marker: pathlib.Path,
-    process_wide: None,
+    process_allow_cleared: None,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("COMPATSHIM_TEST_HOME", "/home/test")
@@ -341,7 +330,7 @@ def test_resolvers_from_the_environment_and_a_file(
     "entry", ["omegaconf-resolver:", "omegaconf-resolver:${x}", "omegaconf-resolver:a b"]
 )
 def test_a_computed_or_malformed_resolver_name_is_never_an_entry(
-    entry: str, tmp_path: pathlib.Path, process_wide: None, monkeypatch: pytest.MonkeyPatch
+    entry: str, tmp_path: pathlib.Path, process_allow_cleared: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import compatshim.checkpoint as ckpt
 
@@ -361,7 +350,7 @@ def test_a_computed_or_malformed_resolver_name_is_never_an_entry(
 
 
 def test_a_computed_resolver_name_stays_refused_whatever_is_allowed(
-    tmp_path: pathlib.Path, marker: pathlib.Path, process_wide: None
+    tmp_path: pathlib.Path, marker: pathlib.Path, process_allow_cleared: None
 ) -> None:
     import compatshim.checkpoint as ckpt
 
@@ -373,7 +362,9 @@ def test_a_computed_resolver_name_stays_refused_whatever_is_allowed(
     assert check_text("${${which}:1}", frozenset({"", "eval"})) == ""
 
 
-def test_a_resolver_entry_names_no_global(tmp_path: pathlib.Path, process_wide: None) -> None:
+def test_a_resolver_entry_names_no_global(
+    tmp_path: pathlib.Path, process_allow_cleared: None
+) -> None:
     """A pickle may spell any module: ``omegaconf-resolver:`` + ``eval`` stays no global."""
     import compatshim.checkpoint as ckpt
 
@@ -386,7 +377,7 @@ def test_a_resolver_entry_names_no_global(tmp_path: pathlib.Path, process_wide: 
 
 
 def test_the_patched_torch_load_honours_process_wide_resolvers(
-    tmp_path: pathlib.Path, marker: pathlib.Path, process_wide: None
+    tmp_path: pathlib.Path, marker: pathlib.Path, process_allow_cleared: None
 ) -> None:
     """Frameworks call torch.load, which has no allow=: armed, it keeps the allowed resolver."""
     import compatshim
