@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import _compat_pickle
 import codecs
+import contextlib
 import contextvars
 import io
 import struct
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Iterator
 
 from .._text import short
 from ._limits import hash_allowance
@@ -124,12 +125,30 @@ def _unquote(line: bytes) -> bytes:
 
 _NONE = object()
 
-#: How the caller asked for Python 2 ``str`` to be read (``torch.load(..., encoding=)``,
-#: set around one load by the torch.load patch); "utf-8", torch's default, is the only
-#: reading the machine gives, so another one is refused where it would differ.
+#: How the caller asked for Python 2 ``str`` to be read (``torch.load``'s or ``numpy.load``'s
+#: ``encoding=``, set by :func:`py2_str_read_as` around one load); "utf-8", torch's
+#: default, is the only reading the machine gives, so another one is refused where it
+#: would differ.
 PY2_STR_ENCODING: contextvars.ContextVar[str] = contextvars.ContextVar(
     "compatshim_py2_str_encoding", default="utf-8"
 )
+
+
+@contextlib.contextmanager
+def py2_str_read_as(encoding: Any) -> Iterator[None]:
+    """Loads inside read Python 2 ``str`` as ``encoding`` asks: a codec name, ``"bytes"``
+    (kept as bytes), or None (UTF-8). LookupError for an unknown codec, as pickle's."""
+    if encoding is None:
+        encoding = "utf-8"
+    elif not isinstance(encoding, str):
+        raise LookupError(f"encoding must be a str, not {type(encoding).__name__}")
+    elif encoding != "bytes":
+        encoding = codecs.lookup(encoding).name
+    token = PY2_STR_ENCODING.set(encoding)
+    try:
+        yield
+    finally:
+        PY2_STR_ENCODING.reset(token)
 
 
 Handler = Callable[["Machine"], None]
@@ -429,8 +448,8 @@ class Machine:
         if asked != self.encoding and (asked == "bytes" or not raw.isascii()):
             raise CheckpointError(
                 f"a Python 2 str read with encoding={short(asked, 20)} is not supported: "
-                f"compatshim reads Python 2 text as {self.encoding} only (load it with "
-                f"encoding={self.encoding!r}, or re-save the file under Python 3)"
+                f"compatshim reads Python 2 text as {self.encoding} only (ASCII text reads "
+                "the same under any encoding; re-save the file under Python 3)"
             )
         return self._text(raw, self.encoding)
 

@@ -60,8 +60,6 @@ if TYPE_CHECKING:
 
 _NAME = "numpy-load-hardened"
 _PROMISE = "numpy.load(allow_pickle=True) reads pickles without running code from them"
-_UTF8 = frozenset({"utf-8", "utf8"})
-_PY2_STR_OPCODES = frozenset({"STRING", "BINSTRING", "SHORT_BINSTRING"})
 
 
 class SafePickle:
@@ -105,49 +103,16 @@ def _read(file: IO[bytes], encoding: str) -> Any:
     from ..checkpoint import CheckpointError
     from ..checkpoint._container import read, sniff
     from ..checkpoint._load import Loader
+    from ..checkpoint._machine import py2_str_read_as
     from ..checkpoint._numpy import object_arrays
 
     def reader(source: IO[bytes], what: str, path: str | None) -> Any:
         if sniff(source) != "pickle":
             raise CheckpointError(f"{what}: not a pickle")
-        if str(encoding).lower() not in _UTF8:
-            _refuse_python2_text(source, encoding)
         return Loader(None, (), False).read(source, what, path)
 
-    with object_arrays():
+    with object_arrays(), py2_str_read_as(encoding):
         return read(file, reader)
-
-
-def _refuse_python2_text(file: IO[bytes], encoding: str) -> None:
-    """Refuse a Python 2 ``str`` that numpy would decode otherwise than the machine (UTF-8).
-
-    numpy decodes one with ``encoding`` (``"bytes"``: kept as bytes); ASCII text reads the
-    same either way. Only protocol 0-2 pickles are scanned: Python 3 never writes the opcode
-    (numpy saves object arrays with protocol 3 or 4).
-    """
-    import pickletools
-
-    from .._text import short
-    from ..checkpoint import CheckpointError
-
-    here = file.tell()
-    head = file.read(2)
-    file.seek(here)
-    if head[:1] == b"\x80" and len(head) == 2 and head[1] >= 3:
-        return
-    keep_bytes = str(encoding).lower() == "bytes"
-    try:
-        for opcode, arg, _ in pickletools.genops(file):
-            if opcode.name in _PY2_STR_OPCODES and (keep_bytes or not str(arg).isascii()):
-                raise CheckpointError(
-                    f"a Python 2 str read with encoding={short(encoding, 20)} is not supported "
-                    "in hardened mode: only ASCII text, or encoding='utf-8' (re-save the file "
-                    "under Python 3)"
-                )
-    except ValueError:  # damaged: the machine reports it
-        pass
-    finally:
-        file.seek(here)
 
 
 def _refusal(why: BaseException, what: str) -> BaseException:

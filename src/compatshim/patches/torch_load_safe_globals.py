@@ -213,31 +213,15 @@ def _record(event: str, detail: str) -> None:
 def _retry(f: Any, start: int | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Read ``f`` (again) with compatshim's loader; CheckpointError or LookupError if it cannot."""
     from ..checkpoint import load
-    from ..checkpoint._machine import PY2_STR_ENCODING
+    from ..checkpoint._machine import py2_str_read_as
 
     if start is None and not isinstance(f, (str, bytes)) and not hasattr(f, "__fspath__"):
         raise LookupError("the file object cannot be rewound to read it again")
     if start is not None:
         f.seek(start)
     map_location = args[1] if len(args) > 1 else kwargs.get("map_location")
-    asked = PY2_STR_ENCODING.set(_py2_encoding(kwargs.get("encoding")))
-    try:
+    with py2_str_read_as(kwargs.get("encoding")):
         return load(f, map_location, allow=_torch_safe_globals(), mmap=_mmap(kwargs))
-    finally:
-        PY2_STR_ENCODING.reset(asked)
-
-
-def _py2_encoding(encoding: Any) -> str:
-    """torch.load's ``encoding=`` (Python 2 ``str``), by codec name; torch's default is UTF-8."""
-    import codecs
-
-    if encoding is None:
-        return "utf-8"
-    if not isinstance(encoding, str):
-        raise LookupError(f"encoding must be a str, not {type(encoding).__name__}")
-    if encoding == "bytes":
-        return encoding
-    return codecs.lookup(encoding).name  # LookupError for an unknown codec, as pickle's
 
 
 def _torch_safe_globals() -> tuple[Any, ...]:
