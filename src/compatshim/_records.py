@@ -8,10 +8,16 @@ turn into JSON-ready dicts with :meth:`as_dict`.
 
 from __future__ import annotations
 
+# ``typing`` is imported first, at run time: ``@dataclass`` reads ``sys.modules["typing"]``
+# without the import lock, so a thread that builds these records while another thread
+# is in its first ``import typing`` (``status()`` during the first ``import torch``) saw
+# a half-initialised module and raised AttributeError (no ``ClassVar``). The import
+# statement waits for that import to finish. Not on the start-up path: ``status()`` and
+# doctor import this module, and ``importlib.metadata`` imports ``typing`` anyway.
+import typing
 from dataclasses import asdict, dataclass, field
 
-TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from typing import Any, Literal
 
     CheckKind = Literal["patch", "adapter", "hazard"]

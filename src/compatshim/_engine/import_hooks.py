@@ -66,14 +66,21 @@ def half_built(exc: BaseException | None) -> str | None:
 
     Python's answer when two threads' imports would deadlock is a half-built module:
     ``ImportError.name`` or ``AttributeError.obj`` (3.10+) names it; the caller may
-    wait and retry while that module is initialising.
+    wait and retry while that module is initialising. An ``AttributeError`` whose
+    module has finished since and now holds the attribute it lacked (``.name``) met
+    it half-built too: the other import ended between the error and this check.
     """
     for _ in range(8):  # the cause chain, bounded
         if exc is None:
             return None
         name = exc.name if isinstance(exc, ImportError) else None
         if isinstance(exc, AttributeError):
-            name = getattr(getattr(exc, "obj", None), "__name__", None)
+            obj = getattr(exc, "obj", None)
+            name = getattr(obj, "__name__", None)
+            attr = getattr(exc, "name", None)
+            finished = type(name) is str and sys.modules.get(name) is obj
+            if finished and type(attr) is str and attr in getattr(obj, "__dict__", {}):
+                return name
         if type(name) is str and _initialising(sys.modules.get(name)):
             return name
         exc = exc.__cause__ or exc.__context__

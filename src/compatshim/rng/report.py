@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing  # noqa: F401  (before @dataclass: see compatshim._records)
 from dataclasses import dataclass
 
 
