@@ -165,6 +165,60 @@ def test_a_device_index_the_machine_lacks_is_a_checkpoint_error(tmp_path: Path) 
     assert_same(torch.load(path, map_location={"cuda:99": "cpu"}, weights_only=True), got)
 
 
+def test_what_torch_cannot_place_fails_with_torchs_type_too(tmp_path: Path) -> None:
+    """torch raises RuntimeError for a device the machine lacks; code catches it to retry on
+    the CPU. Ours is a CheckpointError and that type as well, and survives pickling."""
+    path = save(tmp_path / "c.pt", "cuda:99")
+    theirs = torch_or_error(path, None)  # torch < 2.6 weights-only: wrapped in UnpicklingError
+    assert type(theirs) in (RuntimeError, pickle.UnpicklingError) and "cuda" in str(theirs)
+    try:
+        got = load(path)
+    except RuntimeError as error:
+        assert isinstance(error, CheckpointError) and "saved on 'cuda:99'" in str(error)
+        copied = pickle.loads(pickle.dumps(error))
+        assert isinstance(copied, RuntimeError) and isinstance(copied, CheckpointError)
+        assert copied.args == error.args and type(copied).__name__ == "CheckpointError"
+        got = load(path, map_location="cpu")
+    assert_same(torch.load(path, map_location="cpu", weights_only=True), got)
+
+
+@pytest.mark.parametrize("kind", ["out-of-memory", "value-error"])
+def test_a_callables_exception_keeps_its_type(
+    files: dict[tuple[str, str], Path], kind: str
+) -> None:
+    """torch lets a map_location callable's exception through (CUDA out of memory is the one
+    code catches: a smaller batch, or the CPU); ours is a CheckpointError and that type."""
+    raised = torch.cuda.OutOfMemoryError if kind == "out-of-memory" else ValueError
+
+    def fails(storage: Any, location: str) -> Any:
+        raise raised("no room on the device")
+
+    with pytest.raises((raised, pickle.UnpicklingError)):  # torch < 2.6 wraps RuntimeErrors
+        torch.load(files["cpu", "zip"], map_location=fails, weights_only=True)
+    with pytest.raises(raised) as ours:
+        load(files["cpu", "zip"], map_location=fails)
+    assert isinstance(ours.value, CheckpointError)
+    assert f"map_location raised {raised.__name__}" in str(ours.value)
+
+
+class _BuildsItself(Exception):
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+
+
+def test_an_exception_that_builds_itself_is_a_plain_checkpoint_error(
+    files: dict[tuple[str, str], Path],
+) -> None:
+    """A type whose ``__init__`` needs more than a message is not combined (it could fail)."""
+
+    def fails(storage: Any, location: str) -> Any:
+        raise _BuildsItself(7, "busy")
+
+    with pytest.raises(CheckpointError, match="map_location raised _BuildsItself") as ours:
+        load(files["cpu", "zip"], map_location=fails)
+    assert not isinstance(ours.value, _BuildsItself)
+
+
 def test_the_callable_sees_what_torch_passes(files: dict[tuple[str, str], Path]) -> None:
     """One call per storage with a CPU storage and the saved location; its result is kept."""
 

@@ -4,7 +4,9 @@ torch's ``test/test_serialization.py`` run plain, armed and hardened on torch 2.
 (``tests/checkpoint/upstream/run_torch_serialization.sh``, results in the README) found
 where hardened mode read a file otherwise than torch: a zip archive that starts after
 other data in a file object (torch reads it from where the file stands), ``encoding=``
-for Python 2 ``str``, an empty storage named with two dtypes, ``MAP_SHARED``. Real
+for Python 2 ``str``, an empty storage named with two dtypes, ``MAP_SHARED``, and the
+type of the error where torch reports a failure with its own (no such device, an
+unseekable stream). Real
 ``torch.save`` output, loaded through the patched ``torch.load`` in this process.
 """
 
@@ -186,3 +188,63 @@ def test_mmap_follows_torchs_default_mmap_options(torch_own: Any, tmp_path: Path
             loaded["w"][0] = 1
     finally:
         torch.serialization.set_default_mmap_options(mmap.MAP_PRIVATE)
+
+
+def _cuda_tagged(path: Path, location: str) -> Path:
+    """A real ``torch.save`` file whose storages are tagged ``location`` (as a GPU run's are)."""
+    tag = torch.serialization.location_tag
+    torch.serialization.location_tag = lambda storage: location
+    try:
+        torch.save({"w": torch.arange(3.0)}, path)
+    finally:
+        torch.serialization.location_tag = tag
+    return path
+
+
+def test_a_device_this_machine_lacks_fails_with_torchs_type_too(
+    torch_own: Any, tmp_path: Path
+) -> None:
+    """torch's ``test_load_nonexistent_device``: a RuntimeError (torch < 2.6 weights-only:
+    wrapped in UnpicklingError), which code catches to retry on the CPU. Hardened, the
+    refusal is an UnpicklingError and a RuntimeError, whatever the release."""
+    path = _cuda_tagged(tmp_path / "gpu.pt", "cuda:99")  # no machine here has 100 GPUs
+    with pytest.raises(Exception) as theirs:
+        torch_own(path)
+    with pytest.raises(UnsafeCheckpointError) as ours:
+        torch.load(path)
+    assert isinstance(ours.value, type(theirs.value)) and isinstance(ours.value, RuntimeError)
+    assert isinstance(ours.value, pickle.UnpicklingError)
+    assert "cuda:99" in str(ours.value)
+    try:  # the pattern in user code: retry on the CPU
+        loaded = torch.load(path)
+    except RuntimeError:
+        loaded = torch.load(path, map_location="cpu")
+    assert torch.equal(loaded["w"], torch.arange(3.0))
+    copied = pickle.loads(pickle.dumps(ours.value))  # a rank's error crosses processes
+    assert isinstance(copied, RuntimeError) and isinstance(copied, UnsafeCheckpointError)
+    assert copied.args == ours.value.args and copied.refused == ours.value.refused
+
+
+class _NoSeek:
+    """torch's ``test_load_error_msg`` stream: read and readline, no seek or tell."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = io.BytesIO(data)
+
+    def read(self, size: int = -1) -> bytes:
+        return self._data.read(size)
+
+    def readline(self) -> bytes:
+        return self._data.readline()
+
+
+def test_an_unseekable_stream_fails_with_torchs_type_too(torch_own: Any) -> None:
+    buffer = io.BytesIO()
+    torch.save({"w": torch.ones(2)}, buffer)
+    with pytest.raises(Exception) as theirs:
+        torch_own(_NoSeek(buffer.getvalue()))
+    assert "seekable" in str(theirs.value)
+    with pytest.raises(UnsafeCheckpointError) as ours:
+        torch.load(_NoSeek(buffer.getvalue()))
+    assert isinstance(ours.value, type(theirs.value)) and type(theirs.value) is AttributeError
+    assert "You can only torch.load from a file that is seekable" in str(ours.value)

@@ -45,7 +45,7 @@ from ._gate import ALLOWLIST, Verdict, judge
 from ._machine import Machine, Source
 from ._tensors import REBUILDS
 from .allowlist import STORAGE_DTYPES, lookup, storage_type
-from .errors import CheckpointError, UnsafeCheckpointError
+from .errors import CheckpointError, UnsafeCheckpointError, as_well
 
 T = TypeVar("T")
 
@@ -86,10 +86,11 @@ def _guarded(
 ) -> T:
     try:
         return reader(file, what, path)
-    except UnsafeCheckpointError as exc:
-        raise UnsafeCheckpointError(_prefixed(str(exc), what) + advice, exc.refused) from None
+    except UnsafeCheckpointError as exc:  # as_well: a type torch would raise is kept
+        unsafe = as_well(UnsafeCheckpointError, type(exc))
+        raise unsafe(_prefixed(str(exc), what) + advice, exc.refused) from None
     except CheckpointError as exc:
-        raise CheckpointError(_prefixed(str(exc), what)) from None
+        raise as_well(CheckpointError, type(exc))(_prefixed(str(exc), what)) from None
     except RecursionError:
         raise CheckpointError(f"{what}: nested too deeply to load") from None
     except MemoryError:

@@ -51,7 +51,7 @@ from ._gate import Allow, judge
 from ._limits import Budget
 from ._machine import Source
 from ._safe import SafeMachine, check_result
-from .errors import CheckpointError, UnsafeCheckpointError
+from .errors import CheckpointError, UnsafeCheckpointError, as_well
 
 log = logging.getLogger("compatshim.checkpoint")
 MAX_NESTED_LOADS = 2
@@ -85,8 +85,8 @@ def restorer(map_location: Any) -> Restore:
 
             try:
                 result = map_location(storage, saved)
-            except Exception as exc:
-                raise CheckpointError(
+            except Exception as exc:  # torch lets it through: its type is kept (as_well)
+                raise as_well(CheckpointError, type(exc))(
                     f"map_location raised {type(exc).__name__} for a storage saved on "
                     f"{saved!r}: {plain_text(exc)}"
                 ) from None
@@ -118,8 +118,8 @@ def place(storage: Any, saved: str, target: str | None = None) -> Any:
     restore: Any = serialization.default_restore_location
     try:
         return restore(storage, location)
-    except Exception as exc:  # torch's words: no CUDA here, no such device index, out of memory
-        raise CheckpointError(
+    except Exception as exc:  # torch's words and type: no CUDA, no such device index, OOM
+        raise as_well(CheckpointError, type(exc))(
             f"a storage saved on {saved!r} cannot be placed on {location!r}: "
             f"{plain_text(exc)} (map_location='cpu' loads every storage to the CPU)"
         ) from None

@@ -2,12 +2,17 @@
 
 Callers catch :class:`CheckpointError` for both; :class:`UnsafeCheckpointError`
 is also a ``pickle.UnpicklingError``, the type ``torch.load(weights_only=True)``
-raises for a refused global, so code written against torch keeps working.
+raises for a refused global, so code written against torch keeps working. For the
+same reason a failure torch reports with its own type (no CUDA for a ``cuda:0``
+storage, CUDA out of memory, a ``map_location`` callable's exception) is raised as
+:func:`as_well` of that type too: ``except RuntimeError: torch.load(f,
+map_location="cpu")`` still retries.
 """
 
 from __future__ import annotations
 
 import pickle
+from typing import TypeVar
 
 
 class CheckpointError(Exception):
@@ -23,3 +28,58 @@ class UnsafeCheckpointError(CheckpointError, pickle.UnpicklingError):
     def __init__(self, message: str, refused: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.refused = refused
+
+
+_E = TypeVar("_E", bound="CheckpointError")
+
+
+def as_well(cls: type[_E], kind: type[BaseException]) -> type[_E]:
+    """``cls`` that is also a ``kind``: the type torch raises for the same failure.
+
+    Named as ``cls`` (tracebacks read the same), and picklable (it crosses processes in
+    a pool or a spawned rank's report). A ``kind`` that is no ``Exception``, or whose
+    layout cannot be combined, leaves ``cls`` as it is.
+    """
+    kind = getattr(kind, "_kind", kind)  # from an already combined error: its torch type
+    if not issubclass(kind, Exception) or issubclass(cls, kind) or _constructs(kind):
+        return cls
+    made = _combined.get((cls, kind))
+    if made is None:
+        try:
+            made = type(cls.__name__, (cls, kind), {"_kind": kind, "__reduce__": _reduce})
+        except TypeError:
+            return cls
+        made.__module__, made.__qualname__ = cls.__module__, cls.__qualname__
+        if len(_combined) < 64:  # torch's kinds are few; a caller's callable adds its own
+            _combined[(cls, kind)] = made
+    return made  # type: ignore[return-value]
+
+
+_combined: dict[tuple[type, type], type] = {}
+
+
+def _constructs(kind: type[BaseException]) -> bool:
+    """Whether ``kind`` builds itself (an ``__init__``/``__new__`` of its own, as a caller's
+    exception may): made with a message alone it could fail, so it is not combined."""
+    return any(
+        c.__module__ != "builtins" and ("__init__" in vars(c) or "__new__" in vars(c))
+        for c in kind.__mro__
+    )
+
+
+def _reduce(self: CheckpointError) -> tuple[object, ...]:
+    base = next(c for c in type(self).__mro__ if "_kind" not in vars(c))
+    return _rebuilt, (base, type(self)._kind, self.args, self.__dict__)  # type: ignore[attr-defined]
+
+
+def _rebuilt(
+    cls: type[CheckpointError],
+    kind: type[BaseException],
+    args: tuple[object, ...],
+    state: dict[str, object],
+) -> CheckpointError:
+    made = as_well(cls, kind)
+    error = made.__new__(made, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error

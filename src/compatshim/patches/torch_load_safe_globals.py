@@ -211,12 +211,22 @@ def _record(event: str, detail: str) -> None:
 
 
 def _retry(f: Any, start: int | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Read ``f`` (again) with compatshim's loader; CheckpointError or LookupError if it cannot."""
-    from ..checkpoint import load
+    """Read ``f`` (again) with compatshim's loader; CheckpointError if it cannot."""
+    from ..checkpoint import CheckpointError, load
     from ..checkpoint._machine import py2_str_read_as
+    from ..checkpoint.errors import as_well
 
     if start is None and not isinstance(f, (str, bytes)) and not hasattr(f, "__fspath__"):
-        raise LookupError("the file object cannot be rewound to read it again")
+        try:  # torch's own check (_check_seekable): its error's type is torch's
+            f.seek(f.tell())
+            kind: type[BaseException] = OSError
+        except Exception as exc:
+            kind = type(exc)
+        raise as_well(CheckpointError, kind)(  # torch's words, as its own check says them
+            "the file object cannot be rewound to read it. You can only torch.load from a file "
+            "that is seekable. Please pre-load the data into a buffer like io.BytesIO and try "
+            "to load from it instead."
+        )
     if start is not None:
         f.seek(start)
     map_location = args[1] if len(args) > 1 else kwargs.get("map_location")
@@ -330,12 +340,13 @@ def _refused_hardened(
     refusal reads the same wherever it comes from.
     """
     from ..checkpoint import UnsafeCheckpointError
+    from ..checkpoint.errors import as_well
 
     refused = tuple(getattr(why, "refused", ()))
     text = _plain(why)
     if not isinstance(why, UnsafeCheckpointError):
         text = f"{what}: compatshim.checkpoint.load could not read it{read_as} ({text})"
-    return UnsafeCheckpointError(
+    return as_well(UnsafeCheckpointError, type(why))(  # torch's type, where it has one
         f"{text}. COMPATSHIM_SAFE_LOAD=1: {promise}.{_how_to_allow(refused)}",
         refused,
     )
@@ -366,7 +377,7 @@ def _through_compatshim(
 
     try:
         loaded = _retry(f, start, args, kwargs)
-    except (CheckpointError, LookupError) as why:
+    except CheckpointError as why:
         what = _describe(f)
         refused = tuple(getattr(why, "refused", ()))
         text = f"{type(why).__name__}: {_plain(why)}"
