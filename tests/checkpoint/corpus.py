@@ -461,7 +461,6 @@ for _fn in (
     "_rebuild_device_tensor_from_numpy",
     "_rebuild_device_tensor_from_cpu_tensor",
     "_rebuild_qtensor",
-    "_rebuild_sparse_tensor",
     "_rebuild_wrapper_subclass",
     "_rebuild_nested_tensor",
     "_set_obj_state",
@@ -474,10 +473,26 @@ for _fn in (
     case("unsafe", f"torch_utils_{_fn}")(_unlisted)
 
 
-@case("unsafe")
+@case("damaged")
+def torch_utils__rebuild_sparse_tensor(marker: Path, folder: Path) -> Path:
+    body = call(g("torch._utils", "_rebuild_sparse_tensor"), u("os.system"))
+    return _pickle_file(folder, P2 + body + STOP)
+
+
+@case("loads")
 def real_sparse_tensor(marker: Path, folder: Path) -> Path:
     path = folder / "c.pt"
     torch.save({"s": torch.eye(3).to_sparse()}, path)
+    return path
+
+
+@case("damaged")
+def sparse_index_outside_its_size(marker: Path, folder: Path) -> Path:
+    """torch's own test case: unchecked, ``to_dense()`` would write outside memory."""
+    path = folder / "c.pt"
+    indices = torch.tensor([[0, 2**40]])
+    bad = torch.sparse_coo_tensor(indices, torch.ones(2), (3,), check_invariants=False)
+    torch.save({"s": bad}, path)
     return path
 
 

@@ -13,10 +13,10 @@ import collections
 import functools
 from typing import Any, Callable
 
-from .._text import short
+from .._text import cut, short
 from ._limits import MAX_ITEMS, check_shape, count
 from ._objects import bad, is_dunder
-from .errors import CheckpointError, UnsafeCheckpointError
+from .errors import CheckpointError, UnsafeCheckpointError, as_well
 
 METADATA_KEYS = {"conj", "neg"}
 
@@ -230,6 +230,53 @@ def rebuild_parameter_with_state(tensors: Tensors, args: tuple[Any, ...]) -> Any
     param = rebuild_parameter(tensors, args[:3])
     set_plain_attributes(tensors, param, args[3], what)
     return param
+
+
+_COMPRESSED = ("sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc")
+
+
+def rebuild_sparse(tensors: Tensors, args: tuple[Any, ...]) -> Any:
+    """(layout, (indices..., values, size[, is_coalesced])): torch's constructors with their
+    invariants checked, as torch's weights-only load checks them after its load."""
+    what = "torch._utils._rebuild_sparse_tensor"
+    torch = _torch()
+    if len(args) != 2 or type(args[1]) is not tuple:
+        raise bad(what, args)
+    layout, data = args
+    make: Callable[[bool], Any]
+    if layout is torch.sparse_coo and len(data) in (3, 4):
+        indices, values = (tensors.tensor(item, what) for item in data[:2])
+        size = _sparse_size(data[2], what)
+        coalesced = data[3] if len(data) == 4 else None
+        if coalesced is not None and type(coalesced) is not bool:
+            raise bad(what, args)
+
+        def make(check: bool) -> Any:
+            return torch.sparse_coo_tensor(
+                indices, values, size, check_invariants=check, is_coalesced=coalesced
+            )
+
+    elif any(layout is getattr(torch, name) for name in _COMPRESSED) and len(data) == 4:
+        compressed, plain, values = (tensors.tensor(item, what) for item in data[:3])
+        size = _sparse_size(data[3], what)
+
+        def make(check: bool) -> Any:
+            return torch.sparse_compressed_tensor(
+                compressed, plain, values, size, layout=layout, check_invariants=check
+            )
+
+    else:
+        raise bad(what, args)
+    try:  # on meta there is no data to check, nor to read outside of
+        return tensors.add_tensor(make(values.device.type != "meta"))
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:  # torch's own words
+        text = cut(exc.args[0], 300) if exc.args and type(exc.args[0]) is str else ""
+        invalid = as_well(CheckpointError, type(exc))  # torch's type too, as torch raises it
+        raise invalid(f"{what}: not a valid sparse tensor ({text})") from None
+
+
+def _sparse_size(size: Any, what: str) -> tuple[int, ...]:
+    return check_shape(size, what, "size", (tuple, _torch().Size))
 
 
 TensorRebuild = Callable[[Tensors, tuple[Any, ...]], Any]

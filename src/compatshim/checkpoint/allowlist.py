@@ -75,7 +75,7 @@ numpy.random objects are in (``_numpy.RANDOM``): their ctor functions are
 re-implemented for the five bit generators only.
 
 Left out on purpose: numpy object arrays, ``bytearray(n)``, tensor subclasses,
-sparse / quantized / nested tensors, TorchScript, omegaconf's ``TupleConfig``,
+quantized / nested tensors, TorchScript, omegaconf's ``TupleConfig``,
 ``NoneNode`` and ``LiteralNode`` (2.4 only) and ``Union``/``Tuple[...]`` annotations.
 
 Keep :class:`Entry` and the names here stable: patches import them.
@@ -514,6 +514,23 @@ def _build_table() -> tuple[Entry, ...]:
     )
     e.append(
         _torch(
+            "_rebuild_sparse_tensor",
+            "rebuild",
+            "re-implemented: this file's tensors through torch's constructors with "
+            "check_invariants=True (indices inside the size), as torch validates them",
+            module="torch._utils",
+        )
+    )
+    e.append(
+        _torch(
+            "_get_layout",
+            "rebuild",
+            "re-implemented: a torch.layout by its name ('torch.sparse_coo'), nothing else",
+            module="torch.serialization",
+        )
+    )
+    e.append(
+        _torch(
             "_rebuild_from_type_v2",
             "rebuild",
             "re-implemented: only torch.Tensor / Parameter with plain attributes",
@@ -678,16 +695,6 @@ def _dcp_rows() -> list[Entry]:
                 "memory-format code: an existing member",
             )
         )
-    rows.append(
-        Entry(
-            "torch.serialization",
-            "_get_layout",
-            "torch",
-            _DCP,
-            "rebuild",
-            "re-implemented: a torch.layout by its name ('torch.strided'), nothing else",
-        )
-    )
     return rows
 
 
