@@ -168,3 +168,18 @@ def test_hardened_torch_load_reads_sparse_files_and_refuses_invalid_ones(
         assert isinstance(caught.value, RuntimeError)  # what torch's own validation raises
     finally:
         compatshim.uninstall([name])
+
+
+def test_the_check_is_charged_to_the_budget_at_each_use() -> None:
+    """A 2 KB file whose indices and values are one element repeated 2**28 times (stride 0):
+    checking them would read 2 GiB. The check's work is charged first, so the load stops at
+    the budget in milliseconds (torch's own load scans it: 0.13 s and 535 MiB here)."""
+    count = 2**28
+    indices = torch.zeros(1, 1, dtype=torch.long).expand(1, count)
+    spread = torch.sparse_coo_tensor(
+        indices, torch.ones(1).expand(count), (1,), check_invariants=False
+    )
+    saved = _saved({"s": spread})
+    assert len(saved.getvalue()) < 4096
+    with pytest.raises(CheckpointError, match="work budget"):
+        load(saved)

@@ -422,7 +422,9 @@ HANDLERS: dict[str, Handler] = {
     "copyreg._reconstructor": lambda m, f, a: m._reconstructor(a),
     "torch.storage._load_from_bytes": lambda m, f, a: m._storage_from_bytes(a),
     "torch.serialization._get_layout": lambda m, f, a: _dcp.layout(a),
-    "torch._utils._rebuild_sparse_tensor": lambda m, f, a: _tensors.rebuild_sparse(m.tensors, a),
+    "torch._utils._rebuild_sparse_tensor": lambda m, f, a: _tensors.rebuild_sparse(
+        m.tensors, a, m.budget.charge
+    ),
 }
 
 

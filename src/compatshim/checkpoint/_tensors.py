@@ -235,9 +235,16 @@ def rebuild_parameter_with_state(tensors: Tensors, args: tuple[Any, ...]) -> Any
 _COMPRESSED = ("sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc")
 
 
-def rebuild_sparse(tensors: Tensors, args: tuple[Any, ...]) -> Any:
+def rebuild_sparse(
+    tensors: Tensors, args: tuple[Any, ...], charge: Callable[[int, str], None]
+) -> Any:
     """(layout, (indices..., values, size[, is_coalesced])): torch's constructors with their
-    invariants checked, as torch's weights-only load checks them after its load."""
+    invariants checked, as torch's weights-only load checks them after its load.
+
+    The check reads every index and value (and sorts a copy of COO indices): that work is
+    charged to the load's budget at each use, so views that repeat one element (stride 0)
+    or one tensor shared by many sparse tensors cannot make it exceed what the file holds.
+    """
     what = "torch._utils._rebuild_sparse_tensor"
     torch = _torch()
     if len(args) != 2 or type(args[1]) is not tuple:
@@ -245,7 +252,7 @@ def rebuild_sparse(tensors: Tensors, args: tuple[Any, ...]) -> Any:
     layout, data = args
     make: Callable[[bool], Any]
     if layout is torch.sparse_coo and len(data) in (3, 4):
-        indices, values = (tensors.tensor(item, what) for item in data[:2])
+        parts = indices, values = [tensors.tensor(item, what) for item in data[:2]]
         size = _sparse_size(data[2], what)
         coalesced = data[3] if len(data) == 4 else None
         if coalesced is not None and type(coalesced) is not bool:
@@ -257,7 +264,7 @@ def rebuild_sparse(tensors: Tensors, args: tuple[Any, ...]) -> Any:
             )
 
     elif any(layout is getattr(torch, name) for name in _COMPRESSED) and len(data) == 4:
-        compressed, plain, values = (tensors.tensor(item, what) for item in data[:3])
+        parts = compressed, plain, values = [tensors.tensor(item, what) for item in data[:3]]
         size = _sparse_size(data[3], what)
 
         def make(check: bool) -> Any:
@@ -267,6 +274,7 @@ def rebuild_sparse(tensors: Tensors, args: tuple[Any, ...]) -> Any:
 
     else:
         raise bad(what, args)
+    charge(2 * sum(t.numel() * t.element_size() for t in parts), what)
     try:  # on meta there is no data to check, nor to read outside of
         return tensors.add_tensor(make(values.device.type != "meta"))
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:  # torch's own words
