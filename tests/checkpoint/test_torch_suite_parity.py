@@ -109,24 +109,45 @@ def _python2_text_file(text: str) -> bytes:
 
 
 @pytest.mark.parametrize("text", ["ascii", "żółw"])
-def test_python2_str_is_read_as_asked_or_refused(torch_own: Any, text: str) -> None:
+def test_python2_str_is_read_as_asked(torch_own: Any, text: str) -> None:
+    """``encoding=`` as torch (pickle) reads it: a text codec, or ``"bytes"`` (kept as bytes;
+    the storage ids' fields, Python 2 text too, are read as ASCII, as torch reads them)."""
     data = _python2_text_file(text)
     raw = text.encode("utf-8")
-    assert torch_own(io.BytesIO(data), encoding="bytes")[0] == raw
-    for encoding in (None, "utf-8", "UTF8"):
+    for encoding in (None, "utf-8", "UTF8", "bytes", "latin-1"):
         kwargs = {} if encoding is None else {"encoding": encoding}
-        assert torch_own(io.BytesIO(data), **kwargs)[0] == text
-        assert torch.load(io.BytesIO(data), **kwargs)[0] == text
-    with pytest.raises(UnsafeCheckpointError, match="Python 2 str read with encoding='bytes'"):
-        torch.load(io.BytesIO(data), encoding="bytes")  # torch gives bytes: never a str
-    latin1 = raw.decode("latin-1")
-    assert torch_own(io.BytesIO(data), encoding="latin-1")[0] == latin1
-    if text.isascii():  # the same text whichever codec reads it
-        assert torch.load(io.BytesIO(data), encoding="latin-1")[0] == latin1
-    else:
-        with pytest.raises(UnsafeCheckpointError, match="encoding='iso8859-1'"):
-            torch.load(io.BytesIO(data), encoding="latin-1")
+        theirs = torch_own(io.BytesIO(data), **kwargs)
+        ours = torch.load(io.BytesIO(data), **kwargs)
+        assert type(ours[0]) is type(theirs[0]) and ours[0] == theirs[0], encoding
+        assert torch.equal(ours[1], theirs[1])
+    assert torch.load(io.BytesIO(data), encoding="bytes")[0] == raw
+    assert torch.load(io.BytesIO(data), encoding="latin-1")[0] == raw.decode("latin-1")
+    with pytest.raises(UnsafeCheckpointError):  # bytes.decode takes text codecs only
+        torch.load(io.BytesIO(data), encoding="zlib_codec")
     assert load(io.BytesIO(data))[0] == text  # checkpoint.load itself: UTF-8, as before
+
+
+def test_python2_text_in_storage_ids_under_encoding_bytes(torch_own: Any) -> None:
+    """torch's own fixture (``_test_serialization``): a Python 2 legacy file, every storage id
+    field a Python 2 str, read with ``encoding="bytes"`` and ``"utf-8"``."""
+    serialized = (
+        b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19.\x80\x02M\xe9\x03."
+        b"\x80\x02}q\x01(U\x10protocol_versionq\x02M\xe9\x03U\n"
+        b"type_sizesq\x03}q\x04(U\x03intq\x05K\x04U\x05shortq\x06K\x02U"
+        b"\x04longq\x07K\x04uU\rlittle_endianq\x08\x88u.\x80\x02]q"
+        b"\x01(U\x0e\xc5\xbc\xc4\x85\xc4\x85\xc3\xb3\xc5\xbc\xc4\x85"
+        b"\xc5\xbcq\x02ctorch._utils\n_rebuild_tensor_v2\nq\x03((U"
+        b"\x07storageq\x04ctorch\nFloatStorage\nq\x05U\x0845640624q"
+        b"\x06U\x03cpuq\x07\x8a\x01\x01NtQK\x00K\x01\x85K\x01\x85"
+        b"\x89NtRq\x08K\x02e.\x80\x02]q\x01U\x0845640624q\x02a.\x01\x00"
+        b"\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+    )
+    utf8 = b"\xc5\xbc\xc4\x85\xc4\x85\xc3\xb3\xc5\xbc\xc4\x85\xc5\xbc"
+    for encoding, first in (("utf-8", utf8.decode("utf-8")), ("bytes", utf8)):
+        ours = torch.load(io.BytesIO(serialized), encoding=encoding)
+        assert ours[0] == first and type(ours[0]) is type(first)
+        assert torch.equal(ours[1], torch.zeros(1)) and ours[2] == 2
+        assert str(torch_own(io.BytesIO(serialized), encoding=encoding)) == str(ours)
 
 
 @pytest.mark.parametrize("zip_format", [True, False])

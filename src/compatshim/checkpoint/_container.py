@@ -42,7 +42,7 @@ from typing import IO, Any, Callable, Literal, NamedTuple, TypeVar
 from .._text import cut, names, short
 from . import _safetensors
 from ._gate import ALLOWLIST, Verdict, judge
-from ._machine import Machine, Source
+from ._machine import Machine, Source, py2_str_read_as
 from ._tensors import REBUILDS
 from .allowlist import STORAGE_DTYPES, lookup, storage_type
 from .errors import CheckpointError, UnsafeCheckpointError, as_well
@@ -437,8 +437,7 @@ def declare_storage(
     if len(rest) != fields:
         raise CheckpointError(f"a storage id has {len(rest) + 2} fields, not {fields + 2}")
     key, location, numel = rest[:3]
-    if type(location) is bytes:
-        location = location.decode("ascii", "replace")
+    key, location = _ascii(key), _ascii(location)  # Python 2 str read with encoding="bytes"
     if type(key) is not str or not _KEY.fullmatch(key):
         raise CheckpointError(f"storage key {short(key)} is malformed")
     if type_name is None:
@@ -452,6 +451,7 @@ def declare_storage(
         if type(view) is not tuple or len(view) != 3:
             raise CheckpointError(f"storage {key}: legacy view is malformed")
         view_key, offset, size = view
+        view_key = _ascii(view_key)
         if type(view_key) is not str or type(offset) is not int or type(size) is not int:
             raise CheckpointError(f"storage {key}: legacy view is malformed")
         if offset < 0 or size < 0 or offset + size > numel:
@@ -464,6 +464,11 @@ def declare_storage(
         # to disagree on; torch refuses to save any other type clash)
         raise CheckpointError(f"storage {key} declared twice with different types or sizes")
     return decl
+
+
+def _ascii(value: Any) -> Any:
+    """Bytes as ASCII text, as torch's ``_maybe_decode_ascii`` reads a storage id's fields."""
+    return value.decode("ascii", "replace") if type(value) is bytes else value
 
 
 # --------------------------------------------------------------------------- legacy files
@@ -485,7 +490,8 @@ def read_legacy(file: IO[bytes]) -> Legacy:
     protocol = ScanMachine(source).run()
     if type(protocol) is not int or protocol != LEGACY_PROTOCOL:
         raise CheckpointError(f"legacy torch file with protocol version {short(protocol)}")
-    info = ScanMachine(source).run()
+    with py2_str_read_as(None):  # its own record: ASCII names, whatever encoding= asks
+        info = ScanMachine(source).run()
     if type(info) is not dict or info.get("little_endian") is not True:
         raise CheckpointError(
             "legacy torch file written on a big-endian machine or without system info"
@@ -494,7 +500,8 @@ def read_legacy(file: IO[bytes]) -> Legacy:
     scanner = ScanMachine(source, "legacy")
     scanner.run()
     declared = scanner.found.storages
-    keys = ScanMachine(source).run()
+    with py2_str_read_as(None):
+        keys = ScanMachine(source).run()
     if type(keys) is not list or not all(type(k) is str for k in keys):
         raise CheckpointError("legacy storage key list is malformed")
     if sorted(keys) != sorted(declared) or len(set(keys)) != len(keys):

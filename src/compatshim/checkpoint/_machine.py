@@ -40,7 +40,6 @@ import io
 import struct
 from typing import IO, Any, Callable, Iterator
 
-from .._text import short
 from ._limits import hash_allowance
 from .errors import CheckpointError, UnsafeCheckpointError
 
@@ -126,9 +125,8 @@ def _unquote(line: bytes) -> bytes:
 _NONE = object()
 
 #: How the caller asked for Python 2 ``str`` to be read (``torch.load``'s or ``numpy.load``'s
-#: ``encoding=``, set by :func:`py2_str_read_as` around one load); "utf-8", torch's
-#: default, is the only reading the machine gives, so another one is refused where it
-#: would differ.
+#: ``encoding=``, set by :func:`py2_str_read_as` around one load): a text codec, or
+#: "bytes" (kept as bytes), as pickle reads them.
 PY2_STR_ENCODING: contextvars.ContextVar[str] = contextvars.ContextVar(
     "compatshim_py2_str_encoding", default="utf-8"
 )
@@ -157,7 +155,6 @@ Handler = Callable[["Machine"], None]
 class Machine:
     """Opcode decoding; subclasses supply the policy hooks."""
 
-    encoding = "utf-8"
     _last_size = 1  # expanded size found by the latest ``nesting`` call
     # opcode -> handler taking the machine, one table per class (see :func:`_dispatch_table`)
     _dispatch: dict[bytes, Handler] = {}
@@ -438,20 +435,12 @@ class Machine:
     def _binstring(self, count: int) -> None:
         self.stack.append(self._py2_text(self.source.read(count)))
 
-    def _py2_text(self, raw: bytes) -> str:
-        """A Python 2 ``str`` (STRING, BINSTRING, SHORT_BINSTRING), decoded as ``encoding``.
-
-        Asked for another reading (``encoding="bytes"``: kept as bytes; another codec on
-        non-ASCII text), it is refused, never read otherwise than the caller asked.
-        """
+    def _py2_text(self, raw: bytes) -> str | bytes:
+        """A Python 2 ``str`` (STRING, BINSTRING, SHORT_BINSTRING), read as the caller asked
+        (:data:`PY2_STR_ENCODING`): decoded with a text codec (``bytes.decode`` takes no
+        other, so no codec decompresses), or kept as bytes. Linear in its size either way."""
         asked = PY2_STR_ENCODING.get()
-        if asked != self.encoding and (asked == "bytes" or not raw.isascii()):
-            raise CheckpointError(
-                f"a Python 2 str read with encoding={short(asked, 20)} is not supported: "
-                f"compatshim reads Python 2 text as {self.encoding} only (ASCII text reads "
-                "the same under any encoding; re-save the file under Python 3)"
-            )
-        return self._text(raw, self.encoding)
+        return raw if asked == "bytes" else self._text(raw, asked)
 
     def _unicode(self, count: int) -> None:
         raw = self.source.read(count)

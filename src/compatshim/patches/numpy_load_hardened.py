@@ -36,10 +36,8 @@ The fix
 
 Not covered
     Python 2 pickles of numpy arrays (their ``_reconstruct`` and data
-    arguments are ``str``: refused as ``checkpoint.load`` refuses them), and
-    Python 2 ``str`` that ``encoding=`` would decode otherwise than UTF-8 does
-    (non-ASCII text, or ``encoding="bytes"``): refused with that reason, never
-    read differently from numpy.
+    arguments are ``str``: refused as ``checkpoint.load`` refuses them). Other
+    Python 2 ``str`` is read as ``encoding=`` asks, as numpy reads it.
 
 Confirmed
     Right after the fix by :func:`confirm` (the stand-in is in place); end to
