@@ -146,28 +146,13 @@ def test_an_unknown_layout_is_refused() -> None:
         load(_saved({"spoofed": Spoofer()}))
 
 
-def test_hardened_torch_load_reads_sparse_files_and_refuses_invalid_ones(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import compatshim
-    from compatshim.patches import torch_load_safe_globals as patch
-
-    name = "torch-load-safe-globals"
-    compatshim.uninstall([name])
-    monkeypatch.setenv("COMPATSHIM_SAFE_LOAD", "1")
-    compatshim.install(include=[name])
-    try:
-        assert torch.load.__compatshim_hardened__ is True
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", patch.CheckpointRefusedWarning)
-            loaded = _quiet(lambda: torch.load(_saved(_all_layouts())))
-            assert loaded["csr"].layout == torch.sparse_csr
-            make, words = HOSTILE["coo-index-outside-the-size"]
-            with pytest.raises(UnsafeCheckpointError, match=words) as caught:
-                _quiet(lambda: torch.load(_spoofed(make)))
-        assert isinstance(caught.value, RuntimeError)  # what torch's own validation raises
-    finally:
-        compatshim.uninstall([name])
+def test_hardened_torch_load_reads_sparse_files_and_refuses_invalid_ones(torch_own: Any) -> None:
+    loaded = _quiet(lambda: torch.load(_saved(_all_layouts())))
+    assert loaded["csr"].layout == torch.sparse_csr
+    make, words = HOSTILE["coo-index-outside-the-size"]
+    with pytest.raises(UnsafeCheckpointError, match=words) as caught:
+        _quiet(lambda: torch.load(_spoofed(make)))
+    assert isinstance(caught.value, RuntimeError)  # what torch's own validation raises
 
 
 def test_the_check_is_charged_to_the_budget_at_each_use() -> None:

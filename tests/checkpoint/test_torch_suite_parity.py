@@ -26,28 +26,6 @@ torch = pytest.importorskip("torch")
 
 from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, inspect, load  # noqa: E402
 from compatshim.checkpoint._container import read_zip_directory  # noqa: E402
-from compatshim.patches import torch_load_safe_globals as patch  # noqa: E402
-
-PATCH = "torch-load-safe-globals"
-
-
-@pytest.fixture
-def torch_own(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Hardened mode in this process; yields torch's own ``load`` to compare with, weights-only
-    (hardened, torch's full unpickler is refused even to the original function)."""
-    import compatshim
-
-    compatshim.uninstall([PATCH])
-    original = torch.load
-    monkeypatch.setenv("COMPATSHIM_SAFE_LOAD", "1")
-    compatshim.install(include=[PATCH])
-    try:
-        assert torch.load.__compatshim_hardened__ is True
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", patch.CheckpointRefusedWarning)
-            yield lambda *args, **kwargs: original(*args, weights_only=True, **kwargs)
-    finally:
-        compatshim.uninstall([PATCH])
 
 
 def _after_a_pickle(obj: Any) -> io.BytesIO:
