@@ -87,7 +87,29 @@ def run_script(
     extra_env: dict[str, str] | None = None,
     grace: float = 10.0,
 ) -> Run:
-    """Run ``scripts/<script>``; kill everything it left after ``grace`` seconds."""
+    """Run ``scripts/<script>``; kill everything it left after ``grace`` seconds.
+
+    The port is picked free, but another process may take it before rank 0 listens
+    (gloo's connections and other tests' draw ports from the same range): a run whose
+    rank 0 could not listen there (torch's EADDRINUSE) runs once more on another port.
+    A ``MASTER_PORT`` given in ``extra_env`` is used as it is.
+    """
+    for attempt in range(2):
+        run = _run_once(script, args, auto, desync_timeout, hard_timeout, extra_env, grace)
+        if attempt or "MASTER_PORT" in (extra_env or {}) or "EADDRINUSE" not in run.stderr:
+            break
+    return run
+
+
+def _run_once(
+    script: str,
+    args: tuple[str, ...],
+    auto: bool,
+    desync_timeout: float,
+    hard_timeout: float,
+    extra_env: dict[str, str] | None,
+    grace: float,
+) -> Run:
     marker = uuid.uuid4().hex
     env = python_env(
         **{

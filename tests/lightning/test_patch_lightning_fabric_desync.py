@@ -162,6 +162,54 @@ def assert_nothing_left(line: str) -> None:
     assert "threads=[]" in line, line
 
 
+def test_a_launch_that_fails_here_ends_the_child_ranks_it_started() -> None:
+    """``MASTER_PORT`` already in use (a previous run still holds it): the launcher's
+    ``launch()`` fails with torch's EADDRINUSE after it started rank 1, whose TCPStore client
+    then retries for 30 minutes. Armed, rank 1 ends with the launcher; Fabric alone (the
+    control) leaves it behind. Found when a loaded CI box handed two runs one port."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)  # listens, never answers
+        port = {"MASTER_PORT": str(held.getsockname()[1])}
+        armed = run_script("healthy.py", auto=True, extra_env=port, hard_timeout=HARD_TIMEOUT)
+        plain = run_script("healthy.py", auto=False, extra_env=port, hard_timeout=HARD_TIMEOUT)
+    for run in (armed, plain):
+        assert not run.timed_out and run.returncode != 0, run.output[-3000:]
+        assert "EADDRINUSE" in run.output or "address already in use" in run.output
+    assert armed.survivors == [], armed.output[-3000:]
+    assert plain.survivors, "Fabric alone now ends its child ranks: the patch adds nothing here"
+
+
+def test_a_port_taken_before_rank0_listens_is_picked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The harness: a free port another process takes first (as seems to have happened in a
+    fresh-clone CI run with other test envs beside it) ends one run in EADDRINUSE;
+    ``run_script`` runs it once more on another port."""
+    import socket
+
+    from tests.lightning import fabric_runs
+
+    real = fabric_runs.free_port
+    picked: list[int] = []
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        taken = held.getsockname()[1]
+
+        def first_taken() -> int:
+            picked.append(real() if picked else taken)
+            return picked[-1]
+
+        monkeypatch.setattr(fabric_runs, "free_port", first_taken)
+        run = run_script("healthy.py", hard_timeout=HARD_TIMEOUT)
+    assert picked[0] == taken and len(picked) == 2
+    assert run.returncode == 0 and run.survivors == [], run.output[-3000:]
+    assert len(RESULT.findall(run.stdout)) == 2
+
+
 def test_two_rank_run_leaves_nothing_after_destroy_process_group(
     runs: dict[str, Future[Run]],
 ) -> None:

@@ -7,7 +7,8 @@ before ``launch()`` (it never built the object that calls it) or in the middle
 of the run - is recorded for the other ranks with its exact exit code, and
 when the launcher itself waits in a Fabric call that the child can no longer
 join, the run ends with a report a second later. When this process ends after
-a report, the children it started end with it.
+a report, the children it started end with it, and so they do when ``launch()``
+itself fails here (:func:`end_children`).
 
 Used by :mod:`.lightning_fabric_desync` only; reaches ``compatshim.dist``
 through its internal framework API.
@@ -22,6 +23,7 @@ from typing import Any
 from ..dist import _framework as watch
 
 EXIT_NOTICED_FOR = 1.0  # seconds a child has been gone before the waiting launcher ends the run
+LAUNCH_FAILED_GRACE = 5.0  # seconds the children of a failed launch() get to end on their own
 NEVER_LAUNCHED_HINT = (
     "without ever calling it (is launch() in code that only the main process runs?)"
 )
@@ -87,3 +89,17 @@ class LauncherChildren(watch.Watch):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(5)
+
+
+def end_children(watches: list[Any]) -> None:
+    """``launch()`` raised in the process that started the child ranks: they end with it.
+
+    They can only wait for this one. When it failed before its process group existed
+    (``MASTER_PORT`` in use: torch's ``EADDRINUSE``), each child's TCPStore client retries
+    for 30 minutes against a store nobody will open; later, they wait in a collective.
+    torchrun ends a worker group whose member failed, and Lightning's Trainer kills its
+    launcher's children on an exception; Fabric's launcher left them running.
+    """
+    for each in watches:
+        if isinstance(each, LauncherChildren):
+            each.ending(LAUNCH_FAILED_GRACE)

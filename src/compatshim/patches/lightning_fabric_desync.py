@@ -194,7 +194,7 @@ def _launch(original: Callable[..., Any]) -> Callable[..., Any]:
     from functools import wraps
 
     from ..dist import _framework as watch
-    from ._fabric_launcher import launcher_children
+    from ._fabric_launcher import end_children, launcher_children
 
     @wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -211,6 +211,9 @@ def _launch(original: Callable[..., Any]) -> Callable[..., Any]:
             if given:
                 args, kwargs = _with_function(args, kwargs, launching.then(function))
             result = original(self, *args, **kwargs)
+        except BaseException:  # the child ranks it started would wait for this one
+            end_children(watches)
+            raise
         finally:
             launching.leave()
             distributed = watch.watch_process_group()
