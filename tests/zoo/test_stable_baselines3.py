@@ -46,6 +46,8 @@ from child_kit import Payload, digest
 
 folder = sys.argv[1]
 marker = os.path.join(folder, "MARKER")
+# learn() makes a log folder; without SB3_LOGDIR, a new one under /tmp every call, never removed
+os.environ["SB3_LOGDIR"] = os.path.join(folder, "sb3-log")
 
 
 
