@@ -26,6 +26,7 @@ torch = pytest.importorskip("torch")
 
 from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, inspect, load  # noqa: E402
 from compatshim.checkpoint._container import read_zip_directory  # noqa: E402
+from compatshim.patches.torch_load_safe_globals import CheckpointRefusedWarning  # noqa: E402
 
 
 def _after_a_pickle(obj: Any) -> io.BytesIO:
@@ -209,8 +210,12 @@ def test_a_device_this_machine_lacks_fails_with_torchs_type_too(
     path = _cuda_tagged(tmp_path / "gpu.pt", "cuda:99")  # no machine here has 100 GPUs
     with pytest.raises(Exception) as theirs:
         torch_own(path)
-    with pytest.raises(UnsafeCheckpointError) as ours:
-        torch.load(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(UnsafeCheckpointError) as ours:
+            torch.load(path)
+    # torch fails the same way: no "refused by compatshim" warning, nothing was refused
+    assert not [w for w in caught if issubclass(w.category, CheckpointRefusedWarning)]
     assert isinstance(ours.value, type(theirs.value)) and isinstance(ours.value, RuntimeError)
     assert isinstance(ours.value, pickle.UnpicklingError)
     assert "cuda:99" in str(ours.value)

@@ -381,12 +381,17 @@ def _through_compatshim(
         what = _describe(f)
         refused = tuple(getattr(why, "refused", ()))
         text = f"{type(why).__name__}: {_plain(why)}"
-        _record("refused", f"{what}: {text}")
+        # torch's own type too (errors.as_well): a failure torch has as well (a device this
+        # machine lacks, out of memory, an invalid sparse tensor), not compatshim's refusal
+        failed_as_torch = getattr(type(why), "_kind", None) is not None
+        _record("failed" if failed_as_torch else "refused", f"{what}: {text}")
         if hardened or refusal is None:
-            _warn_refused(
-                f"torch.load of {what} refused by compatshim (COMPATSHIM_SAFE_LOAD=1): {text}; "
-                "whatever was to be loaded from it is missing, even if the caller carries on"
-            )
+            if not failed_as_torch:
+                _warn_refused(
+                    f"torch.load of {what} refused by compatshim (COMPATSHIM_SAFE_LOAD=1): "
+                    f"{text}; whatever was to be loaded from it is missing, even if the "
+                    "caller carries on"
+                )
             raise _refused_hardened(why, what) from None
         refusal.refused = refused  # type: ignore[attr-defined]
         _note(

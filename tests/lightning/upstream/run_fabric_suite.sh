@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# Lightning's own Fabric tests, plain and armed (COMPATSHIM_AUTO=1), in one venv.
+# Lightning's own tests (tests_fabric, or tests_pytorch with LIGHTNING_SUITE=tests_pytorch),
+# plain and armed (COMPATSHIM_AUTO=1), in one venv.
 #
 #   tests/lightning/upstream/run_fabric_suite.sh PYTHON TESTS_DIR OUT_DIR [plain|armed ...]
 #
 # PYTHON: a venv with the lightning pins of matrix/lightning-X.txt, Lightning's
-#   requirements/fabric/test.txt of the matching tag, and compatshim installed.
+#   requirements/fabric/test.txt (requirements/pytorch/test.txt and extra.txt for
+#   tests_pytorch) of the matching tag, and compatshim installed.
 # TESTS_DIR: that tag's tests/ folder, e.g.
 #   git -C <lightning clone> archive 2.6.5 tests | tar -x -C /tmp/lightning-2.6.5
 # OUT_DIR: junit files and logs; summarise them with summarise.py. (pytest's cache
 #   plugin stays on: Lightning 2.4's conftest reads its --failed-first option.)
-# FABRIC_SUITE_PATHS (optional): test paths under tests_fabric for the suite part instead of
-#   all of it, e.g. "test_fabric.py strategies utilities/test_distributed.py".
+# FABRIC_SUITE_PATHS (optional): test paths under the suite's folder for the suite part
+#   instead of all of it, e.g. "test_fabric.py strategies utilities/test_distributed.py".
 #
 # Three parts per mode, as Lightning's CI runs them:
-#   suite       - every test of tests_fabric in one pytest process;
+#   suite       - every test of the suite's folder in one pytest process;
 #   standalone  - the RunIf(standalone=True) tests (PL_RUN_STANDALONE_TESTS=1), each in
 #                 its own pytest process like Lightning's run_standalone_tests.sh. A
 #                 --setup-only pass sorts out those RunIf skips on this machine (GPU,
@@ -23,7 +25,8 @@ case $1 in */*) python=$(cd "$(dirname "$1")" && pwd)/$(basename "$1") ;; *) pyt
 tests=$(cd "$2" && pwd); out=$(mkdir -p "$3" && cd "$3" && pwd); shift 3
 modes=${*:-plain armed}
 here=$(cd "$(dirname "$0")" && pwd)
-cd "$tests/tests_fabric" || { echo "no tests_fabric under $tests (TESTS_DIR is the tag's tests/ folder)" >&2; exit 2; }
+suite=${LIGHTNING_SUITE:-tests_fabric}
+cd "$tests/$suite" || { echo "no $suite under $tests (TESTS_DIR is the tag's tests/ folder)" >&2; exit 2; }
 export PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1
 for mode in $modes; do
   auto=0; [ "$mode" = armed ] && auto=1
