@@ -533,3 +533,32 @@ def test_a_global_allowed_from_each_source_is_judged_alike(
         (tmp_path / "a.txt").write_text("fractions.Fraction\n")
         monkeypatch.setenv("COMPATSHIM_ALLOW_FILE", str(tmp_path / "a.txt"))
     assert _agree(path)
+
+
+_FIXTURES = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    ("saved_by", "path", "hint"),
+    [
+        (
+            "torch 1.13.1",
+            "zoo/lightning_fixtures/pl-1.4.9.ckpt",
+            "torch < 2.1 (no byteorder record)",
+        ),
+        (
+            "torch 2.1.2",
+            "checkpoint/fixtures/torch2.1.2_numpy1.24.4/zip.pt",
+            "torch 2.1 .. 2.5 (byteorder record, no .format_version)",
+        ),
+        (
+            "torch 2.15.0",
+            "checkpoint/fixtures/torch2.15.0_numpy2.4.6/zip.pt",
+            "torch >= 2.6 (has .format_version)",
+        ),
+    ],
+)
+def test_the_writer_hint_of_real_files(saved_by: str, path: str, hint: str) -> None:
+    """Files written by those releases (torch 2.0.1's ``_save`` writes no byteorder record
+    either: read in its wheel; 2.1 is the first that does)."""
+    assert inspect(_FIXTURES / path).writer.torch == hint, saved_by

@@ -211,9 +211,9 @@ def _torch_hint(directory: ZipDirectory | None, container: str) -> str | None:
         return None
     if ".format_version" in directory.records:
         return "torch >= 2.6 (has .format_version)"
-    if "byteorder" in directory.records:
-        return "torch 1.13 .. 2.5 (byteorder record, no .format_version)"
-    return "torch < 1.13 (no byteorder record)"
+    if "byteorder" in directory.records:  # first written by 2.1 (2.0.1 and 1.13.1 do not)
+        return "torch 2.1 .. 2.5 (byteorder record, no .format_version)"
+    return "torch < 2.1 (no byteorder record)"
 
 
 def _record_text(file: IO[bytes], directory: ZipDirectory, name: str, what: str) -> str | None:

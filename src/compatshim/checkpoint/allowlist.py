@@ -213,10 +213,13 @@ def _version_problem(entry: Entry) -> str | None:
         version = ".".join(map(str, sys.version_info[:3]))
         what = "Python"
     else:
-        found = _installed(entry.distribution)
+        what = entry.distribution
+        if _mirror(entry.module) is not None:  # read in Lightning's unified package, whose
+            what = _MIRROR[2]  # releases are numbered as the standalone one's
+        found = _installed(what)
         if found is None:
             return f"{entry.distribution} is not installed"
-        version, what = found, entry.distribution
+        version = found
     if not entry.versions:
         return None
     inside = contains(entry.versions, version)
@@ -256,7 +259,29 @@ def candidate_modules(module: str) -> tuple[str, ...]:
         return (("numpy._core" if (numpy_major() or 0) >= 2 else "numpy.core") + core[1],)
     if module == "pathlib._local" and sys.version_info < (3, 13):
         return ("pathlib",)
-    return (module,)
+    return (_mirror(module) or module,)
+
+
+# Lightning's unified package (``lightning``) holds a copy of ``pytorch_lightning`` as
+# ``lightning.pytorch`` (other class objects), and its loader reads a checkpoint's
+# ``pytorch_lightning`` names there: inside ``pl_legacy_patch`` (its Trainer and
+# ``load_from_checkpoint`` loads), ``pickle.Unpickler`` is its ``_RedirectingUnpickler``.
+# Lightning < 1.5 files name callback classes that a restore looks up by identity, so such
+# a load reads them where Lightning's does (else the state is silently not restored).
+_MIRROR = ("pytorch_lightning", "lightning.pytorch", "lightning")
+
+
+def _mirror(module: str) -> str | None:
+    """``module`` as Lightning's unified loader reads it while it is the one loading; else None."""
+    name, unified, _ = _MIRROR
+    if module != name and not module.startswith(name + "."):
+        return None
+    redirecting = getattr(sys.modules.get("pickle"), "Unpickler", None)
+    if getattr(redirecting, "__name__", None) != "_RedirectingUnpickler" or not str(
+        getattr(redirecting, "__module__", "")
+    ).startswith(unified + "."):
+        return None
+    return unified + module[len(name) :]
 
 
 def _check_kind(entry: Entry, found: Any) -> None:
@@ -562,6 +587,27 @@ def _build_table() -> tuple[Entry, ...]:
                 versions,
                 "dict-subclass",
                 "dict subclass with attribute access only; filled via dict.__setitem__",
+            )
+        )
+    # Lightning < 1.5 keyed each callback's state by its class (1.5 moved to string keys; 2.x
+    # still looks states up by the class too): the stateful built-in callbacks of 1.0-1.4.
+    # Read from a real 1.4.9 checkpoint and 1.4.9's source.
+    for module, name in (
+        ("pytorch_lightning.callbacks.early_stopping", "EarlyStopping"),
+        ("pytorch_lightning.callbacks.model_checkpoint", "ModelCheckpoint"),
+        ("pytorch_lightning.callbacks.timer", "Timer"),
+        ("pytorch_lightning.callbacks.finetuning", "BackboneFinetuning"),
+        ("pytorch_lightning.callbacks.pruning", "ModelPruning"),
+    ):
+        e.append(
+            Entry(
+                module,
+                name,
+                "pytorch-lightning",
+                ">=1.0",
+                "constant",
+                "a callback class as the key of its state (Lightning < 1.5): returned, never "
+                "called; a dict key hashes by identity",
             )
         )
     for module, name, kind, versions in (
