@@ -166,3 +166,21 @@ def test_compatshim_resumes_it_as_the_unsafe_load_does(runs: dict[str, Any], mod
     for field in ("epoch", "global_step", "weights", "early_stopping", "epochs_run"):
         assert result["resume"][field] == unsafe["resume"][field], field
     assert "refused" not in result["stderr"]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        b"X\x03\x00\x00\x00accq\x00\x85R.",  # EarlyStopping("acc"): REDUCE on the class
+        b")\x81.",  # NEWOBJ: an instance made without the file's arguments checked
+    ],
+)
+def test_a_file_cannot_call_the_callback_class(call: bytes) -> None:
+    """The rows admit the classes as values only: a file that calls one is refused."""
+    import io
+
+    from compatshim.checkpoint import UnsafeCheckpointError, load
+
+    pickled = b"\x80\x02cpytorch_lightning.callbacks.early_stopping\nEarlyStopping\n" + call
+    with pytest.raises(UnsafeCheckpointError, match="EarlyStopping"):
+        load(io.BytesIO(pickled))
