@@ -117,10 +117,13 @@ def consistency_then_ddp(rank: int, world_size: int) -> list[float]:
     return [float(p.grad.sum()) for p in ddp.parameters()]
 
 
-def watchdog_collective_hang(rank: int, world_size: int, timeout: float, report_dir: str) -> str:
+def watchdog_collective_hang(
+    rank: int, world_size: int, timeout: float, report_dir: str, rank0_timeout: float = 0.0
+) -> str:
     """Rank 0 waits in a barrier that rank 1 never joins; the watchdog ends both with stacks.
 
     The watchdog prints to stderr, which is sent to ``report_dir/rank<N>.txt`` here.
+    ``rank0_timeout``: rank 0's own watchdog timeout, when it differs from rank 1's.
     """
     import sys
     import threading
@@ -130,7 +133,7 @@ def watchdog_collective_hang(rank: int, world_size: int, timeout: float, report_
     from compatshim.dist import watchdog
 
     sys.stderr = open(os.path.join(report_dir, f"rank{rank}.txt"), "w")  # noqa: SIM115
-    watchdog(timeout)
+    watchdog(rank0_timeout if rank == 0 and rank0_timeout else timeout)
     sync_point("armed", timeout=30)
     if rank == 0:
         dist.barrier()  # <- barrier-site

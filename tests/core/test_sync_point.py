@@ -111,6 +111,26 @@ def test_watchdog_dumps_every_rank_and_ends_them(tmp_path: Path) -> None:
     assert "dist.barrier()" in joined and "threading.Event().wait()" in joined
 
 
+def test_watchdog_report_ends_a_rank_blocked_in_a_collective(tmp_path: Path) -> None:
+    """Rank 1's watchdog fires long before rank 0's: rank 0, in a barrier, ends on rank 1's report.
+
+    It must not be left in the barrier until rank 1's exit closes the connection (gloo's
+    "Connection closed by peer" instead of the report), nor wait for its own watchdog.
+    """
+    outcomes = run_ranks(
+        workers.watchdog_collective_hang,
+        2,
+        args=(3.0, str(tmp_path), 60.0),
+        timeout=120,
+        expect_failure=True,
+    )
+    assert outcomes == [("exit", 70), ("exit", 70)], outcomes
+    rank0 = (tmp_path / "rank0.txt").read_text()
+    assert rank0.startswith(HEADLINE + "rank 1's main thread has not moved for"), rank0
+    assert "This rank (0, " in rank0 and "received rank 1's report and ends now" in rank0
+    assert "Connection closed" not in rank0
+
+
 def test_monitor_stops_when_the_process_group_is_destroyed() -> None:
     for result in run_ranks(workers.monitor_gone_after_destroy, 2, timeout=120):
         assert result == {
@@ -169,3 +189,27 @@ def test_doctor_rows_shape() -> None:
     # the Lightning patch is reported once, by the registry's row, not here
     assert [row.name for row in rows] == ["torch-distributed-debug-detail"]
     assert all(isinstance(row, DoctorRow) and row.kind == "hazard" for row in rows)
+
+
+def test_meeting_wait_wakes_when_the_last_key_lands_and_is_bounded() -> None:
+    """The wait a leaving rank blocks in: it returns as the key is set, not at a poll, and
+    says False after its timeout (torch 2.1's store has no check: the timeout is an error)."""
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    from compatshim.dist._store import Meeting
+
+    store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
+    other = dist.TCPStore("127.0.0.1", store.port, 2, False)  # another rank's client
+    meeting = Meeting(store, 0, 2)
+    start = time.monotonic()
+    assert meeting.wait(["a", "b"], 0.3) is False
+    assert 0.25 < time.monotonic() - start < 5
+    other.set("a", "1")
+    threading.Timer(0.2, other.set, ("b", "1")).start()
+    start = time.monotonic()
+    assert meeting.wait(["a", "b"], 30) is True
+    assert time.monotonic() - start < 5
+    assert meeting.has(["a", "b"]) and not meeting.has(["c"])

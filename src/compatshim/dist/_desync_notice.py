@@ -4,7 +4,11 @@ The reporting rank raises :class:`DesyncError` and writes the notice (its full
 report) to the store. Every other rank's monitor acknowledges it; a rank
 blocked in a watched call cannot raise, so its monitor prints the report with
 its own position and ends the process. A rank that is not blocked gets a grace
-period to reach a sync point and raise there itself.
+period to reach a sync point and raise there itself, except after a hang report
+(the watchdog, a stuck call): the reporter ends its own process, so every rank
+ends at once. Such a rank may be blocked in a collective compatshim does not
+watch, and would otherwise die of gloo's "Connection closed by peer" when the
+reporter leaves.
 """
 
 from __future__ import annotations
@@ -36,13 +40,20 @@ def raised_here() -> bool:
     return _raised_here
 
 
-def announce(meeting: Meeting, headline: str, report: str, *, wait: bool = True) -> None:
-    """Tell every rank (through the store) that this one found them out of step."""
+def announce(
+    meeting: Meeting, headline: str, report: str, *, wait: bool = True, ends_run: bool = False
+) -> None:
+    """Tell every rank (through the store) that this one found them out of step.
+
+    ``ends_run``: this rank ends its process after the report; so does every other rank.
+    """
     global _raised_here
     _raised_here = True
     try:
         if not meeting.has([Keys.desync()]):
-            notice = DesyncNotice(reporter=meeting.rank, headline=headline, report=report)
+            notice = DesyncNotice(
+                reporter=meeting.rank, headline=headline, report=report, ends_run=ends_run
+            )
             meeting.put(Keys.desync(), notice)
         if not wait:
             return
@@ -62,7 +73,7 @@ def announce(meeting: Meeting, headline: str, report: str, *, wait: bool = True)
 def announce_and_end(monitor: Monitor, headline: str, report: str) -> NoReturn:
     """From the monitor thread: tell the other ranks, print ``report``, end this process."""
     if monitor.meeting is not None:
-        announce(monitor.meeting, headline, report, wait=False)
+        announce(monitor.meeting, headline, report, wait=False, ends_run=True)
     monitor.end(report)
 
 
@@ -83,7 +94,8 @@ def _let_reporter_finish(meeting: Meeting, reporter: int) -> None:
 
 
 class AnswerDesync(Watch):
-    """Acknowledge another rank's notice; end this rank when it is blocked (or after the grace)."""
+    """Acknowledge another rank's notice; end this rank when it is blocked or the notice ends
+    the run (otherwise after the grace)."""
 
     needs_store = True
 
@@ -104,7 +116,7 @@ class AnswerDesync(Watch):
         blocked = TRAIL.current is not None
         if self._seen_at is None:
             self._seen_at = now
-        if blocked or now - self._seen_at > DESYNC_GRACE:
+        if blocked or notice.ends_run or now - self._seen_at > DESYNC_GRACE:
             _let_reporter_finish(meeting, notice.reporter)
             monitor.end(notice.report + "\n" + self._own_line(meeting.rank, notice.reporter))
 

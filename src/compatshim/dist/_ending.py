@@ -2,10 +2,16 @@
 
 A rank blocked in a C++ collective cannot raise, so its monitor prints the
 report and ends the process (exit code 70, EX_SOFTWARE). Before leaving it
-records its exit for the other ranks, waits briefly for theirs (leaving first
-would close the transport under a peer still blocked, which would then die of
-gloo's "Connection closed" instead of this report) and lets every watch clean
-up (Lightning's launcher ends the child ranks it started).
+records its exit for the other ranks and waits for theirs: leaving first would
+close the transport under a peer still blocked, whose main thread would then
+take gloo's "Connection closed by peer" (and run the user's error handling)
+instead of ending with this report. The wait blocks on the store rather than
+polling it, so every rank wakes when the last record lands and exits at once,
+with nothing left to print; then every watch cleans up (Lightning's launcher
+ends the child ranks it started). It is bounded: a rank that records nothing
+(killed, or holding the GIL) is waited for ``DEPARTURE_WAIT`` seconds, one
+whose monitor still runs while a desync notice is out (it will end or raise)
+up to ``DEPARTURE_LIMIT``.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ import sys
 import time
 from typing import NoReturn, Sequence
 
-from ._records import ExitRecord, Keys
+from . import _liveness
+from ._records import ExitRecord, Heartbeat, Keys
 from ._sites import format_site, user_frames
 from ._store import Meeting
 from ._trail import TRAIL
@@ -25,6 +32,7 @@ from ._watch import Watch
 
 EXIT_CODE = 70  # EX_SOFTWARE: the process was ended after a desync/hang report
 DEPARTURE_WAIT = 2.0  # seconds to wait for every rank's exit record
+DEPARTURE_LIMIT = 15.0  # ... for a rank whose monitor runs while a notice is out (see above)
 CLEANUP_GRACE = 3.0  # seconds a watch may take to end what it started
 EXIT_CLEANUP_GRACE = 5.0  # the same at interpreter exit after this rank raised a DesyncError
 
@@ -45,30 +53,45 @@ def end_process(
 ) -> NoReturn:
     """Print ``report``, record this rank's exit, let the watches clean up, exit (code 70)."""
     print(report, file=sys.stderr, flush=True)
+    sys.stdout.flush()
     if write_record and meeting is not None:
         how = f"ended by compatshim after a desync report (exit code {EXIT_CODE})"
         with contextlib.suppress(Exception):
             meeting.put(Keys.exit(meeting.rank), ExitRecord(how=how, code=EXIT_CODE))
     if meeting is not None:
-        _await_departures(meeting, DEPARTURE_WAIT)
+        _await_departures(meeting)
     for watch in watches:
         with contextlib.suppress(Exception):
             watch.ending(CLEANUP_GRACE)
-    sys.stdout.flush()
     os._exit(EXIT_CODE)
 
 
-def _await_departures(meeting: Meeting, limit: float) -> None:
-    """Leave together, for at most ``limit`` seconds (see the module docstring)."""
+def _await_departures(meeting: Meeting) -> None:
+    """Leave together with the other ranks, for a bounded time (see the module docstring)."""
     keys = [Keys.exit(rank) for rank in range(meeting.world_size)]
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        try:
-            if meeting.has(keys):
+    start = time.monotonic()
+    try:
+        if meeting.wait(keys, DEPARTURE_WAIT):
+            return
+        while time.monotonic() - start < DEPARTURE_LIMIT and _someone_ending(meeting):
+            if meeting.wait(keys, 0.5):
                 return
-        except Exception:
-            return  # the store is gone: nobody left to wait for
-        time.sleep(0.01)
+    except Exception:
+        return  # the store is gone: nobody left to wait for
+
+
+def _someone_ending(meeting: Meeting) -> bool:
+    """A notice is out and a rank that has not left yet still runs its monitor: it will."""
+    if not meeting.has([Keys.desync()]):
+        return False
+    now = time.time()
+    for rank in meeting.others():
+        if _liveness.is_gone(meeting, rank):
+            continue
+        beat = meeting.read(Keys.heartbeat(rank), Heartbeat)
+        if beat is not None and now - beat.time < _liveness.SILENT_AFTER:
+            return True
+    return False
 
 
 def _uncaught() -> str | None:
@@ -80,7 +103,8 @@ def _uncaught() -> str | None:
 def at_exit(meeting: Meeting | None, watches: Sequence[Watch], *, reported: bool) -> None:
     """Interpreter exit: record how this rank ended (first: peers waiting on it may leave).
 
-    ``reported``: this rank raised a DesyncError; the watches end what they started.
+    ``reported``: this rank raised a DesyncError; it waits for the ranks its notice ends
+    (see the module docstring), then the watches end what they started.
     """
     if meeting is not None:
         uncaught = _uncaught()
@@ -92,6 +116,8 @@ def at_exit(meeting: Meeting | None, watches: Sequence[Watch], *, reported: bool
             if not meeting.has([Keys.exit(meeting.rank)]):
                 meeting.put(Keys.exit(meeting.rank), ExitRecord(how=how))
     if reported:
+        if meeting is not None:
+            _await_departures(meeting)
         for watch in watches:
             with contextlib.suppress(Exception):
                 watch.ending(EXIT_CLEANUP_GRACE)

@@ -139,6 +139,7 @@ class DesyncNotice(Record):
     reporter: int
     headline: str
     report: str
+    ends_run: bool = False  # a hang report (watchdog, stuck call): every rank ends at once
 
 
 @dataclass(frozen=True)

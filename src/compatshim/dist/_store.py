@@ -1,8 +1,9 @@
-"""The meeting place: the process group's key-value store, used without ever blocking on it.
+"""The meeting place: the process group's key-value store, never blocked on without a bound.
 
 A collective blocks until every rank joins; a store ``get`` or ``wait`` blocks
 until the key exists. Only ``set`` and ``check`` return at once, so everything
-here polls with ``check`` and reads a key only once it is known to exist.
+here polls with ``check`` and reads a key only once it is known to exist; the
+one blocking call, :meth:`Meeting.wait`, has a timeout (a rank leaving).
 torch 2.1 has no ``Store.check`` in Python; there a ``wait`` with a 1 ms
 timeout stands in for it (a missing key costs a few milliseconds).
 Keys and record shapes: :mod:`._records`.
@@ -52,9 +53,14 @@ class Meeting:
         """Whether every key exists, without blocking."""
         if self._check is not None:
             return bool(self._check(keys))
+        return self.wait(keys, _PROBE.total_seconds())
+
+    def wait(self, keys: list[str], seconds: float) -> bool:
+        """Whether every key exists within ``seconds``; the one bounded blocking call here
+        (a rank leaving waits so, to wake with the others when the last key lands)."""
         try:
-            self.store.wait(keys, _PROBE)
-        except RuntimeError as exc:  # torch 2.1: "Socket Timeout" means "not there yet"
+            self.store.wait(keys, timedelta(seconds=seconds))
+        except RuntimeError as exc:  # "Socket Timeout" (2.1), "wait timeout" (DistStoreError)
             if "timeout" not in str(exc).lower():
                 raise
             return False
