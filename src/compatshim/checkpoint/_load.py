@@ -6,6 +6,8 @@ zip
     directory checked (``_container``); TorchScript refused; ``data.pkl`` run by
     :class:`SafeMachine`; each storage it names is compared with its record's
     size, then read through torch's own zip reader (or sliced from one mmap).
+    Where torch is not installed, ``data.pkl`` is read through the checked
+    directory: a file without tensors (a config) loads, one with them is refused.
 legacy
     the header pickles (magic, protocol, system info) are read as plain values;
     the main pickle is first run symbolically to learn every storage's size;
@@ -43,6 +45,7 @@ from ._container import (
     plain_text,
     read,
     read_legacy,
+    read_record,
     read_zip_directory,
     refuse_torchscript,
     sniff,
@@ -242,6 +245,11 @@ class LegacyStorages:
         )
 
 
+def _needs_torch(*_: Any) -> Any:
+    """The storages of a zip file read without torch: its tensors cannot be built."""
+    raise CheckpointError("its tensors need torch, which is not installed")
+
+
 class Loader:
     """One ``load`` call: the options, and the budget every pickle of the file draws from."""
 
@@ -284,11 +292,18 @@ class Loader:
         return self._run(Source(file), storages)
 
     def _zip(self, file: IO[bytes], what: str, path: str | None) -> Any:
-        import torch
-
         directory = read_zip_directory(file, what)
         if directory.is_torchscript:
             raise refuse_torchscript(what)
+        try:
+            import torch
+        except ImportError:  # a torch.save file read where torch is not installed (a config)
+            if self.mmap:
+                raise CheckpointError(
+                    f"{what}: mmap=True needs torch, which is not installed"
+                ) from None
+            data = read_record(file, directory.record("data.pkl", what), what)
+            return self._run(Source(io.BytesIO(data)), _needs_torch)
         mapped = None
         if self.mmap:
             if path is None:

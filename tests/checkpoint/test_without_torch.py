@@ -1,0 +1,107 @@
+"""A torch.save file read where torch is not installed: what holds no tensor loads, the rest is
+refused with the cause (not "damaged or unsupported file").
+
+Made here with torch; read in a child interpreter that has no torch: started with ``-S`` (no
+site-packages) and only compatshim and its one dependency on its path, so neither ``import
+torch`` nor torch's distribution metadata is found, as in an environment without it.
+A config or counters saved with ``torch.save`` are read by tools that do not train (a
+launcher, a sweep's summariser); the legacy format already loaded so, the zip format did not.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+CHILD = r"""
+import json, sys
+from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, inspect, load
+
+found = {}
+for path in sys.argv[1:]:
+    try:
+        found[path] = {"value": load(path)}
+    except (CheckpointError, UnsafeCheckpointError) as exc:
+        found[path] = {"error": type(exc).__name__, "message": str(exc)}
+    found[path]["loadable"] = inspect(path).loadable
+try:
+    import torch
+    found["torch_found"] = True
+except ImportError:
+    found["torch_found"] = False
+print(json.dumps(found))
+"""
+
+
+def _without_torch(folder: Path, code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in an interpreter whose path holds compatshim and packaging only."""
+    import packaging
+
+    import compatshim
+
+    lib = folder / "lib"
+    lib.mkdir(exist_ok=True)
+    for package in (compatshim, packaging):
+        link = lib / package.__name__
+        if not link.exists():
+            link.symlink_to(Path(package.__file__).parent, target_is_directory=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "COMPATSHIM"))}
+    return subprocess.run(
+        [sys.executable, "-S", "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": str(lib)},
+        timeout=120,
+        check=False,
+    )
+
+
+def _child(folder: Path, *paths: Path) -> dict[str, dict[str, object]]:
+    done = _without_torch(folder, CHILD, *map(str, paths))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_a_file_without_tensors_loads_in_both_formats(tmp_path: Path) -> None:
+    state = {
+        "epoch": 3,
+        "config": {"lr": 0.1, "layers": [24, 24, 3], "name": "run-7"},
+        "order": collections.OrderedDict(a=1, b=(2, 3)),
+    }
+    zipped, legacy = tmp_path / "zip.pt", tmp_path / "legacy.pt"
+    torch.save(state, zipped)
+    torch.save(state, legacy, _use_new_zipfile_serialization=False)
+    expected = json.loads(json.dumps(torch.load(zipped, weights_only=True)))
+    found = _child(tmp_path, zipped, legacy)
+    assert found.pop("torch_found") is False
+    for path in (zipped, legacy):
+        assert found[str(path)] == {"value": expected, "loadable": True}, path
+
+
+def test_a_file_with_tensors_is_refused_naming_torch(tmp_path: Path) -> None:
+    path = tmp_path / "weights.pt"
+    torch.save({"w": torch.ones(3), "step": 1}, path)
+    found = _child(tmp_path, path)[str(path)]
+    assert found["error"] == "UnsafeCheckpointError" and found["loadable"] is False, found
+    assert "torch is not installed" in str(found["message"])
+    assert "damaged" not in str(found["message"])
+
+
+def test_mmap_without_torch_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "config.pt"
+    torch.save({"epoch": 1}, path)
+    code = (
+        "from compatshim.checkpoint import CheckpointError, load\n"
+        f"try: load({str(path)!r}, mmap=True)\n"
+        "except CheckpointError as exc: print(exc)\n"
+    )
+    done = _without_torch(tmp_path, code)
+    assert "mmap=True needs torch, which is not installed" in done.stdout, done.stderr[-2000:]
