@@ -81,6 +81,8 @@ def readers():
         module = sys.modules.get("numpy.lib." + name)
         if module is not None and "pickle" in vars(module):
             found[name] = type(vars(module)["pickle"]).__name__
+        if module is not None and "_read_array_header" in vars(module):
+            found[name + "._read_array_header"] = type(vars(module)["_read_array_header"]).__name__
     return found
 
 
@@ -97,7 +99,8 @@ if mode == "revert":
     compatshim.uninstall()
     result["reverted"] = readers()
     result["pickle_restored"] = all(
-        vars(sys.modules["numpy.lib." + name])["pickle"] is pickle for name in result["readers"]
+        vars(sys.modules["numpy.lib." + name])["pickle"] is pickle
+        for name in result["readers"] if "." not in name
     )
     compatshim.install()
     compatshim.install()  # idempotent
@@ -106,6 +109,18 @@ if mode == "revert":
 elif mode == "sequence":  # arrays np.save'd one after another into one file, read in turn
     with open(paths[0], "rb") as file:
         result["digest"] = digest([np.load(file, allow_pickle=True) for _ in range(3)])
+elif mode == "header":  # allow_pickle=True, then a file without objects as numpy advises
+    import resource
+    result["files"] = {}
+    for p in paths:
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        found = outcome(p)
+        found["peak_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+        try:
+            found["explicit"] = digest(np.load(p, allow_pickle=False, max_header_size=10**6))
+        except Exception as exc:
+            found["explicit"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        result["files"][p] = found
 elif mode.startswith("encoding="):
     result["files"] = {p: outcome(p, encoding=mode[len("encoding=") :]) for p in paths}
 else:
@@ -148,7 +163,10 @@ def _hostile(tmp_path: Path, marker: Path) -> list[Path]:
 def _assert_patched(result: dict[str, Any]) -> None:
     assert result["before"] == [], "compatshim imported numpy or torch at start-up"
     assert result["status"] == {"defect": "present", "applied": True, "fixed": True}, result
-    assert result["readers"] and set(result["readers"].values()) == {"SafePickle"}, result
+    assert result["readers"] and set(result["readers"].values()) == {
+        "SafePickle",
+        "BoundedHeader",
+    }, result
     assert not result["torch_imported"], result
 
 
@@ -281,7 +299,7 @@ def test_armed_but_not_hardened_is_numpy_s_own_behaviour(tmp_path: Path) -> None
     npy = _hostile(tmp_path, marker)[0]
     result = _run(tmp_path, "load", npy, hardened=False)
     assert result["status"] == {"defect": "absent", "applied": False, "fixed": None}, result
-    assert set(result["readers"].values()) == {"module"}, result
+    assert set(result["readers"].values()) == {"module", "function"}, result
     assert marker.exists()  # numpy ran os.system; numpy.load then returned the array
     assert result["files"][str(npy)]["ok"]
 
@@ -289,10 +307,45 @@ def test_armed_but_not_hardened_is_numpy_s_own_behaviour(tmp_path: Path) -> None
 def test_uninstall_restores_numpy_s_pickle_and_install_is_idempotent(tmp_path: Path) -> None:
     result = _run(tmp_path, "revert")
     _assert_patched(result)
-    assert set(result["reverted"].values()) == {"module"}, result
+    assert set(result["reverted"].values()) == {"module", "function"}, result
     assert result["pickle_restored"]
-    assert set(result["again"].values()) == {"SafePickle"}, result
+    assert set(result["again"].values()) == {"SafePickle", "BoundedHeader"}, result
     assert result["status_again"]["applied"], result
+
+
+def _npy_with_header(path: Path, body: bytes) -> Path:
+    """An .npy (format 2.0: a 4-byte header length) whose header is ``body``, padded as numpy
+    pads it."""
+    size = ((len(body) + 12) // 64 + 1) * 64 - 12
+    header = body.ljust(size - 1) + b"\n"
+    path.write_bytes(b"\x93NUMPY\x02\x00" + len(header).to_bytes(4, "little") + header)
+    return path
+
+
+def test_hardened_keeps_numpy_s_header_limit(tmp_path: Path) -> None:
+    """allow_pickle=True lifts numpy's 10 000-character header limit, and numpy hands the whole
+    header to ast.literal_eval: a 2 MB list in it cost numpy about 950 MiB and 2 s here. Hardened,
+    the limit stays: refused before parsing, with the way out numpy honours."""
+    hostile = _npy_with_header(
+        tmp_path / "header.npy",
+        b"{'descr': '<f8', 'fortran_order': False, 'shape': (0,), 'x': [" + b"0," * 10**6 + b"]}",
+    )
+    wide = np.zeros(2, dtype=[(f"field_{i:04d}", "<f8") for i in range(800)])
+    np.save(tmp_path / "wide.npy", wide)  # a genuine header over the limit (~21 000 characters)
+    narrow = np.zeros(2, dtype=[(f"field_{i:04d}", "<f8") for i in range(300)])
+    np.save(tmp_path / "narrow.npy", narrow)  # and one under it
+    result = _run(tmp_path, "header", hostile, tmp_path / "wide.npy", tmp_path / "narrow.npy")
+    _assert_patched(result)
+    files = result["files"]
+    for path in (hostile, tmp_path / "wide.npy"):
+        found = files[str(path)]
+        assert not found["ok"] and found["type"] == "ValueError", found
+        assert "hardened mode keeps numpy's 10000-character header limit" in found["error"]
+        assert "allow_pickle=False and max_header_size=" in found["error"]
+    assert files[str(hostile)]["peak_kib"] < 64 * 1024, files[str(hostile)]  # numpy: ~950 MiB
+    assert files[str(tmp_path / "wide.npy")]["explicit"] == digest(wide)  # numpy's way out
+    assert files[str(tmp_path / "narrow.npy")]["ok"]
+    assert files[str(tmp_path / "narrow.npy")]["digest"] == digest(narrow)
 
 
 @pytest.mark.parametrize("safe_load", ["1", "0"])

@@ -117,7 +117,7 @@ CATALOGUE: tuple[Patch, ...] = (
             "hardened mode (COMPATSHIM_SAFE_LOAD=1) only: numpy.load(allow_pickle=True) "
             "unpickles object arrays (.npy, .npz) and pickle files with compatshim.checkpoint's "
             "loader (plain object arrays admitted); a hostile pickle is refused naming its "
-            "globals, never run"
+            "globals, never run; numpy's .npy header limit stays with allow_pickle=True"
         ),
     ),
     Patch(

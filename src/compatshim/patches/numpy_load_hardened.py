@@ -6,6 +6,11 @@ What breaks
     files that are a pickle (``load`` itself). A crafted file runs any code.
     So with ``COMPATSHIM_SAFE_LOAD=1``, which makes every ``torch.load``
     weights-only, an ``.npy`` beside the checkpoint still ran its payload.
+    ``allow_pickle=True`` also lifts numpy's header limit (``max_header_size``,
+    10 000 characters: "literal_eval is not actually safe for large inputs"),
+    so a crafted header of N bytes reached ``ast.literal_eval`` whole: about
+    100 bytes of syntax tree per two bytes of header (``[0,0,...]``), far past
+    a small multiple of the file's size.
 
 Which versions
     numpy 1.17 to 2.5: ``read_array`` and ``load`` live in ``numpy/lib/format.py``
@@ -20,7 +25,8 @@ How it is detected
     Hardened only: the module's own reader (``read_array`` of an ``.npy``
     whose object array is a pickled ``types.SimpleNamespace``, or ``load`` of
     that pickle) hands it back, i.e. unpickles a global off compatshim's
-    allowlist.
+    allowlist; or ``read_array(allow_pickle=True)`` parses an ``.npy`` header one
+    character over numpy's limit (``numpy.lib.format`` only).
 
 The fix
     The ``pickle`` of the reader's module becomes a stand-in whose ``load`` and
@@ -33,18 +39,24 @@ The fix
     it cannot read) naming the refused globals; for a pickle file numpy's ``load``
     wraps it in its own ``UnpicklingError`` (``__cause__``). Nothing runs. numpy
     is never imported by compatshim: the patch applies when numpy is imported.
+    The format module's ``_read_array_header`` (every ``.npy`` reader calls it:
+    ``read_array``, ``open_memmap``, ``load``, ``.npz`` members) keeps numpy's
+    own limit where ``allow_pickle=True`` lifted it; a larger header is numpy's
+    own ``ValueError``, with advice (a file without objects loads with
+    ``allow_pickle=False`` and ``max_header_size=``, which numpy honours).
 
 Not covered
     Python 2 pickles of numpy arrays (their ``_reconstruct`` and data
     arguments are ``str``: refused as ``checkpoint.load`` refuses them). Other
-    Python 2 ``str`` is read as ``encoding=`` asks, as numpy reads it.
+    Python 2 ``str`` is read as ``encoding=`` asks, as numpy reads it. The header
+    limit needs numpy's ``max_header_size`` (1.24+; older numpy has no limit at all).
 
 Confirmed
     Right after the fix by :func:`confirm` (the stand-in is in place); end to
     end by the probe when ``status()`` or the doctor asks.
 
 The revert
-    That module's ``pickle`` gets the real module back (Patcher).
+    That module's ``pickle`` and ``_read_array_header`` get the real ones back (Patcher).
 """
 
 from __future__ import annotations
@@ -171,18 +183,81 @@ def _runs_any_global(module: ModuleType) -> bool:
     return type(found) is types.SimpleNamespace
 
 
+def _header_limit(module: ModuleType) -> int | None:
+    """numpy's header limit where this module's readers take one (1.24+), else None."""
+    import inspect
+
+    if module.__name__ != "numpy.lib.format":
+        return None
+    names = _reader(module).__globals__
+    limit, parse = names.get("_MAX_HEADER_SIZE"), names.get("_read_array_header")
+    if type(limit) is not int or not callable(parse):
+        return None
+    if "max_header_size" not in inspect.signature(parse).parameters:
+        return None
+    return limit
+
+
+def _lifts_header_limit(module: ModuleType) -> bool:
+    """Whether ``read_array(allow_pickle=True)`` parses a header one character over the limit."""
+    import io
+
+    limit = _header_limit(module)
+    if limit is None:
+        return False
+    header = b"{'descr': '<f8', 'fortran_order': False, 'shape': (0,), }"
+    size = ((limit + 10) // 64 + 1) * 64 - 10  # over the limit, aligned as numpy writes
+    header = header.ljust(size - 1) + b"\n"
+    npy = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
+    try:
+        _reader(module)(io.BytesIO(npy), allow_pickle=True)
+    except ValueError:
+        return False
+    return True
+
+
+class BoundedHeader:
+    """numpy's ``_read_array_header``, keeping numpy's limit where allow_pickle=True lifted it."""
+
+    def __init__(self, real: Any, limit: int) -> None:
+        self.real, self.limit = real, limit
+
+    def __call__(self, fp: Any, version: Any, max_header_size: int | None = None) -> Any:
+        if max_header_size is None:
+            max_header_size = self.limit
+        if max_header_size < 2**64:  # not lifted: the caller's own limit
+            return self.real(fp, version, max_header_size=max_header_size)
+        try:
+            return self.real(fp, version, max_header_size=self.limit)
+        except ValueError as exc:
+            if "may not be safe" not in str(exc):
+                raise
+            _record("refused", f"an .npy header over numpy's {self.limit}-character limit")
+            raise ValueError(
+                f"{exc}\ncompatshim's hardened mode keeps numpy's {self.limit}-character header "
+                "limit with allow_pickle=True (the file is not trusted: parsing a large header "
+                "costs far more memory than it holds). A file without objects loads with "
+                "allow_pickle=False and max_header_size=..., which numpy honours."
+            ) from None
+
+
 def probe(module: ModuleType) -> bool:
-    """Hardened mode only: True while the module's reader unpickles any global."""
+    """Hardened mode only: True while the module's reader unpickles any global or lifts
+    numpy's header limit."""
     from .. import _settings
 
     if not _settings.safe_load():
         return False
-    return _runs_any_global(module)
+    return _runs_any_global(module) or _lifts_header_limit(module)
 
 
 def confirm(module: ModuleType) -> bool:
-    """The stand-in is the reader's ``pickle`` (the probe would load compatshim's loader)."""
-    return isinstance(_reader(module).__globals__.get("pickle"), SafePickle)
+    """The stand-ins are in place (the probe would load compatshim's loader)."""
+    names = _reader(module).__globals__
+    bounded = _header_limit(module) is None or isinstance(
+        names.get("_read_array_header"), BoundedHeader
+    )
+    return isinstance(names.get("pickle"), SafePickle) and bounded
 
 
 def apply(module: ModuleType, patcher: Patcher) -> None:
@@ -194,4 +269,9 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
             f"the pickle {module.__name__}.{READERS[module.__name__]} reads is "
             f"{names.get('pickle')!r}, not the pickle module: layout not known"
         )
+    limit = _header_limit(module)
     patcher.setitem(names, "pickle", SafePickle(pickle))
+    if limit is not None:
+        patcher.setitem(
+            names, "_read_array_header", BoundedHeader(names["_read_array_header"], limit)
+        )
