@@ -24,7 +24,7 @@ import time
 from typing import NoReturn, Sequence
 
 from . import _liveness
-from ._records import ExitRecord, Heartbeat, Keys
+from ._records import ExitRecord, Keys
 from ._sites import format_site, user_frames
 from ._store import Meeting
 from ._trail import TRAIL
@@ -84,12 +84,9 @@ def _someone_ending(meeting: Meeting) -> bool:
     """A notice is out and a rank that has not left yet still runs its monitor: it will."""
     if not meeting.has([Keys.desync()]):
         return False
-    now = time.time()
     for rank in meeting.others():
-        if _liveness.is_gone(meeting, rank):
-            continue
-        beat = meeting.read(Keys.heartbeat(rank), Heartbeat)
-        if beat is not None and now - beat.time < _liveness.SILENT_AFTER:
+        info = _liveness.describe(meeting, rank)  # gone, silent, or alive with a fresh heartbeat
+        if info.state == "alive" and info.heartbeat_age is not None:
             return True
     return False
 
