@@ -126,6 +126,8 @@ elif mode.startswith("encoding="):
 else:
     result["files"] = {p: outcome(p) for p in paths}
 result["torch_imported"] = "torch" in sys.modules  # loading numpy files needs no torch
+from compatshim._engine import decisions
+result["decisions"] = decisions.recent("numpy-load-hardened")
 print("RESULT " + json.dumps(result))
 """
 )
@@ -185,6 +187,9 @@ def test_hardened_refuses_hostile_object_arrays_and_pickles(tmp_path: Path) -> N
         assert "posix.system refused" in text or "os.system refused" in text, got
         assert "COMPATSHIM_SAFE_LOAD=1" in text, got
     assert result["files"][str(files[0])]["type"] == "UnsafeCheckpointError"
+    # one refusal a file, none from the probe that status() ran before them
+    refused = [line for line in result["decisions"] if ": refused (" in line]
+    assert len(refused) == len(files), result["decisions"]
 
 
 class _SharedItems:
@@ -248,6 +253,9 @@ def test_hardened_loads_genuine_object_arrays_as_plain_numpy(tmp_path: Path) -> 
         got = result["files"][str(path)]
         assert got["ok"], (path, got)
         assert got["digest"] == _plain(path), path
+    # status() confirmed the fix by the probe, whose own harmless refusals are not the program's
+    assert any("confirmed" in line for line in result["decisions"]), result["decisions"]
+    assert not [line for line in result["decisions"] if "refused" in line], result["decisions"]
 
 
 def test_the_stream_stays_after_each_pickle(tmp_path: Path) -> None:

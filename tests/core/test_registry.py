@@ -187,6 +187,36 @@ def test_a_patch_check_confirms_at_import_and_the_probe_when_status_asks(
         registry.unregister(name)
 
 
+def test_what_the_fix_records_while_its_probe_runs_is_not_kept(target_dir: Path) -> None:
+    """A probe runs the fixed code on a harmless case it must refuse: that refusal is the
+    probe's, not the program's, so it is not among the decisions; another thread's record
+    made while the probe runs is kept."""
+    from compatshim._engine import decisions
+
+    name = "test-probe-quiet"
+    other: list[threading.Thread] = []
+
+    def probe(module: ModuleType) -> bool:
+        decisions.record(name, "refused", "the probe's own case")
+        other.append(threading.Thread(target=decisions.record, args=(name, "refused", "real")))
+        other[-1].start()
+        other[-1].join()
+        return _probe(module)
+
+    registry.register(make_patch(name, (TARGET,), probe, _apply, confirm=_in_place))
+    try:
+        compatshim.install(include=[name])
+        importlib.import_module(TARGET)
+        lines = _row(name)["decisions"]
+        assert any("confirmed" in line for line in lines), lines
+        assert not [line for line in lines if "the probe's own case" in line], lines
+        assert len([line for line in lines if "(real)" in line]) == 2, lines  # decide + confirm
+        decisions.record(name, "refused", "after")
+        assert "refused (after)" in _row(name)["decisions"][-1]
+    finally:
+        registry.unregister(name)
+
+
 def test_the_probe_decides_fixed_over_the_patch_check(target_dir: Path) -> None:
     probe = _CountedProbe(fixes=False)
     name = "test-confirm-disagrees"

@@ -11,7 +11,7 @@ them to stderr. The last few decisions of each patch appear in ``status()``.
 from __future__ import annotations
 
 import sys
-from _thread import allocate_lock
+from _thread import _local, allocate_lock
 
 from .. import _settings
 
@@ -23,10 +23,29 @@ _used: dict[str, list[str]] = {}
 _stderr_attached = False
 _warned: set[tuple[str, str]] = set()
 _warned_lock = allocate_lock()
+_probing = _local()  # .patch: the patch whose probe this thread is running
+
+
+class probing:
+    """While a patch's probe runs in this thread, that patch's decisions are not kept:
+    a probe feeds the fix a harmless case it must refuse, and that refusal (or use) is
+    the probe's, not the program's."""
+
+    def __init__(self, patch: str) -> None:
+        self.patch = patch
+
+    def __enter__(self) -> None:
+        self.outer = getattr(_probing, "patch", None)
+        _probing.patch = self.patch
+
+    def __exit__(self, *_: object) -> None:
+        _probing.patch = self.outer
 
 
 def record(patch: str, event: str, detail: str = "") -> None:
     """Note one decision about ``patch`` (e.g. ``armed``, ``applied``, ``probe failed``)."""
+    if getattr(_probing, "patch", None) == patch:
+        return
     line = f"{patch}: {event}" + (f" ({detail})" if detail else "")
     kept = _by_patch.setdefault(patch, [])
     kept.append(line)
@@ -42,6 +61,8 @@ def recent(patch: str) -> list[str]:
 
 def note_use(patch: str, entry: str) -> None:
     """Note that this process used ``entry`` of ``patch`` (once; ``status()`` lists it)."""
+    if getattr(_probing, "patch", None) == patch:
+        return
     used = _used.setdefault(patch, [])
     if entry not in used:
         used.append(entry)

@@ -214,7 +214,8 @@ def _decide(patch: Patch, target: str, module: ModuleType, *, apply: bool = True
             f"fix module {patch.fix_module} failed to load: {_describe(exc)}", exc
         )
     try:
-        outcome.defect = bool(probe(module))
+        with decisions.probing(patch.name):
+            outcome.defect = bool(probe(module))
     except Exception as exc:  # a probe that cannot decide leaves the module alone
         return outcome.failed(f"probe failed on {target}: {_describe(exc)}", exc)
     if not outcome.defect or not apply:
@@ -224,7 +225,8 @@ def _decide(patch: Patch, target: str, module: ModuleType, *, apply: bool = True
         patch.apply(module, patcher)
         confirm = patch.confirm
         if confirm is None:
-            outcome.fixed = not patch.probe(module)
+            with decisions.probing(patch.name):
+                outcome.fixed = not patch.probe(module)
         else:  # cheap now; the probe confirms it end to end when status() asks
             outcome.checked = True
             outcome.fixed = bool(confirm(module))
@@ -353,7 +355,8 @@ def _confirm(states: list[_State]) -> None:
     for state, target, module, generation in work:
         error = None
         try:
-            fixed = not state.patch.probe(module)
+            with decisions.probing(state.name):
+                fixed = not state.patch.probe(module)
         except Exception as exc:
             if import_hooks.half_built(exc) is not None:
                 continue
