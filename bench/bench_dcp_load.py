@@ -110,7 +110,7 @@ def main(mib: int = 256, count: int = 64, ranks: int = 1, repeats: int = 7) -> N
         target = _state(mib, count, zero=True)
         original_load, original_view = torch.load, vars(filesystem).get("_create_file_view")
         hardened_load = _wrap(original_load, hardened=True)
-        safe = patch.SafePickle(pickle)
+        safe = patch.safe_pickle(pickle)
 
         def use(load: Any, pickle_module: Any, view: Any) -> None:
             torch.load = torch.serialization.load = load

@@ -62,7 +62,8 @@ def main(repeats: int = 9) -> dict[str, float]:
     import numpy as np
 
     import compatshim
-    from compatshim.patches.numpy_load_hardened import READERS, SafePickle
+    from compatshim.patches._safe_pickle import SafePickle
+    from compatshim.patches.numpy_load_hardened import READERS, safe_pickle
 
     compatshim.install(include=["numpy-load-hardened"])
     spaces = [vars(__import__(t, fromlist=["_"]))[f].__globals__ for t, f in READERS.items()]
@@ -75,7 +76,7 @@ def main(repeats: int = 9) -> dict[str, float]:
             return _everything(np.load(path, allow_pickle=True))
         finally:
             for g in spaces:
-                g["pickle"] = SafePickle(pickle)
+                g["pickle"] = safe_pickle(pickle)
 
     def hardened(path: Path) -> Any:
         return _everything(np.load(path, allow_pickle=True))

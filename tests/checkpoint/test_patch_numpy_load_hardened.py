@@ -301,6 +301,49 @@ def test_python2_text_is_read_as_numpy_reads_it(tmp_path: Path) -> None:
         assert as_bytes[str(path)]["digest"] == _plain(path, encoding="bytes"), path
 
 
+class _Pipe:
+    """An unseekable stream (a socket, a pipe): read in one go, as ``pickle.load`` would."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def read(self, size: int = -1) -> bytes:
+        data, self.data = self.data, b""
+        return data
+
+    def seekable(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("patch", ["numpy_load_hardened", "torch_dcp_safe_metadata"])
+def test_the_pickle_stand_in_reads_streams_and_bytes_and_refuses_alike(
+    tmp_path: Path, patch: str
+) -> None:
+    """Both hardened patches hand their reader one ``SafePickle``: ``load`` (seekable or
+    not) and ``loads`` read through compatshim's loader; a hostile pickle is refused the
+    same way through each, nothing runs; the rest is the real module."""
+    import importlib
+
+    module = importlib.import_module(f"compatshim.patches.{patch}")
+    stand_in = module.safe_pickle(pickle)
+    if patch == "torch_dcp_safe_metadata":
+        pytest.importorskip("torch.distributed.checkpoint")
+    marker = tmp_path / "ran"
+    genuine = pickle.dumps({"a": [1, 2.5, "x"], "b": (None, True)}, protocol=2)
+    hostile = pickle.dumps({"hook": Payload(marker)}, protocol=2)
+    for load in (
+        lambda data: stand_in.load(_Pipe(data)),
+        lambda data: stand_in.loads(data),
+        lambda data: stand_in.load(__import__("io").BytesIO(data)),
+    ):
+        assert load(genuine) == {"a": [1, 2.5, "x"], "b": (None, True)}
+        with pytest.raises(pickle.UnpicklingError, match="system refused") as refused:
+            load(hostile)
+        assert "COMPATSHIM_SAFE_LOAD=1" in str(refused.value)
+    assert not marker.exists(), "a payload ran"
+    assert stand_in.dumps is pickle.dumps and stand_in.UnpicklingError is pickle.UnpicklingError
+
+
 def test_armed_but_not_hardened_is_numpy_s_own_behaviour(tmp_path: Path) -> None:
     """The control: the same object .npy runs its payload through numpy's pickle.load."""
     marker = tmp_path / "ran"

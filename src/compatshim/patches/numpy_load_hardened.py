@@ -61,6 +61,8 @@ The revert
 
 from __future__ import annotations
 
+from ._safe_pickle import SafePickle
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
@@ -72,44 +74,10 @@ _NAME = "numpy-load-hardened"
 _PROMISE = "numpy.load(allow_pickle=True) reads pickles without running code from them"
 
 
-class SafePickle:
-    """``pickle`` as numpy's readers see it: ``load``/``loads`` never run code from the data."""
-
-    def __init__(self, real: ModuleType) -> None:
-        self._real = real
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-    def load(self, file: Any, *, encoding: str = "ASCII", **_: Any) -> Any:
-        """``pickle.load(file)`` through compatshim's loader (Python 2 names are mapped as with
-        ``fix_imports=True``; ``errors`` is not used: undecodable text is refused)."""
-        return _load(file, encoding)
-
-    def loads(self, data: Any, /, *, encoding: str = "ASCII", **_: Any) -> Any:
-        import io
-
-        return _load(io.BytesIO(bytes(data)), encoding)
-
-
-def _load(file: Any, encoding: str) -> Any:
-    import io
-
-    from ..checkpoint import CheckpointError
-    from .torch_load_safe_globals import seekable
-
-    what = repr(getattr(file, "name", None) or "a numpy.load stream")
-    if not seekable(file):
-        file = io.BytesIO(file.read())
-    try:
-        return _read(file, encoding)
-    except CheckpointError as why:  # UnsafeCheckpointError included
-        _record("refused", f"{what}: {type(why).__name__}")
-        raise _refusal(why, what) from None
-
-
-def _read(file: IO[bytes], encoding: str) -> Any:
-    """One pickle from ``file``'s position, read by ``checkpoint.load``'s machine."""
+def _read(file: IO[bytes], *, encoding: str = "ASCII", **_: Any) -> Any:
+    """One pickle from ``file``'s position, read by ``checkpoint.load``'s machine (Python 2
+    names are mapped as with ``fix_imports=True``; ``errors`` is not used: undecodable text
+    is refused)."""
     from ..checkpoint import CheckpointError
     from ..checkpoint._container import read, sniff
     from ..checkpoint._load import Loader
@@ -125,10 +93,15 @@ def _read(file: IO[bytes], encoding: str) -> Any:
         return read(file, reader)
 
 
-def _refusal(why: BaseException, what: str) -> BaseException:
-    from .torch_load_safe_globals import _refused_hardened
-
-    return _refused_hardened(why, what, read_as=" for numpy.load", promise=_PROMISE)
+def safe_pickle(real: ModuleType) -> SafePickle:
+    return SafePickle(
+        real,
+        patch=_NAME,
+        read=_read,
+        read_as=" for numpy.load",
+        promise=_PROMISE,
+        unnamed="a numpy.load stream",
+    )
 
 
 def _record(event: str, detail: str) -> None:
@@ -270,7 +243,7 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
             f"{names.get('pickle')!r}, not the pickle module: layout not known"
         )
     limit = _header_limit(module)
-    patcher.setitem(names, "pickle", SafePickle(pickle))
+    patcher.setitem(names, "pickle", safe_pickle(pickle))
     if limit is not None:
         patcher.setitem(
             names, "_read_array_header", BoundedHeader(names["_read_array_header"], limit)

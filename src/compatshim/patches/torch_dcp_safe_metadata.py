@@ -58,6 +58,8 @@ from __future__ import annotations
 
 import io
 
+from ._safe_pickle import SafePickle
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
@@ -68,50 +70,22 @@ if TYPE_CHECKING:
 _NAME = "torch-dcp-safe-metadata"
 
 
-class SafePickle:
-    """``pickle`` as DCP's filesystem module sees it: ``load`` reads without running code."""
+def _read(file: Any, **_: Any) -> Any:
+    """``pickle.load(file)`` of a ``.metadata``, by compatshim's loader (options ignored)."""
+    from ..checkpoint._dcp_folder import read_metadata
 
-    def __init__(self, real: ModuleType) -> None:
-        self._real = real
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-    def load(self, file: Any, **_: Any) -> Any:
-        """``pickle.load(file)`` through compatshim's loader (pickle options ignored)."""
-        import io
-
-        from ..checkpoint import CheckpointError
-        from ..checkpoint._dcp_folder import read_metadata
-        from .torch_load_safe_globals import seekable
-
-        what = repr(getattr(file, "name", "a DCP .metadata stream"))
-        if not seekable(file):
-            data = io.BytesIO(file.read())
-            data.name = getattr(file, "name", "<DCP .metadata>")  # type: ignore[attr-defined]
-            file = data
-        try:
-            return read_metadata(file)
-        except CheckpointError as why:  # UnsafeCheckpointError included
-            _record("refused", f"{what}: {type(why).__name__}")
-            raise _refusal(why, what) from None
+    return read_metadata(file)
 
 
-def _refusal(why: BaseException, what: str) -> BaseException:
-    from .torch_load_safe_globals import _refused_hardened
-
-    return _refused_hardened(
-        why,
-        what,
+def safe_pickle(real: ModuleType) -> SafePickle:
+    return SafePickle(
+        real,
+        patch=_NAME,
+        read=_read,
         read_as=" as a DCP .metadata",
         promise="torch.distributed.checkpoint's .metadata is read without running code from it",
+        unnamed="a DCP .metadata stream",
     )
-
-
-def _record(event: str, detail: str) -> None:
-    from .._engine import decisions
-
-    decisions.record(_NAME, event, detail)
 
 
 def _readers(module: ModuleType) -> list[type]:
@@ -216,7 +190,7 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
         raise LookupError(
             f"{module.__name__}.pickle is {current!r}, not the pickle module: layout not known"
         )
-    patcher.setattr(module, "pickle", SafePickle(pickle))
+    patcher.setattr(module, "pickle", safe_pickle(pickle))
     # Hardened, every torch.load is read by compatshim's loader alone, and DCP hands it each
     # item as torch's _ReaderView, which seeks from the end the wrong way and reads past its
     # slice (torch 2.1 to 2.15): the zip reader then finds no archive. An exact view of the
