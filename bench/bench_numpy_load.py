@@ -57,6 +57,17 @@ def _everything(loaded: Any) -> Any:
     return loaded
 
 
+class _PurePythonPickle:
+    """``pickle`` whose ``load`` is the standard library's pure-Python unpickler."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(pickle, name)
+
+    @staticmethod
+    def load(file: Any, **options: Any) -> Any:
+        return pickle._Unpickler(file, **options).load()  # type: ignore[attr-defined]
+
+
 def main(repeats: int = 9) -> dict[str, float]:
     os.environ["COMPATSHIM_SAFE_LOAD"] = "1"
     import numpy as np
@@ -69,9 +80,9 @@ def main(repeats: int = 9) -> dict[str, float]:
     spaces = [vars(__import__(t, fromlist=["_"]))[f].__globals__ for t, f in READERS.items()]
     assert all(isinstance(g["pickle"], SafePickle) for g in spaces), "patch not applied"
 
-    def plain(path: Path) -> Any:
+    def read_with(module: Any, path: Path) -> Any:
         for g in spaces:
-            g["pickle"] = pickle
+            g["pickle"] = module
         try:
             return _everything(np.load(path, allow_pickle=True))
         finally:
@@ -86,24 +97,46 @@ def main(repeats: int = 9) -> dict[str, float]:
         for name, path in _files(Path(folder)).items():
             contenders: dict[str, Callable[[], Any]] = {
                 "hardened": lambda p=path: hardened(p),
-                "plain": lambda p=path: plain(p),
+                "plain": lambda p=path: read_with(pickle, p),
+                "python": lambda p=path: read_with(_PurePythonPickle(), p),
             }
             samples = interleaved(contenders, repeats)
             ours, theirs = median(samples["hardened"]), median(samples["plain"])
+            python = median(samples["python"])
             ratios[name] = ours / theirs
             size = path.stat().st_size / 2**20
-            rows.append([name, f"{size:.1f} MiB", ms(ours), ms(theirs), f"{ours / theirs:.2f}x"])
+            rows.append(
+                [
+                    name,
+                    f"{size:.1f} MiB",
+                    ms(ours),
+                    ms(theirs),
+                    f"{ours / theirs:.2f}x",
+                    ms(python),
+                    f"{ours / python:.2f}x",
+                ]
+            )
     compatshim.uninstall()
     print(
         f"### Hardened numpy.load(allow_pickle=True) vs numpy's own (numpy {np.__version__}, "
         f"{repeats} interleaved repeats, medians)\n"
     )
-    header = ["file", "size", "hardened", "numpy (C pickle.load)", "ratio"]
+    header = [
+        "file",
+        "size",
+        "hardened",
+        "numpy (C pickle.load)",
+        "ratio",
+        "pure-Python pickle, no checks",
+        "ratio",
+    ]
     print(table(header, rows))
     print(
-        "\nThe ratio is the price of reading the pickle with compatshim's checked Python "
-        "machine instead of the C unpickler; numeric array bytes outside pickles are read by "
-        "numpy either way."
+        "\nThe first ratio is the price of reading the pickle with compatshim's checked Python "
+        "machine instead of the C unpickler; the second compares it with the standard "
+        "library's own pure-Python unpickler (``pickle._Unpickler``, which checks nothing and "
+        "runs any global): what reading in Python costs before any check. Numeric array bytes "
+        "outside pickles are read by numpy either way."
     )
     return ratios
 
