@@ -7,7 +7,11 @@ reports medians and ratios, never a single wall-clock figure.
 
 from __future__ import annotations
 
+import compileall
+import os
 import statistics
+import subprocess
+import sys
 import time
 from typing import Callable, Sequence
 
@@ -40,3 +44,19 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
+
+
+def compile_compatshim(env: dict[str, str] | None = None) -> str:
+    """Byte-compile the compatshim a child started with ``env`` imports, as pip does when it
+    installs the wheel (uv does not, and PYTHONDONTWRITEBYTECODE may be set): a timing that
+    includes importing it is then a user's. Returns the package folder."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import compatshim as c, os; print(os.path.dirname(c.__file__))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=os.environ if env is None else env,
+    )
+    package = out.stdout.strip()
+    compileall.compile_dir(package, quiet=1)
+    return package

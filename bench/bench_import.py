@@ -19,13 +19,12 @@ every patch whose target torch imports).
 
 from __future__ import annotations
 
-import compileall
 import json
 import os
 import subprocess
 import sys
 
-from _common import median, table
+from _common import compile_compatshim, median, table
 
 CHILD = r"""
 import sys, time, json
@@ -66,24 +65,6 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _compile() -> str:
-    """Compile compatshim's bytecode, as pip does when it installs the wheel."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import compatshim, os; print(os.path.dirname(compatshim.__file__))",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=_env(),
-    )
-    package = out.stdout.strip()
-    compileall.compile_dir(package, quiet=1)
-    return package
-
-
 def _run(code: str) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=_env()
@@ -107,7 +88,7 @@ def _ms(values: list[float]) -> str:
 
 
 def main(repeats: int = 25) -> dict[str, float]:
-    _compile()
+    compile_compatshim(_env())
     _child(True, "")  # warm the file cache once
     auto = [_child(True, "") for _ in range(repeats)]
     leaked = any(sample["torch_loaded_by_auto"] for sample in auto)
