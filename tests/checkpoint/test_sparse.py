@@ -1,8 +1,9 @@
 """Sparse tensors load as ``torch.load(weights_only=True)`` loads them, invariants checked.
 
 torch's weights-only loader admits ``torch._utils._rebuild_sparse_tensor`` and validates
-every sparse tensor after the load: built unchecked, an index outside the size reads
-outside memory at the first ``to_dense()``. compatshim builds them through torch's
+every sparse tensor after the load (torch 2.8-2.13 only where
+``torch.sparse.check_sparse_tensor_invariants`` is on): built unchecked, an index outside the
+size reads outside memory at the first ``to_dense()``. compatshim builds them through torch's
 constructors with ``check_invariants=True``. Real ``torch.save`` files of every layout;
 the hostile ones are torch's own test cases (``test_serialization_sparse*_invalid``):
 tensors made with ``check_invariants=False`` and saved as they are.
@@ -115,8 +116,11 @@ HOSTILE = {
 def test_an_invalid_sparse_tensor_is_refused_as_torch_refuses_it(case: str) -> None:
     make, words = HOSTILE[case]
     saved = _spoofed(make)
-    # torch's own validation: RuntimeError (torch < 2.6 weights-only: in UnpicklingError)
-    with pytest.raises((RuntimeError, pickle.UnpicklingError), match=words):
+    # torch's own validation: RuntimeError (torch < 2.6 weights-only: in UnpicklingError).
+    # torch 2.8-2.13 validate only with the invariant checks switched on (2.7 and 2.15
+    # always do in a weights-only load); compatshim always does.
+    checked = torch.sparse.check_sparse_tensor_invariants(enable=True)
+    with pytest.raises((RuntimeError, pickle.UnpicklingError), match=words), checked:
         _quiet(lambda: torch.load(io.BytesIO(saved.getvalue()), weights_only=True))
     with pytest.raises(CheckpointError, match="not a valid sparse tensor") as caught:
         _quiet(lambda: load(saved))
