@@ -239,7 +239,8 @@ def rebuild_sparse(
     tensors: Tensors, args: tuple[Any, ...], charge: Callable[[int, str], None]
 ) -> Any:
     """(layout, (indices..., values, size[, is_coalesced])): torch's constructors with their
-    invariants checked, as torch's weights-only load checks them after its load.
+    invariants checked, on every release (torch's weights-only load checks them after its load,
+    but torch 2.8-2.13 only under ``torch.sparse.check_sparse_tensor_invariants``).
 
     The check reads every index and value (and sorts a copy of COO indices): that work is
     charged to the load's budget at each use, so views that repeat one element (stride 0)

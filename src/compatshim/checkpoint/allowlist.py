@@ -541,8 +541,8 @@ def _build_table() -> tuple[Entry, ...]:
         _torch(
             "_rebuild_sparse_tensor",
             "rebuild",
-            "re-implemented: this file's tensors through torch's constructors with "
-            "check_invariants=True (indices inside the size), as torch validates them",
+            "re-implemented: this file's tensors through torch's constructors, "
+            "check_invariants=True on every release (torch 2.8-2.13 check only if asked)",
             module="torch._utils",
         )
     )
