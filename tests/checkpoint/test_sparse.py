@@ -117,8 +117,8 @@ def test_an_invalid_sparse_tensor_is_refused_as_torch_refuses_it(case: str) -> N
     make, words = HOSTILE[case]
     saved = _spoofed(make)
     # torch's own validation: RuntimeError (torch < 2.6 weights-only: in UnpicklingError).
-    # torch 2.8-2.13 validate only with the invariant checks switched on (2.7 and 2.15
-    # always do in a weights-only load); compatshim always does.
+    # torch 2.8-2.13 validate only with the invariant checks switched on (up to 2.7 and
+    # from 2.14 a weights-only load always does); compatshim always does.
     checked = torch.sparse.check_sparse_tensor_invariants(enable=True)
     with pytest.raises((RuntimeError, pickle.UnpicklingError), match=words), checked:
         _quiet(lambda: torch.load(io.BytesIO(saved.getvalue()), weights_only=True))
