@@ -82,6 +82,18 @@ CATALOGUE: tuple[Patch, ...] = (
         ),
     ),
     Patch(
+        name="torch-dcp-metadata-error",
+        distribution="torch",
+        requires=">=2.1",
+        tested=">=2.1,<2.16",
+        targets=("torch.distributed.checkpoint.state_dict_loader",),
+        description=(
+            "a DCP load whose .metadata cannot be read (missing, corrupt, from a newer torch, "
+            "refused in hardened mode) says why, as torch 2.12 does, instead of torch "
+            "2.9-2.11's bare 'metadata is None'"
+        ),
+    ),
+    Patch(
         name="torch-gloo-reduce-scatter-op",
         distribution="torch",
         requires=">=2.2,<2.9",
