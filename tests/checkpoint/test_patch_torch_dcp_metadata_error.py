@@ -180,3 +180,22 @@ def test_an_unknown_layout_is_refused_by_name(off: None) -> None:
 
     with pytest.raises(LookupError, match=r"looked for its logging\.Logger 'logger'"):
         patch.apply(fake, Patcher())
+
+
+def test_a_reason_that_cannot_be_printed_changes_nothing_else(armed: None) -> None:
+    """The stand-in runs inside torch's ``except`` block: an error whose ``str()`` raises
+    still gives torch's fallback and torch's exception."""
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    class Reader:
+        def read_metadata(self) -> Any:
+            raise Unprintable
+
+    loader = getattr(LOADER, "_load_state_dict", None) or LOADER.load_state_dict
+    with pytest.raises(BaseException) as caught:
+        loader({}, Reader(), no_dist=True)
+    if _row().applied:
+        assert "a Unprintable whose message cannot be read" in str(caught.value)

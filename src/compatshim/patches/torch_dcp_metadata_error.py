@@ -67,8 +67,12 @@ def _note(message: Any) -> None:
         if message.startswith(start):
             from .._text import cut
 
+            try:  # inside torch's except block: nothing here may raise
+                said = cut(str(error), _REASON_LIMIT)
+            except Exception:
+                said = f"a {type(error).__name__} whose message cannot be read"
             notes = [] if words.startswith("global") else getattr(_notes, "reasons", [])
-            _notes.reasons = [*notes, f"{words}: {cut(str(error), _REASON_LIMIT)}"]
+            _notes.reasons = [*notes, f"{words}: {said}"]
 
 
 class _Witness:
