@@ -15,11 +15,12 @@ What breaks
     items go through ``torch.load``, which hardened mode already covers.)
 
 Which versions
-    torch 2.1 (DCP's ``FileSystemReader``) to 2.15, tested on 2.1, 2.2, 2.4, 2.5 and
-    2.15. Two targets: ``filesystem`` and ``_fsspec_filesystem``, whose reader has
-    its own ``pickle.load`` in 2.1 to 2.3 (from 2.4 it subclasses
-    ``FileSystemReader`` and defines no reader of its own: the probe finds nothing
-    there; 2.15 keeps the module as a shim that warns on import).
+    torch 2.1 (DCP's ``FileSystemReader``) to 2.15, tested on 2.1, 2.2, 2.4, 2.5, 2.11,
+    2.13 and 2.15 (on 2.9-2.11 ``dcp.load`` drops the refusal's words unless
+    ``torch-dcp-metadata-error`` puts them back). Two targets: ``filesystem`` and
+    ``_fsspec_filesystem``, whose reader has its own ``pickle.load`` in 2.1 to 2.3
+    (from 2.4 it subclasses ``FileSystemReader`` and defines no reader of its own: the
+    probe finds nothing there; 2.15 keeps the module as a shim that warns on import).
     Only in hardened mode: armed without ``COMPATSHIM_SAFE_LOAD=1`` the probe
     reports nothing to do and DCP behaves as torch's.
 
