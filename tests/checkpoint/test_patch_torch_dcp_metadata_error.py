@@ -24,6 +24,7 @@ import compatshim  # noqa: E402
 from compatshim.patches import torch_dcp_metadata_error as patch  # noqa: E402
 from tests.checkpoint.dcp_kit import digest, load, run_hardened, save, state, template  # noqa: E402
 from tests.checkpoint.test_hardened import TIMEOUT_S  # noqa: E402
+from tests.harness.dist import run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.timeout(2 * TIMEOUT_S)
 NAME = "torch-dcp-metadata-error"
@@ -159,6 +160,45 @@ def test_every_rank_s_failure_says_why_in_a_process_group(tmp_path: Path) -> Non
     reason = _reader_error(folder)
     result = run_hardened(tmp_path, "load_in_group", folder, tmp_path / "store", hardened=False)
     assert not result["ok"] and reason in result["error"], result
+
+
+def load_on_rank(rank: int, world_size: int, folder: str, arm: bool) -> dict[str, Any]:
+    """One gloo rank of :func:`test_two_ranks_each_hear_why_every_rank_failed`: what torch's
+    reader says about ``folder`` here, and what a collective load of it raised."""
+    compatshim.uninstall([NAME])
+    if arm:
+        compatshim.install(include=[NAME])
+    try:
+        dcp.FileSystemReader(folder).read_metadata()
+        reason = ""
+    except Exception as exc:
+        reason = str(exc)
+    try:
+        (getattr(dcp, "load", None) or dcp.load_state_dict)(  # 2.1: load_state_dict
+            template(), storage_reader=dcp.FileSystemReader(folder)
+        )
+    except BaseException as exc:  # CheckpointException, a BaseException
+        failures = getattr(exc, "failures", {})
+        each = {r: str(failure[0]) for r, failure in failures.items()}
+        return {"reason": reason, "type": type(exc).__name__, "each": each}
+    return {"reason": reason, "type": None}
+
+
+@pytest.mark.parametrize("arm", [False, True], ids=["plain", "armed"])
+def test_two_ranks_each_hear_why_every_rank_failed(off: None, tmp_path: Path, arm: bool) -> None:
+    """Two gloo ranks load a truncated folder: the coordinator gathers both failures and every
+    rank raises them all; each must carry torch's reader's reason (torch alone drops it exactly
+    where the probe finds the defect, leaving 'metadata is None')."""
+    folder = _broken(tmp_path, "truncated")
+    says_why = arm or not patch.probe(LOADER)
+    results = run_ranks(load_on_rank, 2, args=(str(folder), arm), timeout=TIMEOUT_S)
+    for result in results:
+        assert result["reason"] and result["type"] == "CheckpointException", result
+        assert sorted(result["each"]) == [0, 1], result
+        for said in result["each"].values():
+            assert (result["reason"] in said) is says_why, result
+            if not says_why:
+                assert said == "metadata is None", result
 
 
 def test_a_hardened_refusal_reaches_the_user(tmp_path: Path) -> None:
