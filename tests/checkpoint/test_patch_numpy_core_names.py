@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from tests.harness.catalogue import alone, status_row
+
 np = pytest.importorskip("numpy")
 
 FIXTURES = Path(__file__).resolve().parent / "numpy_fixtures"
@@ -112,14 +114,8 @@ def test_import_numpy_is_unchanged_until_a_pickle_asks(plain: dict[str, Any]) ->
 def installed() -> Any:
     import compatshim
 
-    compatshim.uninstall([PATCH])
-    yield compatshim
-    compatshim.uninstall([PATCH])
-
-
-def _row(compatshim: Any) -> Any:
-    (row,) = [r for r in compatshim.status() if r.name == PATCH]
-    return row
+    with alone(PATCH, armed=False):
+        yield compatshim
 
 
 def test_install_is_idempotent_and_uninstall_exact(installed: Any) -> None:
@@ -132,7 +128,7 @@ def test_install_is_idempotent_and_uninstall_exact(installed: Any) -> None:
     ctors = dict(vars(_random_pickle()))
     assert installed.install(include=[PATCH]) == [PATCH]
     assert installed.install(include=[PATCH]) == [PATCH]
-    row = _row(installed)
+    row = status_row(PATCH)
     assert row.applied and row.fixed and row.applied_targets == ["numpy"]
     other = sorted(p for p in FIXTURES.glob("numpy-*.plain.p5.pkl") if _other_numpy(p.name))
     with warnings.catch_warnings():

@@ -24,6 +24,7 @@ import compatshim  # noqa: E402
 from compatshim.patches import torch_dcp_metadata_error as patch  # noqa: E402
 from tests.checkpoint.dcp_kit import digest, load, run_hardened, save, state, template  # noqa: E402
 from tests.checkpoint.test_hardened import TIMEOUT_S  # noqa: E402
+from tests.harness.catalogue import alone, status_row  # noqa: E402
 from tests.harness.dist import run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.timeout(2 * TIMEOUT_S)
@@ -36,20 +37,18 @@ RELEASE = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")
 
 @pytest.fixture()
 def off() -> Iterator[None]:
-    compatshim.uninstall([NAME])
-    yield
-    compatshim.uninstall([NAME])
+    with alone(NAME, armed=False):
+        yield
 
 
 @pytest.fixture()
-def armed(off: None) -> Iterator[None]:
-    assert compatshim.install(include=[NAME]) == [NAME]
-    yield
+def armed() -> Iterator[None]:
+    with alone(NAME, armed=True):
+        yield
 
 
 def _row() -> Any:
-    (row,) = [r for r in compatshim.status() if r.name == NAME]
-    return row
+    return status_row(NAME)
 
 
 def _broken(tmp_path: Path, how: str) -> Path:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 import compatshim
 from compatshim.patches import torch_processgroup_copy as patch_module
 from tests.core.pg_workers import Holder, cuda_ddp_sync_batchnorm_checks, distributed_results
+from tests.harness.catalogue import alone, status_row
 from tests.harness.dist import python_env, run_ranks
 
 NAME = "torch-processgroup-copy"
@@ -31,16 +32,14 @@ PATCHED = ("__deepcopy__", "__copy__", "__reduce_ex__")
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch built without distributed")
 
 
-def _row() -> dict[str, Any]:
-    return next(row for row in compatshim.status() if row["name"] == NAME)
+def _row() -> Any:
+    return status_row(NAME)
 
 
 @pytest.fixture
 def patched() -> Iterator[None]:
-    compatshim.uninstall([NAME])
-    compatshim.install([NAME])
-    yield
-    compatshim.uninstall([NAME])
+    with alone(NAME, armed=True):
+        yield
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ import compatshim
 from compatshim._engine import import_hooks, registry
 from compatshim._engine.patch import Patch
 from compatshim._engine.patching import Patcher
+from tests.harness.catalogue import status_row
 
 from .patch_factory import make_patch
 
@@ -74,19 +75,15 @@ def patch_name(request: pytest.FixtureRequest) -> Iterator[str]:
     registry.unregister(name)
 
 
-def _row(name: str) -> dict[str, object]:
-    return next(r for r in compatshim.status() if r["name"] == name)
-
-
 def test_arms_before_import_and_applies_on_import(target_dir: Path, patch_name: str) -> None:
     assert compatshim.install(include=[patch_name]) == [patch_name]
     assert TARGET not in sys.modules, "install() must not import the target"
-    row = _row(patch_name)
+    row = status_row(patch_name)
     assert row["armed"] and row["defect"] == "not probed" and not row["applied"]
     module = importlib.import_module(TARGET)
     assert module.Thing().method() == "fixed"
     assert module.__loader__.__class__.__name__ != "_HookedLoader"
-    row = _row(patch_name)
+    row = status_row(patch_name)
     assert row["defect"] == "present" and row["applied"] and row["fixed"] is True
 
 
@@ -105,7 +102,7 @@ def test_uninstall_restores_exact_objects(target_dir: Path, patch_name: str) -> 
     assert module.Thing.__dict__["method"] is original
     assert not hasattr(module, "ADDED"), "attributes the patch added must be removed"
     assert TARGET not in import_hooks.watched()
-    assert not _row(patch_name)["applied"]
+    assert not status_row(patch_name)["applied"]
 
 
 def test_install_twice_is_install_once(target_dir: Path, patch_name: str) -> None:
@@ -145,7 +142,7 @@ def test_probe_decides_when_defect_absent(target_dir: Path, patch_name: str) -> 
     module = importlib.import_module(TARGET)
     module.Thing.method = _fixed_method  # an upstream release that fixed the bug itself
     compatshim.install(include=[patch_name])
-    row = _row(patch_name)
+    row = status_row(patch_name)
     assert row["defect"] == "absent" and not row["applied"]
 
 
@@ -178,10 +175,10 @@ def test_a_patch_check_confirms_at_import_and_the_probe_when_status_asks(
         module = importlib.import_module(TARGET)
         assert module.Thing().method() == "fixed"
         assert probe.calls == 1  # the decision only: no second probe inside the import
-        row = _row(name)
+        row = status_row(name)
         assert row["applied"] and row["fixed"] is True and probe.calls == 2
         assert any("confirmed" in line for line in row["decisions"]), row["decisions"]
-        _row(name)
+        status_row(name)
         assert probe.calls == 2  # confirmed once
     finally:
         registry.unregister(name)
@@ -207,12 +204,12 @@ def test_what_the_fix_records_while_its_probe_runs_is_not_kept(target_dir: Path)
     try:
         compatshim.install(include=[name])
         importlib.import_module(TARGET)
-        lines = _row(name)["decisions"]
+        lines = status_row(name)["decisions"]
         assert any("confirmed" in line for line in lines), lines
         assert not [line for line in lines if "the probe's own case" in line], lines
         assert len([line for line in lines if "(real)" in line]) == 2, lines  # decide + confirm
         decisions.record(name, "refused", "after")
-        assert "refused (after)" in _row(name)["decisions"][-1]
+        assert "refused (after)" in status_row(name)["decisions"][-1]
     finally:
         registry.unregister(name)
 
@@ -225,7 +222,7 @@ def test_the_probe_decides_fixed_over_the_patch_check(target_dir: Path) -> None:
         compatshim.install(include=[name])
         importlib.import_module(TARGET)
         with pytest.warns(RuntimeWarning, match="probe still finds the defect"):
-            row = _row(name)
+            row = status_row(name)
         assert row["applied"] and row["fixed"] is False
     finally:
         registry.unregister(name)
@@ -239,7 +236,7 @@ def test_a_failing_patch_check_warns_inside_the_import(target_dir: Path) -> None
         compatshim.install(include=[name])
         with pytest.warns(RuntimeWarning, match="changes are not in place"):
             importlib.import_module(TARGET)
-        row = _row(name)
+        row = status_row(name)
         assert row["applied"] and row["fixed"] is False and probe.calls == 1
     finally:
         registry.unregister(name)
@@ -253,7 +250,7 @@ def test_uninstalled_before_status_is_never_confirmed(target_dir: Path) -> None:
         compatshim.install(include=[name])
         module = importlib.import_module(TARGET)
         compatshim.uninstall([name])
-        row = _row(name)
+        row = status_row(name)
         assert not row["applied"] and row["fixed"] is None and probe.calls == 1
         assert module.Thing().method() == "broken"
     finally:
@@ -267,7 +264,7 @@ def test_version_below_range_is_left_alone(target_dir: Path) -> None:
         module = importlib.import_module(TARGET)
         compatshim.install(include=[name])
         assert module.Thing().method() == "broken"
-        row = _row(name)
+        row = status_row(name)
         assert row["range_position"] == "unsupported" and not row["applied"]
     finally:
         registry.unregister(name)
@@ -280,7 +277,7 @@ def test_version_above_range_lets_probe_decide(target_dir: Path) -> None:
         module = importlib.import_module(TARGET)
         compatshim.install(include=[name])
         assert module.Thing().method() == "fixed"
-        row = _row(name)
+        row = status_row(name)
         assert row["range_position"] == "untested" and row["applied"] and not row["in_range"]
     finally:
         registry.unregister(name)
@@ -299,7 +296,7 @@ def test_failed_apply_leaves_module_unchanged(target_dir: Path) -> None:
         with pytest.warns(RuntimeWarning, match="layout changed"):
             compatshim.install(include=[name])
         assert module.Thing.__dict__["method"] is original
-        assert "layout changed" in str(_row(name)["error"])
+        assert "layout changed" in str(status_row(name)["error"])
     finally:
         registry.unregister(name)
 
@@ -443,7 +440,7 @@ def test_target_distribution_gates_that_target(target_dir: Path) -> None:
         module = importlib.import_module(TARGET)
         compatshim.install(include=[name])
         assert module.Thing().method() == "fixed"
-        row = _row(name)
+        row = status_row(name)
         assert row["distribution"] == "packaging" and row["installed_version"]
     finally:
         registry.unregister(name)

@@ -31,6 +31,7 @@ from nuscenes.eval.detection.data_classes import DetectionConfig
 
 import compatshim
 from compatshim.patches import nuscenes_dict_views
+from tests.harness.catalogue import alone, status_row
 from tests.harness.dist import python_env
 
 PATCH = "nuscenes-dict-views"
@@ -39,23 +40,22 @@ DEVKIT_VERSION = metadata.version("nuscenes-devkit")
 
 @pytest.fixture
 def unpatched() -> Iterator[None]:
-    compatshim.uninstall([PATCH])
-    yield
-    compatshim.uninstall([PATCH])
+    with alone(PATCH, armed=False):
+        yield
 
 
 @pytest.fixture
-def patched(unpatched: None) -> Iterator[None]:
-    assert compatshim.install(include=[PATCH]) == [PATCH]
-    yield
+def patched() -> Iterator[None]:
+    with alone(PATCH, armed=True):
+        yield
 
 
 def _cfg() -> DetectionConfig:
     return config_factory("detection_cvpr_2019")
 
 
-def _row() -> dict[str, Any]:
-    return next(row for row in compatshim.status() if row["name"] == PATCH)
+def _row() -> Any:
+    return status_row(PATCH)
 
 
 class HoldsConfig:
