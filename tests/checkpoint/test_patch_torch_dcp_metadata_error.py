@@ -47,10 +47,6 @@ def armed() -> Iterator[None]:
         yield
 
 
-def _row() -> Any:
-    return status_row(NAME)
-
-
 def _broken(tmp_path: Path, how: str) -> Path:
     folder = tmp_path / how
     if how == "missing":
@@ -97,7 +93,7 @@ def test_with_the_patch_every_unreadable_folder_says_why(
 ) -> None:
     folder = _broken(tmp_path, how)
     assert _reader_error(folder) in _load_error(folder)
-    row = _row()
+    row = status_row(NAME)
     assert row.fixed in (True, None) and row.error is None, row
 
 
@@ -120,7 +116,7 @@ def test_a_genuine_folder_loads_the_same(armed: None, tmp_path: Path) -> None:
 
 
 def test_the_defect_row_and_the_fix_where_torch_drops_the_reason(armed: None) -> None:
-    row = _row()
+    row = status_row(NAME)
     if RELEASE <= (2, 15):
         assert (row.defect == "present") is ((2, 9) <= RELEASE < (2, 12)), row
     if row.defect == "present":
@@ -134,7 +130,7 @@ def test_install_is_idempotent_and_uninstall_exact(off: None) -> None:
     wrap = vars(UTILS)["_wrap_exception"]
     assert compatshim.install(include=[NAME]) == [NAME]
     assert compatshim.install(include=[NAME]) == [NAME]
-    if _row().applied:
+    if status_row(NAME).applied:
         assert getattr(UTILS._wrap_exception, "__wrapped__", None) is wrap
     compatshim.uninstall([NAME])
     assert vars(LOADER).get("logger") is LOGGER and vars(UTILS)["_wrap_exception"] is wrap
@@ -149,7 +145,7 @@ def test_the_probe_logs_nothing_and_torch_s_own_log_line_stays(
     compatshim.install(include=[NAME])
     _load_error(_broken(tmp_path, "missing"))
     ours = [r for r in caplog.records if r.pathname == LOADER.__file__]
-    if _row().applied:  # torch's line, still from torch's frame (not the stand-in's)
+    if status_row(NAME).applied:  # torch's line, still from torch's frame (not the stand-in's)
         assert ours and {r.funcName for r in ours} == {"local_step"}, ours
 
 
@@ -164,22 +160,20 @@ def test_every_rank_s_failure_says_why_in_a_process_group(tmp_path: Path) -> Non
 def load_on_rank(rank: int, world_size: int, folder: str, arm: bool) -> dict[str, Any]:
     """One gloo rank of :func:`test_two_ranks_each_hear_why_every_rank_failed`: what torch's
     reader says about ``folder`` here, and what a collective load of it raised."""
-    compatshim.uninstall([NAME])
-    if arm:
-        compatshim.install(include=[NAME])
     try:
         dcp.FileSystemReader(folder).read_metadata()
         reason = ""
     except Exception as exc:
         reason = str(exc)
-    try:
-        (getattr(dcp, "load", None) or dcp.load_state_dict)(  # 2.1: load_state_dict
-            template(), storage_reader=dcp.FileSystemReader(folder)
-        )
-    except BaseException as exc:  # CheckpointException, a BaseException
-        failures = getattr(exc, "failures", {})
-        each = {r: str(failure[0]) for r, failure in failures.items()}
-        return {"reason": reason, "type": type(exc).__name__, "each": each}
+    with alone(NAME, armed=arm):
+        try:
+            (getattr(dcp, "load", None) or dcp.load_state_dict)(  # 2.1: load_state_dict
+                template(), storage_reader=dcp.FileSystemReader(folder)
+            )
+        except BaseException as exc:  # CheckpointException, a BaseException
+            failures = getattr(exc, "failures", {})
+            each = {r: str(failure[0]) for r, failure in failures.items()}
+            return {"reason": reason, "type": type(exc).__name__, "each": each}
     return {"reason": reason, "type": None}
 
 
@@ -236,5 +230,5 @@ def test_a_reason_that_cannot_be_printed_changes_nothing_else(armed: None) -> No
     loader = getattr(LOADER, "_load_state_dict", None) or LOADER.load_state_dict
     with pytest.raises(BaseException) as caught:
         loader({}, Reader(), no_dist=True)
-    if _row().applied:
+    if status_row(NAME).applied:
         assert "a Unprintable whose message cannot be read" in str(caught.value)

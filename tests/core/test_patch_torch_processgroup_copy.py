@@ -32,10 +32,6 @@ PATCHED = ("__deepcopy__", "__copy__", "__reduce_ex__")
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch built without distributed")
 
 
-def _row() -> Any:
-    return status_row(NAME)
-
-
 @pytest.fixture
 def patched() -> Iterator[None]:
     with alone(NAME, armed=True):
@@ -56,12 +52,12 @@ def test_probe_finds_the_defect_on_this_torch(bare_group: Any) -> None:
 
 def test_status_rows_before_and_after(bare_group: Any) -> None:
     compatshim.uninstall([NAME])
-    row = _row()
+    row = status_row(NAME)
     assert row["armed"] is False and row["applied"] is False and row["defect"] == "not probed"
     assert row["distribution"] == "torch" and row["in_range"] is True
     compatshim.install([NAME])
     try:
-        row = _row()
+        row = status_row(NAME)
         assert (row["armed"], row["defect"], row["applied"], row["fixed"]) == (
             True,
             "present",
@@ -81,7 +77,7 @@ def test_install_twice_is_once_and_uninstall_restores_exact_objects(bare_group: 
     assert compatshim.install([NAME]) == [NAME]
     assert compatshim.install([NAME]) == [NAME]
     assert vars(cls)["__deepcopy__"] is patch_module._share
-    assert _row()["applied_targets"] == ["torch.distributed"]
+    assert status_row(NAME)["applied_targets"] == ["torch.distributed"]
     assert copy.deepcopy(bare_group) is bare_group and copy.copy(bare_group) is bare_group
     assert compatshim.uninstall([NAME]) == [NAME]
     assert {name: vars(cls).get(name) for name in PATCHED} == own_before

@@ -54,10 +54,6 @@ def _cfg() -> DetectionConfig:
     return config_factory("detection_cvpr_2019")
 
 
-def _row() -> Any:
-    return status_row(PATCH)
-
-
 class HoldsConfig:
     """A user object one level up, as a training dataset would be."""
 
@@ -79,7 +75,7 @@ def test_unpatched_devkit_config_cannot_be_pickled_or_deep_copied(unpatched: Non
 
 
 def test_status_on_this_install(patched: None) -> None:
-    row = _row()
+    row = status_row(PATCH)
     assert row["distribution"] == "nuscenes-devkit"
     assert row["installed_version"] == DEVKIT_VERSION
     assert row["in_range"] is True
@@ -346,7 +342,7 @@ def test_panoptic_eval_pickles_only_with_the_patch(unpatched: None, panoptic_eva
     }
     assert nuscenes_dict_views.probe(evaluate) is True
     compatshim.install(include=[PATCH])
-    assert "nuscenes.eval.panoptic.evaluate" in _row()["applied_targets"]
+    assert "nuscenes.eval.panoptic.evaluate" in status_row(PATCH)["applied_targets"]
     assert nuscenes_dict_views.probe(evaluate) is False
     for twin in (pickle.loads(pickle.dumps(evaluator)), copy.deepcopy(evaluator)):
         assert list(twin.things) == list(evaluator.things)
