@@ -1,18 +1,48 @@
-"""Interpreter start-up hook: ``COMPATSHIM_AUTO=1`` arms every patch in processes you do not write.
+"""Interpreter start-up hook: ``COMPATSHIM_AUTO=1`` arms every patch in processes you do not
+write; ``COMPATSHIM_SAFE_LOAD=1`` arms the loading patches (hardened mode), with or without it.
 
 Run at every interpreter start by the two start-up files the wheel installs beside it:
 ``compatshim_auto.pth`` (an ``import`` line, for Pythons before 3.15) and
 ``compatshim_auto.start`` (PEP 829's entry point, ``compatshim_auto:start``; from Python
 3.15 its presence disables the ``.pth`` file's ``import`` line, which 3.18 ignores).
-It is a top-level module so that a process without ``COMPATSHIM_AUTO`` imports only this
+It is a top-level module so that a process without either variable imports only this
 file: importing the ``compatshim`` package costs tens of milliseconds. It repeats
-``compatshim._settings.AUTO`` and ``truthy`` by hand for the same reason.
+``compatshim._settings.AUTO``, ``SAFE_LOAD`` and ``truthy`` by hand for the same reason.
+
+Hardened mode is a safety promise, so a process where it cannot be in force says so on
+stderr, once, before any load: here when compatshim cannot be imported, and in
+:mod:`compatshim._engine.safe_load` when a loading patch cannot be armed.
 """
 
 import os
 
+_said = False
+
+
+def _on(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
 
 def start() -> None:
-    """Import ``compatshim.auto`` (arm every applicable patch) when ``COMPATSHIM_AUTO`` is set."""
-    if os.environ.get("COMPATSHIM_AUTO", "").strip().lower() not in ("", "0", "false", "no", "off"):
-        __import__("compatshim.auto")
+    """Arm every patch (``COMPATSHIM_AUTO``) and the loading patches (``COMPATSHIM_SAFE_LOAD``)."""
+    safe = _on("COMPATSHIM_SAFE_LOAD")
+    if not safe:
+        if _on("COMPATSHIM_AUTO"):
+            __import__("compatshim.auto")
+        return
+    try:
+        if _on("COMPATSHIM_AUTO"):
+            __import__("compatshim.auto")
+        __import__("compatshim._engine.safe_load", fromlist=("arm",)).arm()
+    except Exception as exc:  # site.py would print a traceback that reads as noise
+        global _said
+        if not _said:
+            _said = True
+            import sys
+
+            sys.stderr.write(
+                "compatshim: COMPATSHIM_SAFE_LOAD=1 is NOT in force in this process: compatshim "
+                f"could not be imported at start-up ({type(exc).__name__}: {exc}); every "
+                "torch.load and numpy.load here runs as the library's own. Reinstall "
+                "compatshim in this environment (pip install compatshim).\n"
+            )

@@ -6,7 +6,7 @@ so a misspelt or malformed value gets the same treatment everywhere: a clear
 single warning where it cannot (start-up, import hooks). The start-up hook
 (``compatshim_auto.py``, run by ``compatshim_auto.pth`` and ``compatshim_auto.start``)
 is the one exception: it runs in every interpreter, before this package is imported,
-and repeats :data:`AUTO` and :func:`truthy` by hand.
+and repeats :data:`AUTO`, :data:`SAFE_LOAD` and :func:`truthy` by hand.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ DISABLE = "COMPATSHIM_DISABLE"  # comma-separated patch names to leave off
 DESYNC_TIMEOUT = "COMPATSHIM_DESYNC_TIMEOUT"  # seconds before a desync/hang report
 DOCTOR_TIMEOUT = "COMPATSHIM_DOCTOR_TIMEOUT"  # seconds allowed for the doctor's live probes
 LOG = "COMPATSHIM_LOG"  # "debug": print the registry's decision trail to stderr
-SAFE_LOAD = "COMPATSHIM_SAFE_LOAD"  # hardened mode: every torch.load is weights-only
+SAFE_LOAD = "COMPATSHIM_SAFE_LOAD"  # hardened mode, armed at start-up even without AUTO
 ALLOW = "COMPATSHIM_ALLOW"  # comma-separated module.name globals every checkpoint load accepts
 ALLOW_FILE = "COMPATSHIM_ALLOW_FILE"  # a file of such globals, one "module.name  # reason" a line
 
@@ -77,7 +77,8 @@ def log_level() -> str:
 
 
 def safe_load() -> bool:
-    """``COMPATSHIM_SAFE_LOAD``: the torch-load-safe-globals patch makes every torch.load safe."""
+    """``COMPATSHIM_SAFE_LOAD``: the loading patches (``_engine.safe_load.LOADING_PATCHES``)
+    make every torch.load, DCP ``.metadata`` read and numpy.load pickle safe."""
     return truthy(os.environ.get(SAFE_LOAD))
 
 

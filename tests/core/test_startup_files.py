@@ -68,3 +68,31 @@ def test_the_pth_line_calls_the_same_hook() -> None:
     pth = _installed_files()["compatshim_auto.pth"].read_text(encoding="utf-8")
     (line,) = [ln for ln in pth.splitlines() if ln.startswith("import")]
     assert line == "import compatshim_auto; compatshim_auto.start()"
+
+
+def test_the_start_entry_point_arms_the_loading_patches_for_safe_load_alone() -> None:
+    """``COMPATSHIM_SAFE_LOAD=1`` without ``COMPATSHIM_AUTO``: the entry point arms the three
+    loading patches and nothing else (the tree's hook first on the path: an editable install
+    keeps a copy of it in site-packages)."""
+    import compatshim
+
+    source = str(Path(compatshim.__file__).resolve().parent.parent)
+    code = (
+        "import os, pkgutil, sys\n"
+        "os.environ['COMPATSHIM_SAFE_LOAD'] = '1'\n"
+        "pkgutil.resolve_name('compatshim_auto:start')()\n"
+        "import compatshim\n"
+        "print(sorted(r.name for r in compatshim.status() if r.armed))\n"
+        "print('compatshim.auto' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPATSHIM_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    armed, auto = done.stdout.strip().splitlines()
+    assert armed == str(
+        ["numpy-load-hardened", "torch-dcp-safe-metadata", "torch-load-safe-globals"]
+    )
+    assert auto == "False"

@@ -42,6 +42,7 @@ _hooked: frozenset[str] = frozenset()  # targets and their parent packages
 _deferred = False  # a target's chain is initialising where no hooked loader will report its end
 _executing: set[str] = set()  # modules whose body runs under a hooked loader right now
 _finding = _local()
+_finishing = _local()  # .name: the module whose hooked import this thread is completing
 
 
 _chains: dict[str, tuple[str, ...]] = {}
@@ -85,6 +86,13 @@ def half_built(exc: BaseException | None) -> str | None:
             return name
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def finishing() -> str | None:
+    """The module whose import this thread is completing (callbacks run right after its
+    body, before its importer sees it), else None: a callback then runs for a module
+    imported before it was registered, which other code may already hold parts of."""
+    return getattr(_finishing, "name", None)
 
 
 def ready(name: str) -> ModuleType | None:
@@ -161,7 +169,12 @@ class _HookedLoader:
         if spec is not None:
             # importlib clears _initializing only after exec_module returns; the body is done.
             spec._initializing = False  # type: ignore[attr-defined]
-        run_due()
+        outer = getattr(_finishing, "name", None)
+        _finishing.name = name
+        try:
+            run_due()
+        finally:
+            _finishing.name = outer
 
     def __getattr__(self, item: str) -> object:
         return getattr(self._real, item)
