@@ -152,11 +152,14 @@ def test_refused_by_both_raises_torchs_error_and_warns(
     torch.save({"x": _RunsCode(marker)}, path)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("error" if warnings_are_errors else "always")
-        with pytest.raises(pickle.UnpicklingError, match=r"^Weights only load failed") as raised:
+        with pytest.raises(
+            pickle.UnpicklingError, match=r"^compatshim\.checkpoint\.load: "
+        ) as raised:
             torch.load(path)
     assert not marker.exists()  # no code from the file ran, in either loader
-    (note,) = raised.value.__notes__
-    assert "compatshim.checkpoint.load refused it too" in note and "builtins.getattr" in note
+    lead, _, torch_text = str(raised.value).partition("\n\n")
+    assert "builtins.getattr" in lead  # compatshim's reason first, torch's text after it
+    assert torch_text.startswith("torch's weights-only load refused it first: Weights only")
     if warnings_are_errors:  # the warning cannot replace torch's error: it goes to stderr
         assert "CheckpointRefusedWarning" in capsys.readouterr().err
     else:
@@ -196,9 +199,9 @@ def test_a_refusal_by_both_carries_refused_and_advice_for_torch_load_callers(
         with pytest.raises(pickle.UnpicklingError) as raised:
             torch.load(path)  # the caller's line
     caller_line = sys._getframe().f_lineno - 1
-    assert type(raised.value) is pickle.UnpicklingError  # torch's own type and message
+    assert type(raised.value) is pickle.UnpicklingError  # torch's own type, its text kept
     assert raised.value.refused == ("builtins.getattr", "pathlib.Path.write_text")
-    (note,) = raised.value.__notes__
+    note = str(raised.value).split("\n")[0]
     assert "may be malicious" in note and "COMPATSHIM_ALLOW=" not in note
     assert "allow=[" not in note and "trusted=True" not in note  # checkpoint.load's own advice
     (warning,) = seen
@@ -239,7 +242,7 @@ def test_process_wide_allow_reaches_the_patched_torch_load(installed: Any) -> No
         with pytest.raises(pickle.UnpicklingError) as raised:
             torch.load(buffer)
     assert raised.value.refused == ("fractions.Fraction",)
-    (note,) = raised.value.__notes__
+    note = str(raised.value).split("\n")[0]
     assert "COMPATSHIM_ALLOW=fractions.Fraction" in note
     assert "compatshim.checkpoint.allow('fractions.Fraction'" in note
     checkpoint.allow("fractions.Fraction", reason="a test's own file")
@@ -386,3 +389,28 @@ def test_a_registry_changed_in_place_counts(registrations: Any) -> None:
     assert set(patch._torch_safe_globals()) == {*before, _Registered}
     registry.remove(_Registered)
     assert set(patch._torch_safe_globals()) == set(before)
+
+
+@needs_default
+def test_a_refusal_leads_with_compatshims_reason_not_torchs_first_global(
+    installed: Any,
+) -> None:
+    """Issue 38: a file holding a numpy array and one global nobody allows. torch's text
+    blames the numpy global (which compatshim covers) and advises ``weights_only=False``;
+    the error's first line is compatshim's: the one global it refused and the
+    ``COMPATSHIM_ALLOW=`` line that admits it. torch's text follows; its type is torch's."""
+    import fractions
+
+    np = pytest.importorskip("numpy")
+    buffer = _saved({"array": np.arange(3), "v": fractions.Fraction(1, 3)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", patch.CheckpointRefusedWarning)
+        with pytest.raises(pickle.UnpicklingError) as raised:
+            torch.load(buffer)
+    assert type(raised.value) is pickle.UnpicklingError
+    first, *rest = str(raised.value).split("\n")
+    assert "fractions.Fraction" in first and "COMPATSHIM_ALLOW=fractions.Fraction" in first
+    assert "numpy" not in first and "weights_only=False" not in first
+    after = "\n".join(rest)
+    assert "torch's weights-only load refused it first" in after
+    assert "Weights only load failed" in after  # torch's own text, kept whole

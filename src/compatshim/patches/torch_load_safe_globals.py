@@ -43,10 +43,11 @@ The fix
     ``pickle_module`` are never touched; nothing ever sets ``weights_only=False``.
 
     When compatshim's loader refuses the file too, torch's original exception
-    is re-raised (same type and message), with ``refused`` (the refused
-    globals, a tuple) and a note naming what compatshim refused and how to
-    allow a trusted global for every load in the process
-    (``compatshim.checkpoint.allow``, ``COMPATSHIM_ALLOW``), and a
+    is re-raised (same type), with ``refused`` (the refused globals, a tuple);
+    its message leads with what compatshim refused and how to allow a trusted
+    global for every load in the process (``compatshim.checkpoint.allow``,
+    ``COMPATSHIM_ALLOW``), then torch's own text (which names the first global
+    torch met, maybe one compatshim covers), and a
     :class:`CheckpointRefusedWarning` is emitted, so a caller that swallows
     the error (accelerate 0.34) can no longer drop state silently. torch's
     message still says ``add_safe_globals``: PyTorch Geometric's
@@ -56,8 +57,9 @@ The fix
     compatshim's loader honours what ``torch.serialization.add_safe_globals``
     and ``safe_globals`` registered (as ``allow=``; the deny list still applies).
 
-    Hardened mode (``COMPATSHIM_SAFE_LOAD=1`` when the patch applies, with
-    ``COMPATSHIM_AUTO=1`` or ``compatshim.install()``): every call is
+    Hardened mode (``COMPATSHIM_SAFE_LOAD=1`` when the patch applies; the
+    start-up hook arms it whenever the variable is set, as ``compatshim.install()``
+    does in a script): every call is
     weights-only, ``weights_only=False`` and ``pickle_module=`` included
     (pickle options are dropped: they only serve torch's full unpickler), and
     compatshim's loader reads every file first and alone, on every torch:
@@ -176,12 +178,15 @@ def _mmap(kwargs: dict[str, Any]) -> bool:
     return bool(mmap)
 
 
-def _note(exc: BaseException, text: str) -> None:
-    add_note = getattr(exc, "add_note", None)
-    if add_note is not None:
-        add_note(text)
-    else:  # Python < 3.11: tracebacks ignore it, but the note is kept
-        exc.__notes__ = [*getattr(exc, "__notes__", []), text]  # type: ignore[attr-defined]
+def _lead_with(refusal: BaseException, reason: str) -> None:
+    """Put compatshim's ``reason`` (and remedy) first in torch's own error, torch's text after.
+
+    torch's text names the first global its unpickler met, which may be one compatshim
+    covers (``numpy._core.multiarray._reconstruct``), and advises ``weights_only=False``;
+    compatshim's names the global that really stops the load. The error stays torch's
+    object (its type, ``except`` clauses and PyG's ``add_safe_globals`` check still match).
+    """
+    refusal.args = (f"{reason}\n\ntorch's weights-only load refused it first: {refusal}",)
 
 
 def _warn_refused(message: str) -> None:
@@ -394,10 +399,7 @@ def _through_compatshim(
                 )
             raise _refused_hardened(why, what) from None
         refusal.refused = refused  # type: ignore[attr-defined]
-        _note(
-            refusal,
-            f"compatshim.checkpoint.load refused it too: {text}.{_how_to_allow(refused)}",
-        )
+        _lead_with(refusal, f"compatshim.checkpoint.load: {text}.{_how_to_allow(refused)}")
         _warn_refused(
             f"torch.load refused {what} (weights-only) and compatshim.checkpoint.load "
             f"refused it too ({text}); whatever was to be loaded from it is missing, "
@@ -572,6 +574,42 @@ def confirm(torch: ModuleType) -> bool:
     return all(getattr(load, "__compatshim_original__", None) is not None for load in loads)
 
 
+def _warn_stale(original: Callable[..., Any], owners: tuple[ModuleType, ...]) -> None:
+    """Say, once and on stderr, which modules hold the ``torch.load`` of before hardening.
+
+    Armed inside ``import torch`` (the start-up hook) no other code can hold it. Armed
+    later (``compatshim.install()`` after ``import torch``), a ``from torch import load``
+    taken before keeps torch's function: its ``weights_only=False`` loads are refused (see
+    :func:`_guard_inner`), but its weights-only loads reach torch's own unpickler, whose
+    failures on hostile files hardened mode exists to avoid. Only module-level names are
+    looked for (``gc.get_referrers``, ~50 ms, paid only on this late path).
+    """
+    import gc
+    import sys
+
+    from .._engine.safe_load import loud
+
+    skip = {id(vars(owner)) for owner in owners}
+    holders: dict[int, str] = {}
+    for name, module in list(sys.modules.items()):  # the first name of an alias (__main__)
+        if module is not None:
+            holders.setdefault(id(vars(module)), name)
+    found = sorted(
+        holders[id(ref)]
+        for ref in gc.get_referrers(original)
+        if id(ref) in holders and id(ref) not in skip
+    )
+    if found:
+        loud(
+            "stale torch.load",
+            "COMPATSHIM_SAFE_LOAD=1 is NOT fully in force in this process: "
+            f"{', '.join(found)} took torch.load before compatshim armed hardened mode, and its "
+            "weights-only loads still reach torch's own unpickler (weights_only=False ones are "
+            "refused). Arm before import torch: compatshim installed in this environment with "
+            "COMPATSHIM_SAFE_LOAD=1 set at start, or compatshim.install() first.",
+        )
+
+
 def apply(torch: ModuleType, patcher: Patcher) -> None:
     from torch import serialization
 
@@ -586,6 +624,10 @@ def apply(torch: ModuleType, patcher: Patcher) -> None:
         replacement = wrapped.setdefault(id(original), _wrap(original, hardened))
         patcher.setattr(owner, "load", replacement)
     if hardened:
+        from .._engine import import_hooks
+
+        if import_hooks.finishing() is None:  # armed after torch's import: look for old copies
+            _warn_stale(vars(serialization)["load"].__compatshim_original__, (torch, serialization))
         for name in ("_load", "_legacy_load"):
             inner = vars(serialization).get(name)
             if callable(inner) and getattr(inner, "__compatshim_original__", None) is None:
