@@ -8,6 +8,7 @@ import importlib
 import io
 import sys
 import threading
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any, Iterator
@@ -73,12 +74,39 @@ def test_environment_entries_and_a_malformed_value(monkeypatch: pytest.MonkeyPat
         fractions.Fraction(1, 2),
         decimal.Decimal("2"),
     ]
-    monkeypatch.setenv("COMPATSHIM_ALLOW", "fractions.Fraction,not a name")
-    with pytest.warns(RuntimeWarning, match="COMPATSHIM_ALLOW.*ignored"):
-        assert _refused(fractions.Fraction(1, 2)) == ("fractions.Fraction",)
+    # one malformed entry is skipped and named; the entries beside it stay in force
+    monkeypatch.setenv("COMPATSHIM_ALLOW", "fractions.Fraction,not-a-name decimal.Decimal")
+    with pytest.warns(RuntimeWarning, match="1 malformed allow entry skipped") as warned:
+        assert checkpoint.load(_saved(fractions.Fraction(1, 2))) == fractions.Fraction(1, 2)
+    (message,) = [str(w.message) for w in warned]
+    assert "COMPATSHIM_ALLOW: 'not-a-name' is not a 'module.name' global" in message
+    assert [w.filename for w in warned] == [__file__]  # the line that loaded, not compatshim's
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once only
-        _refused(fractions.Fraction(1, 2))
+        assert checkpoint.load(_saved(decimal.Decimal("2"))) == decimal.Decimal("2")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "fractions.Fraction;decimal.Decimal",  # another separator: one entry, malformed
+        "fractions.Fraction!",
+        "fractions.Fraction()",
+        "fractions.Fraction\x7f",
+        "omegaconf-resolver:fractions.Fraction",  # a resolver entry names no global
+        "fractions.Fraction.",
+        "fractions .Fraction",
+        "fractions..Fraction",
+        "fractions\u00a0.Fraction",
+    ],
+)
+def test_a_malformed_entry_admits_nothing(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail closed for that entry: a near-miss of a real name never admits the name."""
+    monkeypatch.setenv("COMPATSHIM_ALLOW", raw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert _refused(fractions.Fraction(1, 2)) == ("fractions.Fraction",)
+        assert _refused(decimal.Decimal(1)) == ("decimal.Decimal",)
 
 
 def test_entry_text_is_cut_in_errors_warnings_and_the_doctor(
@@ -93,9 +121,11 @@ def test_entry_text_is_cut_in_errors_warnings_and_the_doctor(
         with pytest.raises(TypeError) as raised:
             checkpoint.load(_saved(1), allow=[entry])
         assert len(str(raised.value)) < 400
-    monkeypatch.setenv("COMPATSHIM_ALLOW", f"fractions.Fraction,{long}!")
+    many = ",".join(f"bad{i}" for i in range(10_000))
+    monkeypatch.setenv("COMPATSHIM_ALLOW", f"fractions.Fraction,{long}!,{many}")
     with pytest.warns(RuntimeWarning) as warned:
-        _refused(fractions.Fraction(1, 2))
+        assert checkpoint.load(_saved(fractions.Fraction(1, 2))) == fractions.Fraction(1, 2)
+    assert len(warned) == 1 and "10001 malformed allow entries" in str(warned[0].message)
     assert all(len(str(w.message)) < 1000 for w in warned)
     monkeypatch.delenv("COMPATSHIM_ALLOW")
     for index in range(15):
@@ -112,9 +142,16 @@ def test_a_file_of_entries_with_reasons(tmp_path: Path, monkeypatch: pytest.Monk
     assert checkpoint.load(_saved(fractions.Fraction(1, 2))) == fractions.Fraction(1, 2)
     (entry,) = checkpoint.allowed()
     assert entry.reason == "exact ratios in our files" and entry.source == f"{listing}:2"
-    listing.write_text("fractions.Fraction decimal.Decimal\nbad-name\n")  # changed: read again
-    with pytest.warns(RuntimeWarning, match="bad-name"):
-        assert _refused(fractions.Fraction(1, 2)) == ("fractions.Fraction",)
+    # changed: read again; the malformed entries are named and skipped, the rest stay
+    listing.write_bytes(
+        b"fractions.Fraction bad-name\nuuid.UUID\xff\n# caf\xe9\ndecimal.Decimal # caf\xe9\n"
+    )
+    with pytest.warns(RuntimeWarning, match="2 malformed allow entries skipped") as warned:
+        assert checkpoint.load(_saved(fractions.Fraction(1, 2))) == fractions.Fraction(1, 2)
+    (message,) = [str(w.message) for w in warned]
+    assert f"{listing}:1: 'bad-name' is not" in message and f"{listing}:2: 'uuid" in message
+    assert checkpoint.load(_saved(decimal.Decimal(1))) == decimal.Decimal(1)
+    assert _refused(uuid.UUID(int=1)) == ("uuid.UUID",)  # its line was not UTF-8: skipped
     monkeypatch.setenv("COMPATSHIM_ALLOW_FILE", str(tmp_path / "missing.txt"))
     with pytest.warns(RuntimeWarning, match="missing.txt"):
         _refused(fractions.Fraction(1, 2))

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -105,3 +106,24 @@ rng.save({str(target)!r})
         warnings.simplefilter("error")
         rng.load(target)  # still the complete earlier file
     assert torch.load(target, weights_only=True)["format"] == "compatshim.rng.file"
+
+
+def _warned_at(call: Any) -> list[tuple[str, int]]:
+    """(file, line) of each RNGStateWarning that ``call`` issues."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    return [(w.filename, w.lineno) for w in caught if issubclass(w.category, rng.RNGStateWarning)]
+
+
+def test_the_mismatch_warning_names_the_callers_line() -> None:
+    """Through ``restore`` and through ``load`` (which calls it) alike, the warning points at
+    the line that called compatshim, not at compatshim's own files (issue 38 item 5). A plain
+    pickle holds no torch state: torch's generator is skipped, a mismatch."""
+    plain = Path(__file__).parent / "fixtures" / "np1" / "numpy1_plain_p2.pkl"
+    state = rng.read(plain)
+    line = sys._getframe().f_lineno
+    by_restore = _warned_at(lambda: rng.restore(state))
+    by_load = _warned_at(lambda: rng.load(plain))
+    assert by_restore == [(__file__, line + 1)], by_restore
+    assert by_load == [(__file__, line + 2)], by_load

@@ -96,11 +96,12 @@ def _flush() -> None:
 
 
 def warn(message: str) -> None:
-    """A ``RuntimeWarning`` that can never raise, even under ``python -W error``."""
+    """A ``RuntimeWarning`` that can never raise, even under ``python -W error``, at the
+    user's line that led to it (an ``install()``, ``import torch``, a load)."""
     try:
-        import warnings
+        from .._warn import warn as warn_at_caller
 
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warn_at_caller(message, RuntimeWarning)
     except Exception:  # the filters turned it into an error: say it on stderr instead
         try:  # noqa: SIM105 (contextlib would cost start-up time)
             sys.stderr.write(f"RuntimeWarning: {message}\n")

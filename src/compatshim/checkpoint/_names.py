@@ -91,7 +91,16 @@ def parse(item: Any, where: str = "allow=", strict: bool = False) -> Parsed:
     )
 
 
-def parse_text(raw: str, where: str) -> list[Parsed]:
+def parse_text(raw: str, where: str) -> tuple[list[Parsed], list[str]]:
     """Entries separated by commas or whitespace (``COMPATSHIM_ALLOW``, a line of the allow
-    file); SettingError names a bad one."""
-    return [parse(part, where, strict=True) for part in re.split(r"[\s,]+", raw) if part]
+    file), and why each malformed one was skipped: a bad entry costs only itself (it admits
+    nothing), never the entries beside it."""
+    entries: list[Parsed] = []
+    skipped: list[str] = []
+    for part in re.split(r"[\s,]+", raw):
+        if part:
+            try:
+                entries.append(parse(part, where, strict=True))
+            except _settings.SettingError as exc:
+                skipped.append(str(exc))
+    return entries, skipped

@@ -29,8 +29,10 @@ allowlist nor the call's ``allow=`` admits and the deny list does not name: a
 load that needs none of them never reads the file or the entry points, and a
 string names a module that is imported only when a file needs it. An entry never
 replaces the allowlist's handling of a global it already lists. Entries are read
-by ``_names.parse``, as ``allow=`` is. A malformed variable, file or entry point is warned
-about once and ignored: ignoring an entry only makes loading stricter.
+by ``_names.parse``, as ``allow=`` is. A malformed entry in the variable or the file is
+warned about once and skipped, admitting nothing, while the entries beside it stay in force;
+a file that cannot be read, or a broken entry point, is warned about once and ignored.
+Ignoring an entry only makes loading stricter.
 Allowed classes are constructed and functions called with the file's
 arguments, as with ``allow=``: name only globals you trust.
 """
@@ -43,6 +45,7 @@ from typing import Any, Iterable, Iterator
 
 from .. import _settings
 from .._engine import decisions
+from .._text import names
 from ._names import RESOLVER, UNRESOLVED, Parsed, parse, parse_text
 from .deny import REFUSAL as DENIED_REFUSAL
 from .deny import denied_entry
@@ -165,14 +168,20 @@ def _strings(entries: Iterable[tuple[Parsed, str, str]]) -> dict[Key, tuple[Any,
 
 
 def _from_environment() -> dict[Key, tuple[Any, Allowed]]:
-    try:
-        entries = parse_text(_settings.allow_text(), _settings.ALLOW)
-    except _settings.SettingError as exc:
-        decisions.warn_once(
-            "allow", f"env:{exc}", f"compatshim: {exc}; {_settings.ALLOW} is ignored"
-        )
-        return {}
+    entries, skipped = parse_text(_settings.allow_text(), _settings.ALLOW)
+    _warn_skipped(_settings.ALLOW, skipped)
     return _strings((e, f"listed in {_settings.ALLOW}", _settings.ALLOW) for e in entries)
+
+
+def _warn_skipped(source: str, skipped: list[str]) -> None:
+    """One warning (once) for a source's malformed entries: each is skipped, admitting
+    nothing, and the source's other entries stay in force."""
+    if skipped:
+        message = (
+            f"compatshim: {len(skipped)} malformed allow entr{'y' if len(skipped) == 1 else 'ies'}"
+            f" skipped (the other entries of {source} stay in force): {names(skipped, 5)}"
+        )
+        decisions.warn_once("allow", message, message)
 
 
 def _from_file() -> dict[Key, tuple[Any, Allowed]]:
@@ -196,7 +205,8 @@ def _from_file() -> dict[Key, tuple[Any, Allowed]]:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with open(fd, "rb") as handle:
             _regular(os.fstat(handle.fileno()).st_mode)
-            text = handle.read(MAX_FILE_BYTES).decode("utf-8")
+            # a line that is not UTF-8 is a malformed entry (skipped), not a lost file
+            text = handle.read(MAX_FILE_BYTES).decode("utf-8", errors="replace")
         entries = _strings(_parse_file(text, path))
     except (OSError, ValueError) as exc:
         decisions.warn_once(
@@ -219,11 +229,15 @@ def _regular(mode: int) -> None:
 
 def _parse_file(text: str, path: str) -> list[tuple[Parsed, str, str]]:
     found = []
+    skipped: list[str] = []
     for number, line in enumerate(text.splitlines(), 1):
         entry, _, comment = line.partition("#")
         where = f"{path}:{number}"
-        for parsed in parse_text(entry, where):
+        entries, bad = parse_text(entry, where)
+        skipped += bad
+        for parsed in entries:
             found.append((parsed, comment.strip() or f"listed in {where}", where))
+    _warn_skipped(f"{_settings.ALLOW_FILE}={path!r}", skipped)
     return found
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .._text import short
+from .._warn import warn as warn_at_caller
 from . import devices
 from .capture import GENERATOR_LOCK, distributed_position
 from .derive import derived_cuda, derived_parts, derived_seed, material_digest
@@ -268,9 +268,8 @@ def restore(
     apply_plan(plan)
     assert plan.report is not None
     if warn and plan.report.mismatch:
-        warnings.warn(
+        warn_at_caller(  # the user's line, through rng.load too
             "compatshim.rng: the saved and current setup differ\n" + plan.report.summary(),
             RNGStateWarning,
-            stacklevel=2,
         )
     return plan.report

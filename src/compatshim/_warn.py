@@ -1,0 +1,41 @@
+"""A warning attributed to the line that called compatshim, whatever path led to it.
+
+A fixed ``stacklevel`` counts frames, so the same warning reached another way
+(``rng.load`` calls ``rng.restore``; an import hook fires inside ``import torch``;
+``checkpoint.load`` reads ``COMPATSHIM_ALLOW``) names compatshim's own file. Here the
+warning goes to the first frame outside compatshim and the import machinery, as
+``skip_file_prefixes`` does on Python 3.12+ (compatshim supports 3.9).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _inside(filename: str) -> bool:
+    return filename.startswith(_PACKAGE) or filename.startswith("<frozen importlib")
+
+
+def warn(message: str, category: type[Warning]) -> None:
+    """``warnings.warn(message, category)`` at the caller's line (the first frame outside
+    compatshim); under ``-W error`` it raises, as ``warnings.warn`` does."""
+    import warnings  # not imported at interpreter start: only when a warning is due
+
+    frame = sys._getframe(1)
+    while frame.f_back is not None and _inside(frame.f_code.co_filename):
+        frame = frame.f_back
+    if _inside(frame.f_code.co_filename):  # called from nowhere outside: say it here
+        warnings.warn(message, category, stacklevel=2)
+        return
+    module_globals = frame.f_globals
+    warnings.warn_explicit(
+        message,
+        category,
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        module=module_globals.get("__name__", "<string>"),
+        registry=module_globals.setdefault("__warningregistry__", {}),
+    )  # no module_globals: a loader's get_source raises for some (``python -c``)
