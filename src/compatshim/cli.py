@@ -41,12 +41,19 @@ def _quiet_stdout() -> None:
 
 
 def _run(argv: Sequence[str] | None) -> int:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="compatshim", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"compatshim {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     doctor = commands.add_parser(
-        "doctor", help="report installed frameworks, known breakages and whether they are fixed"
+        "doctor",
+        help="installed frameworks; each known breakage: present, fixable, in force here",
     )
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument(
+        "-v", "--verbose", action="store_true", help="each row's full detail under it"
+    )
     doctor.add_argument(
         "--timeout", type=float, default=None, help="seconds allowed for the live probes"
     )
@@ -64,4 +71,4 @@ def _run(argv: Sequence[str] | None) -> int:
         return inspect_main(args.file, as_json=args.json)
     from . import doctor as doctor_module
 
-    return doctor_module.main(as_json=args.json, timeout=args.timeout)
+    return doctor_module.main(as_json=args.json, timeout=args.timeout, verbose=args.verbose)

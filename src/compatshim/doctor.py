@@ -202,7 +202,7 @@ def render(ver: dict[str, str | None], report: dict[str, Any], table: list[Docto
     return "\n".join(lines)
 
 
-def main(as_json: bool = False, timeout: float | None = None) -> int:
+def main(as_json: bool = False, timeout: float | None = None, verbose: bool = False) -> int:
     try:
         timeout = _settings.doctor_timeout(timeout)
     except _settings.SettingError as exc:
