@@ -67,7 +67,7 @@ class PassCounter:
 
 def main(argv: list[str]) -> int:
     env = os.environ.get("TOX_ENV_NAME", "local")
-    results = os.path.join(os.environ.get("COMPATSHIM_RESULTS", ".results"), f"{env}.xml")
+    results = os.path.join(os.environ.get("COMPATSHIM_TEST_RESULTS", ".results"), f"{env}.xml")
     os.makedirs(os.path.dirname(results), exist_ok=True)
     record_versions(results[: -len(".xml")] + ".versions.json")
     counter = PassCounter()

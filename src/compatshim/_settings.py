@@ -90,3 +90,47 @@ def allow_text() -> str:
 def allow_file() -> str | None:
     """The path in ``COMPATSHIM_ALLOW_FILE``, or None."""
     return os.environ.get(ALLOW_FILE, "").strip() or None
+
+
+# -- names nobody reads ------------------------------------------------------------------------
+_PREFIX = "COMPATSHIM_"
+_TESTS = "COMPATSHIM_TEST_"  # compatshim's own test suite's variables: never checked
+
+
+def _known() -> tuple[str, ...]:
+    """Every ``COMPATSHIM_*`` name this module declares (a constant above; the prefixes end
+    in ``_``), so a setting added here is known without a second list to keep in step."""
+    found = list(globals().values())
+    return tuple(v for v in found if type(v) is str and v.startswith(_PREFIX) and v[-1] != "_")
+
+
+def unknown_names() -> list[str]:
+    """``COMPATSHIM_*`` variables set in this process that compatshim does not read (any case:
+    ``compatshim_auto`` is a slip too)."""
+    ours = [name for name in os.environ if name[: len(_PREFIX)].upper() == _PREFIX]
+    if not ours:  # the common case costs one pass over the environment
+        return []
+    known = _known()
+    return sorted(n for n in ours if n not in known and not n.upper().startswith(_TESTS))
+
+
+def _warn_unknown() -> None:
+    """Each unknown ``COMPATSHIM_*`` name, warned once, with the nearest known one. Runs once
+    per process, when this module is imported; difflib is imported only for an unknown name."""
+    unknown = unknown_names()
+    if not unknown:
+        return
+    import difflib
+
+    from ._engine import decisions
+
+    known = {name[len(_PREFIX) :]: name for name in _known()}
+    for name in unknown:
+        near = difflib.get_close_matches(name[len(_PREFIX) :].upper(), known, n=1, cutoff=0.6)
+        hint = f"did you mean {known[near[0]]}?" if near else f"known: {', '.join(known.values())}"
+        decisions.warn_once(
+            "settings", name, f"compatshim: {name} is not a compatshim setting, ignored; {hint}"
+        )
+
+
+_warn_unknown()

@@ -1,7 +1,7 @@
 """Hypothesis fuzz over real files, in a fresh interpreter: only library errors, bounded memory.
 
-``COMPATSHIM_FUZZ_EXAMPLES`` (default 150) sets the number of mutants; CI keeps
-it modest, a longer local run is ``COMPATSHIM_FUZZ_EXAMPLES=5000 pytest ...``.
+``COMPATSHIM_TEST_FUZZ_EXAMPLES`` (default 150) sets the number of mutants; CI keeps
+it modest, a longer local run is ``COMPATSHIM_TEST_FUZZ_EXAMPLES=5000 pytest ...``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from tests.checkpoint.helpers import ROOT, peak_rss_mb
 
-EXAMPLES = int(os.environ.get("COMPATSHIM_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("COMPATSHIM_TEST_FUZZ_EXAMPLES", "150"))
 
 
 @pytest.mark.slow

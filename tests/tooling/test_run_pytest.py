@@ -15,7 +15,11 @@ RUN_PYTEST = Path(__file__).resolve().parents[1] / "run_pytest.py"
 
 
 def run(folder: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TOX_ENV_NAME": "selftest", "COMPATSHIM_RESULTS": str(tmp_path / "res")}
+    env = {
+        **os.environ,
+        "TOX_ENV_NAME": "selftest",
+        "COMPATSHIM_TEST_RESULTS": str(tmp_path / "res"),
+    }
     return subprocess.run(
         [sys.executable, str(RUN_PYTEST), "-p", "no:cacheprovider", str(folder)],
         env=env,
