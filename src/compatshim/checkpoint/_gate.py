@@ -26,7 +26,7 @@ from . import process_allow
 from ._names import RESOLVER, UNRESOLVED, canonical, parse
 from .allowlist import Entry, candidate_modules, row
 from .deny import REFUSAL as DENIED_REFUSAL
-from .deny import denied, denied_object
+from .deny import denied_global, denied_object
 from .process_allow import Allowed
 
 ALLOWLIST = "compatshim's allowlist"
@@ -47,6 +47,14 @@ class Allow:
     string) and the omegaconf resolvers its configs may call (then the process-wide ones)."""
 
     def __init__(self, items: Iterable[Any] = ()) -> None:
+        if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+            hint = (
+                f": write allow=[{items!r}]" if isinstance(items, str) and len(items) < 200 else ""
+            )
+            raise TypeError(
+                "allow= takes a list of entries ('module.name' strings, classes, functions, "
+                f"(object, 'module.name') pairs), got {type(items).__name__}{hint}"
+            )
         self.named: dict[str, Any] = {}
         resolvers: set[str] = set()
         for item in items:
@@ -119,7 +127,7 @@ def judge(module: str, name: str, allow: Allow | None = None, reached: bool = Fa
         if member is None:  # bounded by the table (a file may name any number of members)
             _LISTED[key] = verdict
         return verdict
-    danger = GETATTR_ONLY if reached else denied(key)
+    danger = GETATTR_ONLY if reached else denied_global(key)
     if danger is not None:
         why = danger if reached else f"{DENIED_REFUSAL}: {danger}"
         return Verdict(key, entry, member, why=why, dangerous=danger)

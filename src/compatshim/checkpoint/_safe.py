@@ -84,6 +84,7 @@ class SafeMachine(Machine):
         self.storages = storages
         self.load_nested = load_nested
         self._roles: dict[int, Role] = {}
+        self._unsafe: dict[int, str] = {}  # id -> name of the roles that may not be values
         self._cache: dict[tuple[str, str], Any] = {}
         # objects this load made that BUILD may give state, and how (two dicts by id: no
         # extra tuple per object for the garbage collector to walk)
@@ -125,7 +126,7 @@ class SafeMachine(Machine):
         reason = denied_object(user)  # a string entry, now that it is imported
         if reason is not None:
             raise refused(f"{module}.{name}", f"{DENIED_REFUSAL}: {reason}")
-        self._roles[id(user)] = Role(f"{module}.{name}", "user", f"{module}.{name}", user)
+        self._add_role(Role(f"{module}.{name}", "user", f"{module}.{name}", user))
         return user
 
     def _resolve_entry(self, entry: Entry) -> Any:
@@ -133,10 +134,15 @@ class SafeMachine(Machine):
             obj = entry.resolve()
         except LookupError as exc:
             raise refused(entry.qualname, str(exc)) from None
-        self._roles[id(obj)] = Role(
-            entry.qualname, entry.kind, entry.key, obj, entry, harmless_value(entry, obj)
+        self._add_role(
+            Role(entry.qualname, entry.kind, entry.key, obj, entry, harmless_value(entry, obj))
         )
         return obj
+
+    def _add_role(self, role: Role) -> None:
+        self._roles[id(role.obj)] = role
+        if not role.value_ok:
+            self._unsafe[id(role.obj)] = role.qualname
 
     def created(self) -> dict[int, Any]:
         """Objects this load made and may have given state (walked by :func:`check_result`)."""
@@ -144,7 +150,7 @@ class SafeMachine(Machine):
 
     def forbidden_values(self) -> dict[int, str]:
         """``id -> name`` of the resolved globals that must not come back as values."""
-        return {key: role.qualname for key, role in self._roles.items() if not role.value_ok}
+        return self._unsafe
 
     def role_of(self, value: Any) -> Role | None:
         role = self._roles.get(id(value))
@@ -154,6 +160,36 @@ class SafeMachine(Machine):
         """The allowlist entry ``value`` was resolved from in this load (None: not from it)."""
         role = self.role_of(value)
         return role.entry if role is not None else None
+
+    def hand_to_user(self, value: Any, to: Any) -> None:
+        """Refuse to hand ``value`` to the caller's own callable ``to`` (an ``allow=`` or
+        process-wide global) where it holds a global that may only be called while loading:
+        the checked ``getattr``, a rebuild function, a partial. Those are safe only inside
+        compatshim's rules; ``functools.reduce`` would call them freely. The walk is charged
+        per object visited, each time (a shared argument passed again is walked again)."""
+        unsafe = self._unsafe
+        if not unsafe:
+            return
+        seen: set[int] = set()
+        stack = [value]
+        what = f"arguments of {describe(to)}"
+        while stack:
+            node = stack.pop()
+            if type(node) in _LEAVES or id(node) in seen:
+                continue
+            seen.add(id(node))
+            if len(seen) % 4096 == 0:
+                self.budget.charge(4096, what)
+            name = unsafe.get(id(node))
+            if name is not None:
+                raise UnsafeCheckpointError(
+                    f"{name} handed to {describe(to)} refused: it may only be called by "
+                    "compatshim's own rules, never by a callable the caller allowed",
+                    (name,),
+                )
+            if type(node) in _CONTAINERS or id(node) in self._created:
+                stack.extend(_children(node))
+        self.budget.charge(len(seen) % 4096, what)
 
     # ------------------------------------------------------------------ registration
     def register_builder(self, obj: Any, builder: Builder) -> None:
@@ -223,7 +259,7 @@ class SafeMachine(Machine):
     def _partial(self, role: Role, args: tuple[Any, ...]) -> Any:
         """``functools.partial(object.__new__)``: a stand-in, never a value (``_partial.py``)."""
         made = _partial.start(args, self.role_of)
-        self._roles[id(made)] = Role(role.qualname, "partial", role.key, made, role.entry, False)
+        self._add_role(Role(role.qualname, "partial", role.key, made, role.entry, False))
         self.register_builder(
             made, lambda o, s: _partial.build(o, s, self.role_of, self.budget.charge)
         )
@@ -234,6 +270,7 @@ class SafeMachine(Machine):
         return _tensors.REBUILDS.get(role.key) if role is not None else None
 
     def _call_user(self, func: Any, args: tuple[Any, ...]) -> Any:
+        self.hand_to_user(args, func)
         made = func(*args)
         if isinstance(func, type) and type(made) is func:
             self._register_user_instance(made)
@@ -244,7 +281,11 @@ class SafeMachine(Machine):
             return  # members are shared: never receive state
         if isinstance(made, dict):
             self.register_dict(made)
-        self.register_builder(made, _user_build)
+        self.register_builder(made, self._build_user)
+
+    def _build_user(self, inst: Any, state: Any) -> None:
+        self.hand_to_user(state, type(inst))  # its own __setstate__ may call what it is given
+        _user_build(inst, state)
 
     def _reconstructor(self, args: tuple[Any, ...]) -> Any:
         if len(args) != 3:
@@ -282,6 +323,7 @@ class SafeMachine(Machine):
         role = self.role_of(cls)
         kind = role.kind if role is not None else None
         if kind == "user" and isinstance(cls, type):
+            self.hand_to_user((args, kwargs), cls)
             made = cls.__new__(cls, *args, **kwargs)
             if type(made) is cls:
                 self._register_user_instance(made)

@@ -1,26 +1,37 @@
-"""The deny list: globals no allow source can admit, whatever it says.
+"""The deny list: objects no allow source can admit, whatever name they report.
 
-One table of known-dangerous names (code execution, imports, files, processes,
-unrestricted unpicklers). It is consulted before every allow source (a
-``load`` call's ``allow=``, ``compatshim.checkpoint.allow``,
-``COMPATSHIM_ALLOW``, ``COMPATSHIM_ALLOW_FILE``, the ``compatshim.allow``
-entry points), by name and, for objects, by the name the object itself
-carries (``allow=[(eval, "my.safe")]`` is still ``builtins.eval``). Only
-compatshim's curated allowlist handles a denied name it lists itself
+One table of known-dangerous globals (code execution, imports, files, processes,
+the network, threads, unrestricted unpicklers). It is consulted before every allow
+source (a ``load`` call's ``allow=``, ``compatshim.checkpoint.allow``,
+``COMPATSHIM_ALLOW``, ``COMPATSHIM_ALLOW_FILE``, the ``compatshim.allow`` entry
+points). Only compatshim's curated allowlist handles a denied name it lists itself
 (``builtins.getattr``, ``functools.partial``, ``codecs.encode``,
-``torch.storage._load_from_bytes``), and then only through its own checked
-rule, never as a callable the file calls freely.
+``torch.storage._load_from_bytes``), and then only through its own checked rule,
+never as a callable the file calls freely.
 
-Keys are ``module.name``, or ``prefix*`` for every name starting so (``os.*``:
-os and its submodules, standard modules no checkpoint needs whose names
-include gadgets; ``code`` may be a project's package, so its gadgets are named
-one by one). Names are judged as ``_names.canonical`` spells them (``__builtin__``, in
-Python 2 pickles, is ``builtins``).
+Names lie, so objects are judged by what they are (:func:`denied_object`): a module
+object is denied (it reaches its ``os``, its ``sys``); so is a callable whose name does
+not lead back to it (no ``__qualname__``, as ``ctypes.memmove`` or ``exit``; a bound
+method of some instance). Otherwise every spelling of the object is judged: the name it
+reports (``functools.reduce`` reports ``_functools``), the module a C function is bound
+to (``os.system`` is ``posix.system``), each table entry that is this very object in a
+module already imported (``types.FunctionType`` is ``builtins.function``;
+``torch.from_file`` reports ``torch._VariableFunctionsClass``), and for an object of a
+C or private module, a listed module that exports it under its own name (``_io.open`` is
+``io.open``). Nothing is imported.
+
+Keys are ``module.name``, or ``prefix*`` for every name starting so (``os.*``: os and its
+submodules, standard modules no checkpoint needs whose names include gadgets; ``code`` may
+be a project's package, so its gadgets are named one by one). C modules are listed beside
+the modules that wrap them. Names are judged as ``_names.canonical`` spells them
+(``__builtin__``, in Python 2 pickles, is ``builtins``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+import types
+from typing import Any, Callable, Mapping
 
 from ._names import canonical_name
 
@@ -31,6 +42,7 @@ DENIED: dict[str, str] = {
     "subprocess.*": "runs any program",
     "_posixsubprocess.*": "runs any program",
     "multiprocessing.*": "starts processes and unpickles what they send",
+    "_multiprocessing.*": "multiprocessing's C half: semaphores, sends to processes",
     "pty.*": "runs any program on a terminal",
     "sys.*": "the interpreter's global state (modules, paths, hooks, exit)",
     "builtins.eval": "evaluates Python source from the file",
@@ -50,11 +62,22 @@ DENIED: dict[str, str] = {
     "builtins.exit": "ends the process",
     "builtins.quit": "ends the process",
     "builtins.help": "starts the interactive help (a pager, imports)",
+    "builtins.function": "types.FunctionType: makes a function from a code object in the file",
+    "builtins.code": "types.CodeType: makes a code object from bytes in the file",
+    "builtins.method": "types.MethodType: binds any callable to any object",
+    "builtins.module": "types.ModuleType: makes module objects",
+    "_sitebuiltins.*": "exit, quit (end the process) and help (a pager, imports)",
     "importlib.*": "imports any module (importing runs its code)",
+    "_frozen_importlib.*": "importlib's core under its frozen name: imports any module",
+    "_frozen_importlib_external.*": "importlib's file loaders: import any module or path",
+    "_imp.*": "the import machinery's C half: loads any shared library, runs any module",
+    "pkgutil.*": "resolve_name and walk_packages import any module",
+    "pydoc.*": "locate imports any module; pipepager runs a shell command",
     "runpy.*": "runs any module or script",
     "code.InteractiveInterpreter": "runs Python source from the file",
     "code.InteractiveConsole": "runs Python source from the file",
     "code.interact": "starts an interactive interpreter",
+    "doctest.*": "runs Python source found in strings (debug_script, run_docstring_examples)",
     "timeit.*": "runs Python source given as a string",
     "pdb.*": "runs Python source under the debugger",
     "bdb.*": "runs Python source under the debugger",
@@ -70,14 +93,25 @@ DENIED: dict[str, str] = {
     "codecs.*": "opens files (codecs.open) and decodes with any registered codec",
     "_codecs.*": "decodes with any registered codec (_codecs.encode is a checked rule)",
     "socket.*": "opens network connections",
+    "_socket.*": "opens network connections",
     "webbrowser.*": "starts programs",
     "pip.*": "installs and runs packages",
+    "logging.config.*": "dictConfig imports and calls any callable; listen opens a socket",
+    "atexit.*": "registers any callable to run at exit",
+    "threading.*": "starts threads that run any callable",
+    "_thread.*": "starts threads that run any callable (start_new_thread)",
+    "signal.*": "installs signal handlers that run any callable",
+    "_signal.*": "installs signal handlers that run any callable",
     "types.FunctionType": "makes a function from a code object in the file",
     "types.CodeType": "makes a code object from bytes in the file",
+    "types.LambdaType": "makes a function from a code object in the file",
+    "types.MethodType": "binds any callable to any object",
+    "types.ModuleType": "makes module objects",
     "marshal.*": "makes code objects from bytes in the file",
     "operator.*": "attrgetter, methodcaller, call: reach and call any attribute",
     "_operator.*": "attrgetter, methodcaller, call: reach and call any attribute",
     "functools.*": "partial and reduce call any function later, with the file's arguments",
+    "_functools.*": "functools under its C name: reduce and partial call any function",
     "pickle.*": "unpickles bytes from the file with no allowlist (any global, any code)",
     "_pickle.*": "unpickles bytes from the file with no allowlist (any global, any code)",
     "copyreg.*": "registers reducers: global state (copyreg._reconstructor is a checked rule)",
@@ -89,10 +123,17 @@ DENIED: dict[str, str] = {
     "torch.load": "may run torch.load(weights_only=False) on bytes from the file",
     "torch.serialization.*": "may run torch.load(weights_only=False) on bytes from the file",
     "torch.storage._load_from_bytes": "torch.load(weights_only=False) on bytes from the file",
+    "torch.from_file": "maps any file on disk into a tensor",
+    "torch._utils._import_dotted_name": "imports any module by name",
+    "torch.package.*": "imports and runs code packaged in the file",
+    "torch.fx.graph_module.*": "GraphModule's reducers build and exec Python source from the file",
     "torch.jit.*": "compiles and runs TorchScript code from the file",
     "torch.hub.*": "downloads and runs code",
     "torch.utils.cpp_extension.*": "compiles and loads C++ code",
     "torch._C._jit_*": "compiles and runs TorchScript code",
+    "torch._C.import_ir_module*": "loads and runs TorchScript code from bytes or a file",
+    "torch._C._import_ir_module*": "loads and runs TorchScript code from a package",
+    "torch._C._load_for_lite_interpreter*": "loads and runs TorchScript code from a file",
 }
 
 _EXACT = {k: v for k, v in DENIED.items() if not k.endswith("*")}
@@ -121,24 +162,116 @@ def denied(name: str) -> str | None:
     return None
 
 
+MODULE = "a module object: reaches everything the module holds (its os, its sys, its loader)"
+UNNAMED = (
+    "a callable whose name does not lead back to it (no __qualname__, or its module holds "
+    "another object there): compatshim cannot tell what it runs"
+)
+
+
 def denied_object(obj: Any) -> str | None:
-    """Why ``obj`` is a denied global, by the name it carries itself (``os.system`` is
-    ``posix.system``), or None. ``obj`` comes from the caller's code (``allow=``, ``allow()``,
-    an entry point, a string entry once imported), never from a file."""
+    """Why ``obj`` can never be admitted, judged by what it is (the module docstring), or
+    None. ``obj`` comes from the caller's code (``allow=``, ``allow()``, an entry point, a
+    string entry once imported) or from a module already imported, never from a file. Reads
+    attributes and ``sys.modules`` only; imports nothing."""
+    if isinstance(obj, types.ModuleType):
+        return MODULE
     try:
         module = getattr(obj, "__module__", None)
         qualname = getattr(obj, "__qualname__", None)
+        owner = getattr(obj, "__self__", None)
     except Exception:
-        return None
-    if type(module) is not str or type(qualname) is not str:
-        return None
-    return denied(f"{module}.{qualname}")
+        return UNNAMED if _callable(obj) else None
+    names = []
+    if type(module) is str and type(qualname) is str:
+        names.append(f"{module}.{qualname}")
+    if isinstance(owner, types.ModuleType) and type(qualname) is str:
+        names.append(f"{owner.__name__}.{qualname}")  # the module a C function is bound to
+    for name in names:
+        reason = denied(name)
+        if reason is not None:
+            return reason
+    for name, reason in _EXACT.items():  # this very object under a listed spelling
+        if _lookup(name) is obj:
+            return reason
+    if type(module) is str and (module.startswith("_") or module == "builtins"):
+        short = getattr(obj, "__name__", None)  # a C module's object, as its wrapper exports it
+        for name, reason in _MODULES.items():
+            found = sys.modules.get(name)
+            if found is not None and type(short) is str and _MODULE_DICT(found).get(short) is obj:
+                return reason
+    if _callable(obj) and not (names and _is_home(_lookup(names[0]), obj)):
+        return UNNAMED
+    return None
+
+
+def denied_global(name: str) -> str | None:
+    """:func:`denied` for ``name``, then :func:`denied_object` for what ``name`` already is in
+    the imported modules (``posixpath.os`` is a module; ``shutil.os.system`` is posix's), so a
+    new spelling of a denied object is denied too. Imports nothing; linear in the name."""
+    reason = denied(name)
+    if reason is not None:
+        return reason
+    found = _lookup(canonical_name(name))
+    return None if found is _MISSING else denied_object(found)
+
+
+def _callable(obj: Any) -> bool:
+    try:
+        return callable(obj)
+    except Exception:
+        return True
+
+
+_MISSING: Any = object()
+
+
+def _is_home(found: Any, obj: Any) -> bool:
+    """``found`` (what ``obj``'s name leads to) is ``obj``, or the function of ``obj`` when
+    ``obj`` is a class method bound to its class."""
+    return found is obj or (found is not _MISSING and found is getattr(obj, "__func__", None))
+
+
+def _lookup(name: str) -> Any:
+    """The object ``name`` is in ``sys.modules`` now, or ``_MISSING``: through module and class
+    namespaces only (read with ``ModuleType``'s and ``type``'s own ``__dict__``, so no
+    descriptor of the file's choosing runs; a static or class method is its function). No
+    import; linear in the name (each step stops at the first name that is not there)."""
+    end = name.find(".")
+    found: Any = sys.modules.get(name if end < 0 else name[:end])
+    if found is None or end < 0:
+        return _MISSING
+    while True:  # the longest imported module prefix (a package's parents are imported too)
+        nxt = name.find(".", end + 1)
+        if nxt < 0:
+            break
+        deeper = sys.modules.get(name[:nxt])
+        if deeper is None:
+            break
+        found, end = deeper, nxt
+    for part in name[end + 1 :].split("."):
+        if isinstance(found, types.ModuleType):
+            namespace = _MODULE_DICT(found)
+        elif isinstance(found, type):
+            namespace = _TYPE_DICT(found)
+        else:
+            return _MISSING
+        found = namespace.get(part, _MISSING)
+        if found is _MISSING:
+            return _MISSING
+        if isinstance(found, (staticmethod, classmethod)):
+            found = found.__func__
+    return found
+
+
+_MODULE_DICT: Callable[[Any], Mapping[str, Any]] = vars(types.ModuleType)["__dict__"].__get__
+_TYPE_DICT: Callable[[Any], Mapping[str, Any]] = vars(type)["__dict__"].__get__
 
 
 def denied_entry(name: str, obj: Any = None) -> str | None:
-    """:func:`denied` for an allow entry's name, then for its object's own name (None: a
-    string entry, whose object is judged once imported)."""
-    reason = denied(name)
+    """:func:`denied_global` for an allow entry's name, then :func:`denied_object` for its
+    object (None: a string entry, whose object is judged again once imported)."""
+    reason = denied_global(name)
     if reason is None and obj is not None:
         reason = denied_object(obj)
     return reason
