@@ -46,10 +46,17 @@ def as_well(cls: type[_E], kind: type[BaseException]) -> type[_E]:
     made = _combined.get((cls, kind))
     if made is None:
         try:
-            made = type(cls.__name__, (cls, kind), {"_kind": kind, "__reduce__": _reduce})
+            # named in the namespace, never set afterwards: setting an attribute on a type
+            # is a global state change (an audit hook sees object.__setattr__) mid-load
+            namespace = {
+                "_kind": kind,
+                "__reduce__": _reduce,
+                "__module__": cls.__module__,
+                "__qualname__": cls.__qualname__,
+            }
+            made = type(cls.__name__, (cls, kind), namespace)
         except TypeError:
             return cls
-        made.__module__, made.__qualname__ = cls.__module__, cls.__qualname__
         if len(_combined) < 64:  # torch's kinds are few; a caller's callable adds its own
             _combined[(cls, kind)] = made
     return made  # type: ignore[return-value]
