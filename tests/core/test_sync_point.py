@@ -8,7 +8,12 @@ consistency check names the first parameter that differs.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -147,11 +152,89 @@ def test_world_size_one_starts_no_monitor() -> None:
     ]
 
 
-def test_single_process_sync_point_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_process_group_it_runs_alone_and_says_so_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A script run without a launcher goes on alone (supported), but not in silence: a call
+    placed before init_process_group would otherwise hide every desync. One warning per
+    process and function, at the caller's line, naming what to call."""
+    import torch
+
+    from compatshim.dist import check_module_consistency, sync, sync_point
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(sync, "_warned_alone", set())
+    with pytest.warns(RuntimeWarning, match=r"sync_point: no default process group") as warned:
+        sync_point("alone", timeout=1)
+    assert "init_process_group()" in str(warned[0].message)
+    assert warned[0].filename == __file__
+    with pytest.warns(RuntimeWarning, match="check_module_consistency: no default") as warned:
+        check_module_consistency(torch.nn.Linear(2, 2), timeout=1)
+    assert warned[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once each
+        sync_point("alone again", timeout=1)
+        check_module_consistency(torch.nn.Linear(2, 2))
+
+
+def test_a_one_rank_group_is_a_quiet_no_op(tmp_path: Path) -> None:
+    """A 1-rank process group is a deliberate single-process run: nothing to say."""
+    code = f"""
+import warnings
+import torch, torch.distributed as dist
+from compatshim.dist import check_module_consistency, sync_point
+warnings.simplefilter("error")
+dist.init_process_group("gloo", init_method="file://{tmp_path / "store"}", rank=0, world_size=1)
+sync_point("one", timeout=5)
+check_module_consistency(torch.nn.Linear(2, 2), timeout=5)
+dist.destroy_process_group()
+print("QUIET")
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=100
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "QUIET", done.stderr
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda d: d.sync_point(None), "tag must be a non-empty string, got None"),
+        (lambda d: d.sync_point("t", timeout="5"), "timeout: expected seconds.*got '5'"),
+        (lambda d: d.sync_point("t", timeout=True), "timeout: expected seconds"),
+        (lambda d: d.sync_point("t", store=object(), rank=0, world_size=2), "store: expected"),
+        (lambda d: d.sync_point("t", store=_Store(), rank="0", world_size=2), "rank: expected"),
+        (lambda d: d.sync_point("t", store=_Store(), rank=0, world_size=2.0), "world_size: exp"),
+        (lambda d: d.check_module_consistency(None), "module: expected a torch.nn.Module"),
+        (lambda d: d.check_module_consistency({"w": 1}), "module: expected a torch.nn.Module"),
+        (lambda d: d.watchdog("60"), "timeout: expected seconds"),
+        (lambda d: d.watchdog(store=object(), rank=0, world_size=2), "store: expected"),
+    ],
+)
+def test_bad_arguments_are_named(call: Any, match: str) -> None:
+    """Typed errors naming the argument, raised before anything waits or a thread starts."""
+    import compatshim.dist as d
+
+    with pytest.raises(TypeError, match=match):
+        call(d)
+
+
+class _Store:
+    """Something with a store's methods, never reached (the rank is checked first)."""
+
+    def set(self, *_: Any) -> None: ...
+    def get(self, *_: Any) -> None: ...
+    def add(self, *_: Any) -> None: ...
+    def wait(self, *_: Any) -> None: ...
+
+
+def test_a_world_size_without_a_group_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     from compatshim.dist import sync_point
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    sync_point("alone", timeout=1)
+    with pytest.raises(RuntimeError, match=r"world_size=2 but no default process group"):
+        sync_point("nobody", timeout=1, rank=0, world_size=2)
 
 
 def test_sync_point_without_group_in_a_distributed_run_says_so(

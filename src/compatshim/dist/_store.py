@@ -114,9 +114,10 @@ def default_meeting(
 
     if not (dist.is_available() and dist.is_initialized()):
         env_world = os.environ.get("WORLD_SIZE", "1")
-        if env_world.isdigit() and int(env_world) > 1:
+        said = f"world_size={world_size}" if (world_size or 0) > 1 else f"WORLD_SIZE={env_world}"
+        if (world_size or 0) > 1 or (env_world.isdigit() and int(env_world) > 1):
             raise RuntimeError(
-                f"compatshim.dist: WORLD_SIZE={env_world} but no default process group is "
+                f"compatshim.dist: {said} but no default process group is "
                 "initialized; call torch.distributed.init_process_group() first (or pass "
                 "store=, rank=, world_size=)"
             )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._text import short
 from .report import rank_list
 from .sync import meet
 
@@ -70,7 +71,10 @@ def check_module_consistency(
     dtypes and ``requires_grad`` (and buffers), or when a rank never arrives within ``timeout``.
 
     Call it on every rank before wrapping the module in DDP or a framework strategy.
+    Without a process group it returns after one warning per process, as ``sync_point`` does.
     """
+    if not all(callable(getattr(module, m, None)) for m in ("named_parameters", "named_buffers")):
+        raise TypeError(f"module: expected a torch.nn.Module, got {short(module)}")
     meet(
         tag,
         timeout,
@@ -79,4 +83,5 @@ def check_module_consistency(
         store=store,
         rank=rank,
         world_size=world_size,
+        caller="check_module_consistency",
     )

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import os
 import time
+from numbers import Integral, Real
 from typing import Any, Callable, NoReturn
 
 from .._settings import desync_timeout
+from .._text import short
+from .._warn import warn as warn_at_caller
 from . import _liveness
 from ._counters import next_seq
-from ._liveness import RankState
 from ._desync_notice import announce
+from ._liveness import RankState
 from ._records import Arrival, DesyncNotice, Heartbeat, Keys, Seen
 from ._sites import user_frames
 from ._store import Meeting, default_meeting
@@ -52,9 +55,12 @@ def sync_point(
 
     ``timeout`` defaults to ``COMPATSHIM_DESYNC_TIMEOUT`` or 300 s. Uses the default
     process group's store unless ``store`` (with ``rank`` and ``world_size``) is
-    given. In a single-process run it returns at once.
+    given. In a 1-rank run it returns at once; with no process group at all it
+    returns too (a script run without a launcher), after one warning per process
+    that says how to make ranks meet, and raises when ``WORLD_SIZE`` says the run
+    is distributed.
     """
-    meet(tag, timeout, store=store, rank=rank, world_size=world_size)
+    meet(tag, timeout, store=store, rank=rank, world_size=world_size, caller="sync_point")
 
 
 def meet(
@@ -66,13 +72,20 @@ def meet(
     store: Any = None,
     rank: int | None = None,
     world_size: int | None = None,
+    caller: str = "",
 ) -> dict[int, Any] | None:
-    """``sync_point`` with an optional payload compared across ranks; returns payloads by rank."""
+    """``sync_point`` with an optional payload compared across ranks; returns payloads by rank.
+
+    ``caller``: the public function that asked, warned about when there is no process group
+    (a framework's own sync points, which run only once a group exists, pass none)."""
     if not isinstance(tag, str) or not tag:
-        raise TypeError(f"sync point tag must be a non-empty string, got {tag!r}")
+        raise TypeError(f"sync point tag must be a non-empty string, got {short(tag)}")
+    check_arguments(timeout, store, rank, world_size)
     limit = desync_timeout(timeout)
     meeting = default_meeting(store, rank, world_size)
     if meeting is None:
+        if caller and store is None:
+            _warn_if_alone(caller)
         return None
     ensure_monitor(meeting)
     seq = next_seq(_group_identity(meeting, store))
@@ -96,6 +109,47 @@ def meet(
     finally:
         TRAIL.syncing -= 1
         TRAIL.leave(crumb)
+
+
+def check_arguments(timeout: Any, store: Any, rank: Any, world_size: Any) -> None:
+    """TypeError naming the argument, before anything waits on it (the values are checked
+    where they are used: a positive timeout, a rank inside the world)."""
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, Real)):
+        raise TypeError(f"timeout: expected seconds (a number) or None, got {short(timeout)}")
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, Integral)):
+            raise TypeError(f"{name}: expected an int or None, got {short(value)}")
+    missing = [m for m in _STORE_METHODS if not callable(getattr(store, m, None))]
+    if store is not None and missing:
+        raise TypeError(
+            f"store: expected a torch.distributed.Store (with {', '.join(_STORE_METHODS)}), "
+            f"got {short(store)} without {', '.join(missing)}"
+        )
+
+
+_STORE_METHODS = ("set", "get", "add", "wait")
+_warned_alone: set[str] = set()
+
+
+def _warn_if_alone(caller: str) -> None:
+    """Once per process and function: no process group exists, so this process meets no one.
+
+    A 1-rank group is a deliberate single-process run and says nothing; no group at all is
+    either a script run without a launcher (supported: it goes on alone) or a call placed
+    before ``init_process_group`` (a bug that would hide every desync): say which to do.
+    """
+    import torch.distributed as dist
+
+    if caller in _warned_alone or (dist.is_available() and dist.is_initialized()):
+        return
+    _warned_alone.add(caller)
+    warn_at_caller(
+        f"compatshim.dist.{caller}: no default process group is initialized, so this process "
+        "runs alone and meets no other rank (it returns at once); for ranks to meet, call "
+        "torch.distributed.init_process_group() on every rank first, or pass store=, rank=, "
+        "world_size=",
+        RuntimeWarning,
+    )
 
 
 def _wait_for_all(
@@ -204,8 +258,8 @@ def _fail(
             why = _gone_words(gone, ranks)
         elif blocked:
             why = (
-                f"rank(s) {rank_list(blocked)} wait in a collective that cannot complete while rank "
-                f"{meeting.rank} waits here: a dead lock"
+                f"rank(s) {rank_list(blocked)} wait in a collective that cannot complete while "
+                f"rank {meeting.rank} waits here: a dead lock"
             )
         else:
             why = f"not all ranks arrived within {limit:g} s"

@@ -16,11 +16,13 @@ import time
 from typing import Any
 
 from .._settings import desync_timeout
+from .._text import short
 from ._desync_notice import announce_and_end
 from ._stacks import hang_report
 from ._store import default_meeting
 from ._watch import Watch
 from .monitor import Monitor, ensure_monitor, get_monitor
+from .sync import check_arguments
 
 
 class MainThreadStill(Watch):
@@ -82,9 +84,11 @@ def watchdog(
 
     ``action="exit"`` ends every rank after the report; ``"report"`` only prints it.
     Disarmed by ``stop()``, or with everything else when the process group is destroyed.
+    Without a process group it watches this process alone (its stacks, its own exit).
     """
     if action not in ("exit", "report"):
-        raise ValueError(f"action must be 'exit' or 'report', got {action!r}")
+        raise ValueError(f"action must be 'exit' or 'report', got {short(action)}")
+    check_arguments(timeout, store, rank, world_size)
     limit = desync_timeout(timeout)
     meeting = default_meeting(store, rank, world_size)
     monitor = ensure_monitor(meeting) if meeting is not None else get_monitor()
