@@ -10,8 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
+
+pytest.importorskip("torch")
+
+import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -562,3 +565,147 @@ def test_the_writer_hint_of_real_files(saved_by: str, path: str, hint: str) -> N
     """Files written by those releases (torch 2.0.1's ``_save`` writes no byteorder record
     either: read in its wheel; 2.1 is the first that does)."""
     assert inspect(_FIXTURES / path).writer.torch == hint, saved_by
+
+
+# ---------------------------------------------------------------- bounded and typed (issue 37)
+def _dag(depth: int) -> list[Any]:
+    """A list whose two items are one list, ``depth`` deep: a few bytes pickled (memo
+    references), ``2**depth`` items printed."""
+    shared: list[Any] = []
+    for _ in range(depth):
+        shared = [shared, shared]
+    return shared
+
+
+def _hostile_metadata(kind: str) -> Any:
+    """A DCP Metadata (torch's own dataclasses, pickled by pickle) with one field forged."""
+    pytest.importorskip("torch.distributed.checkpoint")
+    from torch.distributed.checkpoint import filesystem
+    from torch.distributed.checkpoint import metadata as md
+
+    def tensor(size: Any, properties: Any = None) -> Any:
+        properties = properties or md.TensorProperties(dtype=torch.float32)
+        return md.TensorStorageMetadata(properties, size, [])
+
+    index = md.MetadataIndex("w", torch.Size([0]))
+    forged: dict[str, Any] = {
+        "size-str": md.Metadata({"w": tensor(["x"])}),
+        "size-list": md.Metadata({"w": tensor([[1]])}),
+        "size-huge": md.Metadata({"w": tensor((2**62,) * 64)}),
+        "size-bigint": md.Metadata({"w": tensor((10**5000,))}),
+        "path-dag": md.Metadata(
+            {"w": tensor((2,))}, storage_data={index: filesystem._StorageInfo(_dag(60), 0, 1)}
+        ),
+        "state-list": md.Metadata([1]),  # type: ignore[arg-type]
+        "key-int": md.Metadata({7: tensor((2,))}),  # type: ignore[dict-item]
+        "properties-dag": md.Metadata({"w": tensor((2,), _dag(60))}),
+        "entry-dag": md.Metadata({"w": _dag(60)}),  # type: ignore[dict-item]
+    }
+    return forged[kind]
+
+
+HOSTILE_DCP = (
+    "size-str",
+    "size-list",
+    "size-huge",
+    "size-bigint",
+    "path-dag",
+    "state-list",
+    "key-int",
+    "properties-dag",
+    "entry-dag",
+)
+
+
+def _dcp_folder(tmp_path: Path, kind: str) -> Path:
+    folder = tmp_path / kind
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(pickle.dumps(_hostile_metadata(kind)))
+    assert (folder / ".metadata").stat().st_size < 3000  # 10**5000 is the biggest: 2.1 KB
+    return folder
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", HOSTILE_DCP)
+def test_a_forged_dcp_metadata_is_a_checkpoint_error(tmp_path: Path, kind: str) -> None:
+    """Each field torch writes, forged: before, ``TypeError``/``ValueError`` escaped, a huge
+    shape gave an ``OverflowError`` in the report (or a 2**4000-item tensor, "loadable") and
+    a shared nested list as a data file's path printed for ever (a 0.8 KB file, > 70 s)."""
+    with pytest.raises(CheckpointError) as caught:
+        inspect(_dcp_folder(tmp_path, kind))
+    assert type(caught.value) is CheckpointError and ".metadata" in str(caught.value)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["path-dag", "size-huge", "size-str"])
+def test_the_cli_exits_2_on_a_forged_dcp_metadata(tmp_path: Path, kind: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "compatshim", "inspect", str(_dcp_folder(tmp_path, kind))],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert done.stderr.startswith("compatshim inspect: ") and not done.stdout
+
+
+def _many_globals(count: int, *extra: tuple[str, str]) -> bytes:
+    """A protocol-4 dict {i: module.name} naming ``count`` distinct unknown globals (about
+    20 bytes each: module names memoized by nothing, short) and then ``extra``."""
+    out = bytearray(b"\x80\x04}")
+    names = [(f"m{i % 97}", f"C{i}") for i in range(count)] + list(extra)
+    for i, (module, name) in enumerate(names):
+        out += b"J" + i.to_bytes(4, "little")
+        for part in (module, name):
+            raw = part.encode()
+            out += b"\x8c" + bytes([len(raw)]) + raw
+        out += b"\x93s"
+    return bytes(out + b".")
+
+
+_MEASURED = """
+import json, sys, time
+from compatshim.checkpoint import inspect
+from compatshim.checkpoint.report import render
+start = time.perf_counter()
+info = inspect(sys.argv[1])
+out = json.dumps(info.as_dict(), indent=1) if sys.argv[2] == "json" else render(info)
+seconds = time.perf_counter() - start
+with open("/proc/self/status") as status:  # VmHWM: this image's peak (ru_maxrss keeps the
+    peak = [l.split()[1] for l in status if l.startswith("VmHWM:")]  # parent's across exec)
+print(json.dumps({"chars": len(out), "seconds": seconds, "peak_mib": int(peak[0]) / 1024}))
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("form", ["text", "json"])
+def test_a_file_naming_many_globals_gets_a_bounded_report(tmp_path: Path, form: str) -> None:
+    """60 000 unknown globals and one denied (1.2 MB): before, 27 MB of text or 32 MB of
+    JSON, 250 MB peak, 15 s; now the first 200 (the denied one first), then a count."""
+    from compatshim.checkpoint._inspect import MAX_GLOBALS
+
+    path = tmp_path / "many.pkl"
+    path.write_bytes(_many_globals(60_000, ("posix", "system")))
+    info = inspect(path)
+    assert len(info.globals) == MAX_GLOBALS and not info.loadable
+    assert info.globals_omitted == info.unknown_omitted == 60_001 - MAX_GLOBALS
+    assert "posix.system" in [g.name for g in info.globals if g.dangerous]  # ranked first
+    done = subprocess.run(
+        [sys.executable, "-c", _MEASURED, str(path), form],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    measured = json.loads(done.stdout)
+    assert measured["chars"] < 300_000, measured
+    if sys.platform == "linux":
+        assert measured["peak_mib"] < 100, measured
+    shown = _cli(str(path), *(["--json"] if form == "json" else []))
+    assert shown.returncode == 1 and len(shown.stdout) < 300_000
+    if form == "text":
+        assert "globals (60001):" in shown.stdout
+        assert f"... and {60_001 - MAX_GLOBALS} more, not listed" in shown.stdout
+    else:
+        assert json.loads(shown.stdout)["globals_omitted"] == 60_001 - MAX_GLOBALS

@@ -11,7 +11,10 @@ import re
 from dataclasses import dataclass
 from typing import IO, Any
 
+from .._text import short
+from . import _dcp
 from ._container import read, sniff
+from ._limits import check_shape, count
 from .errors import CheckpointError
 
 METADATA = ".metadata"
@@ -53,29 +56,62 @@ class DcpInfo:
 _DATA_FILE = re.compile(r"__(\d+)_\d+\.distcp")
 
 
-def describe(metadata: Any) -> tuple[DcpInfo, list[tuple[str, str, tuple[int, ...]]]]:
-    """The folder summary and ``(fqn, dtype, shape)`` of each tensor, from a loaded Metadata."""
-    state = getattr(metadata, "state_dict_metadata", None)
+def describe(
+    metadata: Any, what: str = METADATA
+) -> tuple[DcpInfo, list[tuple[str, str, tuple[int, ...]]]]:
+    """The folder summary and ``(fqn, dtype, shape)`` of each tensor, from a loaded Metadata
+    (``what``: the file, for messages).
+
+    The dataclasses' fields come from the file unchecked (any value ``load`` builds), so
+    each one read here is checked for the type torch writes before it is used: str FQNs
+    and paths, a ``torch.dtype``, a shape of at most ``MAX_DIMS`` ints within
+    ``MAX_ITEMS`` (``_limits``). Anything else is a CheckpointError naming the field, never
+    a ``str()`` or product of whatever the file put there (a shared nested list prints
+    in exponential time, a huge int multiplies slowly). Work: linear in the entries.
+    """
+    import torch
+    from torch.distributed.checkpoint import filesystem
+    from torch.distributed.checkpoint import metadata as md
+
+    if type(metadata) is not md.Metadata:
+        raise CheckpointError(f"{what} holds {short(metadata)}, not a DCP Metadata")
+    state = vars(metadata).get("state_dict_metadata")
     if type(state) is not dict:
-        raise CheckpointError(".metadata does not hold a DCP Metadata (no state_dict_metadata)")
+        raise CheckpointError(f"{what}: state_dict_metadata is {short(state)}, not a dict")
     tensors, items = [], []
     for fqn, entry in state.items():
-        properties = getattr(entry, "properties", None)
-        size = getattr(entry, "size", None)
-        if properties is None or size is None:
-            items.append(str(fqn))
+        if type(fqn) is not str:
+            raise CheckpointError(f"{what}: a state_dict_metadata key is {short(fqn)}")
+        if type(entry) is md.BytesStorageMetadata:
+            items.append(fqn)
             continue
-        dtype = str(getattr(properties, "dtype", "?")).replace("torch.", "")
-        tensors.append((str(fqn), dtype, tuple(int(n) for n in size)))
-    storage = getattr(metadata, "storage_data", None)
-    files = sorted(
-        {str(getattr(info, "relative_path", "")) for info in (storage or {}).values()} - {""}
-    )
+        if type(entry) is not md.TensorStorageMetadata:
+            raise CheckpointError(f"{what}: {short(fqn)} is {short(entry)}, not a storage")
+        properties = vars(entry).get("properties")
+        kind = type(properties)
+        known = f"{kind.__module__}.{kind.__qualname__}" in _dcp.BUILDERS  # TensorProperties
+        dtype = vars(properties).get("dtype") if known else None
+        if type(dtype) is not torch.dtype:
+            raise CheckpointError(f"{what}: {short(fqn)}'s dtype is {short(dtype)}")
+        size = vars(entry).get("size")
+        shape = check_shape(
+            tuple(size) if isinstance(size, tuple) else size, f"{what}: {short(fqn)}", "size"
+        )
+        count(shape, f"{what}: {short(fqn)}")
+        tensors.append((fqn, str(dtype).replace("torch.", ""), shape))
+    storage = vars(metadata).get("storage_data")  # a storage plugin's own: FileSystemWriter's
+    files = set()  # is a dict of _StorageInfo; other shapes list no data files
+    for info in storage.values() if type(storage) is dict else ():
+        if type(info) is filesystem._StorageInfo:
+            path = vars(info).get("relative_path")
+            if type(path) is not str:
+                raise CheckpointError(f"{what}: a storage_data entry's file is {short(path)}")
+            files.add(path)
     ranks = {m.group(1) for m in map(_DATA_FILE.fullmatch, files) if m is not None}
-    version = getattr(metadata, "version", None)
+    version = vars(metadata).get("version")
     info = DcpInfo(
         world_size=len(ranks) or None,
-        data_files=tuple(files),
+        data_files=tuple(sorted(files)),
         items=tuple(items),
         version=version if type(version) is str else None,
     )

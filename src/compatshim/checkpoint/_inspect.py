@@ -24,13 +24,14 @@ or turns out to be denied.
 
 from __future__ import annotations
 
+import heapq
 import io
 import json
 import os
 from dataclasses import asdict, dataclass, field, replace
-from typing import IO, Any
+from typing import IO, Any, Iterator
 
-from . import _dcp_folder, _omegaconf, _safetensors, process_allow
+from . import _dcp_folder, _limits, _omegaconf, _safetensors, process_allow
 from ._container import (
     LEGACY_MAGIC,
     ScanMachine,
@@ -45,11 +46,13 @@ from ._container import (
 )
 from ._dcp_folder import DcpInfo
 from ._dtypes import BY_TORCH
-from ._gate import ALLOWLIST, judge
+from ._gate import ALLOWLIST, Verdict, judge
 from ._machine import Source
 from ._names import parse
 from .allowlist import numpy_core
 from .errors import CheckpointError, UnsafeCheckpointError
+
+MAX_GLOBALS = 200  # globals a report lists by name; the rest are counted (see _uses)
 
 
 def allow_code(name: str, split: tuple[str, str] | None = None) -> str | None:
@@ -157,16 +160,21 @@ class CheckpointInfo:
     named_tensors: tuple[NamedTensor, ...] = field(default_factory=tuple)  # safetensors only
     metadata: dict[str, str] | None = None  # safetensors' __metadata__
     dcp: DcpInfo | None = None  # a torch.distributed.checkpoint folder (_dcp_folder.py)
+    # distinct globals past MAX_GLOBALS: counted, not listed; of them not covered; denied
+    globals_omitted: int = 0
+    unknown_omitted: int = 0
+    dangerous_omitted: int = 0
 
     @property
     def unknown(self) -> tuple[str, ...]:
-        """Globals compatshim does not cover here (with the reason in ``globals``)."""
+        """Listed globals compatshim does not cover here (with the reason in ``globals``);
+        ``unknown_omitted`` more past the list's cap."""
         return tuple(g.name for g in self.globals if not g.covered)
 
     @property
     def loadable(self) -> bool:
         """Whether ``load`` would accept every global and structure the file names."""
-        return not self.unknown and not self.refusals
+        return not self.unknown and not self.unknown_omitted and not self.refusals
 
     def as_dict(self) -> dict[str, Any]:
         found = asdict(self)
@@ -176,10 +184,8 @@ class CheckpointInfo:
 
 
 def _use(
-    name: str, count: int, reached: bool = False, split: tuple[str, str] | None = None
+    name: str, count: int, verdict: Verdict, split: tuple[str, str] | None = None
 ) -> GlobalUse:
-    module, _, attr = name.rpartition(".")
-    verdict = judge(module, attr, None, reached)  # as load judges it, less a call's allow=
     entry = verdict.entry
     if verdict.source == ALLOWLIST and entry is not None:
         return GlobalUse(name, count, entry.qualname, entry.kind)
@@ -196,6 +202,38 @@ def _use(
         allowed_by=None if allowed_by is None else f"{allowed_by.source} ({allowed_by.reason})",
         allow_everywhere=process_lines(name, split) if plain else (),
     )
+
+
+def _uses(found: ScanResult) -> tuple[tuple[GlobalUse, ...], list[int]]:
+    """The globals listed (at most :data:`MAX_GLOBALS`, by name) and the counts of those
+    that are not: ``[omitted, of them not covered, of them denied]``.
+
+    Every global is judged, as ``load`` judges it (less a call's ``allow=``); those listed
+    are the first by rank (denied, not covered, omegaconf's, the rest), then by name, so
+    what decides the verdict is shown first. The report and its memory stay a constant
+    size however many globals a file names (a 2.4 MB file names 120 000)."""
+    tally = [0, 0, 0, 0]
+
+    def ranked() -> Iterator[tuple[int, str, Verdict]]:
+        for name in found.globals:
+            module, _, attr = name.rpartition(".")
+            verdict = judge(module, attr, None, name in found.reached)
+            entry = verdict.entry
+            built = name in _omegaconf.CLASSES or (
+                entry is not None and entry.qualname in _omegaconf.CLASSES
+            )
+            rank = 0 if verdict.dangerous else 1 if not verdict.admitted else 2 if built else 3
+            tally[rank] += 1
+            yield rank, name, verdict
+
+    chosen = heapq.nsmallest(MAX_GLOBALS, ranked())  # names are distinct: verdicts never compared
+    for rank, _, _ in chosen:
+        tally[rank] -= 1
+    uses = tuple(
+        _use(name, found.globals[name], verdict, found.split.get(name))
+        for _, name, verdict in sorted(chosen, key=lambda chose: chose[1])
+    )
+    return uses, [sum(tally), tally[0] + tally[1], tally[0]]
 
 
 def _numpy_major(names: list[str]) -> int | None:
@@ -294,10 +332,7 @@ def _info(
             refusals.append(f"persistent id {kind!r} x{count} (only storages are loaded)")
         elif container == "pickle":
             refusals.append("storage references in a plain pickle")
-    uses = tuple(
-        _use(name, count, name in found.reached, found.split.get(name))
-        for name, count in sorted(found.globals.items())
-    )
+    uses, (omitted, unknown, dangerous) = _uses(found)
     return CheckpointInfo(
         path=what,
         container=container,
@@ -308,6 +343,9 @@ def _info(
         dtypes=dict(sorted(found.tensor_dtypes.items())),
         writer=writer,
         refusals=tuple(refusals + found.problems),
+        globals_omitted=omitted,
+        unknown_omitted=unknown,
+        dangerous_omitted=dangerous,
     )
 
 
@@ -334,20 +372,19 @@ def _inspect_folder(folder: Any) -> CheckpointInfo:
     unread = DcpInfo(world_size, files, (), None)
     if not info.loadable:
         return replace(info, path=path, container="dcp", dcp=unread)
+    what = os.path.join(path, _dcp_folder.METADATA)
     try:
-        found, tensors = _dcp_folder.describe(_dcp_folder.load_folder_metadata(path))
-    except CheckpointError as exc:
+        metadata = _dcp_folder.load_folder_metadata(path)
+    except UnsafeCheckpointError as exc:  # damage (CheckpointError) is raised, as for a file
         refusals = (*info.refusals, str(exc))
         return replace(info, path=path, container="dcp", dcp=unread, refusals=refusals)
+    found, tensors = _dcp_folder.describe(metadata, what)
     dtypes: dict[str, int] = {}
     size = 0
-    for _, dtype, shape in tensors:
+    for _, dtype, shape in tensors:  # shapes checked by describe: each count <= MAX_ITEMS
         dtypes[dtype] = dtypes.get(dtype, 0) + 1
-        numel = 1
-        for n in shape:
-            numel *= n
         known = BY_TORCH.get(dtype)  # an unknown dtype counts no bytes, as before
-        size += numel * (known.torch_bytes if known is not None else 0)
+        size += _limits.count(shape, dtype) * (known.torch_bytes if known is not None else 0)
     return replace(
         info,
         path=path,

@@ -22,11 +22,10 @@ from .errors import CheckpointError
 
 
 def _size(count: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024  # type: ignore[assignment]
-    return str(count)
+    """``count`` bytes in binary units (up to EiB: a float overflows only past 2**1084)."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+    step = min(max(count.bit_length() - 1, 0) // 10, len(units) - 1)
+    return f"{count} B" if step == 0 else f"{count / (1 << 10 * step):.1f} {units[step]}"
 
 
 MAX_SHOWN = 200  # characters of one file-derived string
@@ -106,6 +105,11 @@ def _global_lines(info: CheckpointInfo) -> list[str]:
             )
         else:
             lines.append("      not a Python name: no module defines it, nothing can allow it")
+    if info.globals_omitted:
+        lines.append(
+            f"    ... and {info.globals_omitted} more, not listed ({info.unknown_omitted} "
+            f"not covered, {info.dangerous_omitted} of them denied)"
+        )
     return lines
 
 
@@ -150,7 +154,7 @@ def render(info: CheckpointInfo) -> str:
             + (f", byteorder {printable(w.byteorder)}" if w.byteorder else "")
             + (f", {w.torch}" if w.torch else "")
             + (f", numpy {w.numpy_major}.x names" if w.numpy_major else ""),
-            f"  globals ({len(info.globals)}):",
+            f"  globals ({len(info.globals) + info.globals_omitted}):",
             *_global_lines(info),
         ]
     for refusal in info.refusals:
