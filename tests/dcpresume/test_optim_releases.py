@@ -292,3 +292,50 @@ def test_adapt_refuses_a_missing_key_no_release_added() -> None:
     del saved["param_groups"][0]["momentum"]
     with pytest.raises(OptimizerStateError, match=r"\['momentum'\].*running torch \d"):
         adapt_state_dict(saved, sgd)
+
+
+@pytest.mark.parametrize(
+    ("state_dict", "error", "match"),
+    [
+        (None, TypeError, r"state_dict: expected an optimizer state dict .*got None"),
+        ([1], TypeError, r"state_dict: expected an optimizer state dict .*got a list"),
+        ({"param_groups": None}, ValueError, r"\['param_groups'\]: expected a list"),
+        ({"param_groups": [None]}, ValueError, r"\['param_groups'\]\[0\]: expected a param gr"),
+        ({"weight": 1}, ValueError, "holds no param groups.*is it an optimizer's state dict"),
+        ({"param_groups.w.lr": 0.1, 3: 1}, ValueError, "string keys, got 3"),
+    ],
+)
+def test_adapt_names_a_bad_state_dict(state_dict: Any, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        adapt_state_dict(state_dict, _sgd())
+
+
+def test_adapt_names_a_bad_optimizer() -> None:
+    saved = _sgd().state_dict()
+    for bad in (None, "adamw", torch.nn.Linear(1, 1)):
+        with pytest.raises(TypeError, match=r"optimizer: expected a torch.optim.Optimizer"):
+            adapt_state_dict(saved, bad)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda s, o: load_dcp(None, {"optim": o}, checkpoint_id="x"), TypeError, "state_dict:"),
+        (lambda s, o: load_dcp(s, o, checkpoint_id="x"), TypeError, r"optimizers: .*\{'optim'"),
+        (lambda s, o: load_dcp(s, {"opt": o}, checkpoint_id="x"), ValueError, "'opt' is not a"),
+        (lambda s, o: load_dcp(s, {"optim": None}, checkpoint_id="x"), TypeError, r"\['optim'\]"),
+        (lambda s, o: load_dcp(s, {"model": o}, checkpoint_id="x"), ValueError, "no param gr"),
+        (lambda s, o: load_dcp(s, {"optim": o}), ValueError, "checkpoint_id: pass the checkpoint"),
+    ],
+)
+def test_load_dcp_names_a_bad_argument_before_reading(
+    call: Any, error: type, match: str, tmp_path: Path
+) -> None:
+    """Raised before the checkpoint is read or the template changed."""
+    model, optimizer = build("adamw")
+    state, _ = _template(model, optimizer, False)
+    before = copy.deepcopy(state)
+    with pytest.raises(error, match=match):
+        call(state, optimizer)
+    assert state.keys() == before.keys()
+    assert state["optim"]["param_groups"] == before["optim"]["param_groups"]

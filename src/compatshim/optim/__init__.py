@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .._text import names, short
 from .keys import OLD_BEHAVIOUR, old_value
 
 __all__ = ["OptimizerStateError", "adapt_state_dict", "load_dcp"]
@@ -54,6 +55,45 @@ def _refuse(missing: set[str], optimizer: Any, where: str) -> OptimizerStateErro
     )
 
 
+def _check_optimizer(optimizer: Any, name: str = "optimizer") -> None:
+    if not isinstance(getattr(optimizer, "defaults", None), Mapping):
+        raise TypeError(
+            f"{name}: expected a torch.optim.Optimizer (its defaults name the param-group "
+            f"keys), got {short(optimizer)}"
+        )
+
+
+def _check_state_dict(state_dict: Any, name: str = "state_dict") -> None:
+    """TypeError/ValueError naming what is wrong, before anything is read or changed: a
+    mapping holding param groups, nested (a list of dicts) or flattened (string keys)."""
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(
+            f"{name}: expected an optimizer state dict (a mapping, as optimizer.state_dict() "
+            f"or get_state_dict returns), got {short(state_dict)}"
+        )
+    groups = state_dict.get(_GROUPS)
+    if isinstance(groups, list):
+        for i, group in enumerate(groups):
+            if not isinstance(group, Mapping):
+                raise ValueError(
+                    f"{name}[{_GROUPS!r}][{i}]: expected a param group (a dict), got {short(group)}"
+                )
+        return
+    if _GROUPS in state_dict:
+        raise ValueError(
+            f"{name}[{_GROUPS!r}]: expected a list of param groups, got {short(groups)}"
+        )
+    flat = [key for key in state_dict if isinstance(key, str) and key.startswith(f"{_GROUPS}.")]
+    if not flat:
+        raise ValueError(
+            f"{name}: holds no param groups (neither a {_GROUPS!r} list nor "
+            f"'{_GROUPS}.<parameter>.<key>' entries): is it an optimizer's state dict?"
+        )
+    odd = next((key for key in state_dict if not isinstance(key, str)), None)
+    if odd is not None:
+        raise ValueError(f"{name}: a flattened state dict has string keys, got {short(odd)}")
+
+
 def _fix_group(group: Mapping[str, Any], optimizer: Any, where: str) -> dict[str, Any]:
     expected = set(optimizer.defaults)
     missing = expected - set(group)
@@ -71,6 +111,8 @@ def adapt_state_dict(state_dict: Mapping[str, Any], optimizer: Any) -> dict[str,
 
     The input is left unchanged; state tensors are shared, not copied.
     """
+    _check_state_dict(state_dict)
+    _check_optimizer(optimizer)
     groups = state_dict.get(_GROUPS)
     if isinstance(groups, list):  # nested: optimizer.state_dict() or get_state_dict's default
         adapted = dict(state_dict)
@@ -135,6 +177,7 @@ def load_dcp(
     ``dcp.load`` takes no ``checkpoint_id``, the folder is read through a
     ``FileSystemReader`` of it, and ``dcp.load`` needs a process group (one rank will do).
     """
+    _check_load_arguments(state_dict, optimizers, checkpoint_id, storage_reader)
     import inspect
 
     from torch.distributed.checkpoint.filesystem import FileSystemReader
@@ -179,3 +222,36 @@ def load_dcp(
     for top, optimizer in optimizers.items():
         state_dict[top] = adapt_state_dict(state_dict[top], optimizer)
     return tuple(filled)
+
+
+def _check_load_arguments(
+    state_dict: Any, optimizers: Any, checkpoint_id: Any, storage_reader: Any
+) -> None:
+    """Every argument of :func:`load_dcp` as it is used, before the checkpoint is read or the
+    template changed."""
+    if not isinstance(state_dict, dict):
+        raise TypeError(
+            f"state_dict: expected the dict dcp.load fills in place, got {short(state_dict)}"
+        )
+    if not isinstance(optimizers, Mapping):
+        raise TypeError(
+            "optimizers: expected a mapping of state_dict keys to optimizers, such as "
+            f"{{'optim': optimizer}}, got {short(optimizers)}"
+        )
+    for top, optimizer in optimizers.items():
+        if top not in state_dict:
+            raise ValueError(
+                f"optimizers: {short(top)} is not a key of state_dict "
+                f"(its keys: {names([short(k) for k in state_dict])})"
+            )
+        if not isinstance(state_dict[top], dict):
+            raise TypeError(
+                f"state_dict[{short(top)}]: expected the optimizer's state dict (a dict), "
+                f"got {short(state_dict[top])}"
+            )
+        _check_state_dict(state_dict[top], f"state_dict[{short(top)}]")
+        _check_optimizer(optimizer, f"optimizers[{short(top)}]")
+    if checkpoint_id is None and storage_reader is None:
+        raise ValueError(
+            "checkpoint_id: pass the checkpoint folder (or storage_reader=) to read from"
+        )
