@@ -176,3 +176,54 @@ def fsdp2_sharded_ema(rank: int, world_size: int) -> dict[str, Any]:
         "gathered_types": sorted({type(v).__name__ for v in gathered.values()}),
         "one_side_error": one_side,
     }
+
+
+def zero_batchnorm_ema(rank: int, world_size: int) -> dict[str, Any]:
+    """A BatchNorm model under ZeRO-sharded fp32 masters (``tests.scale.zero``, ColossalAI's
+    flat layout built from torch): full-size and sharded EMA, params from the masters and
+    buffers from this rank's own model, each against an fp64 reference."""
+    import copy
+
+    import torch
+
+    import compatshim.ema as cema
+    from tests.scale.zero import FlatShardZero
+
+    decay = 0.5
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(5, 4), torch.nn.BatchNorm1d(4), torch.nn.Tanh(), torch.nn.Linear(4, 3)
+    )
+    full_ema, sharded_ema = copy.deepcopy(model), copy.deepcopy(model)
+    optimizer = FlatShardZero(model.parameters(), lr=0.1)
+    cema.shard_ema(sharded_ema, model, optimizer)
+    ref_params = {n: p.detach().double().clone() for n, p in model.named_parameters()}
+    ref_buffers = {n: b.double().clone() for n, b in model.named_buffers() if b.is_floating_point()}
+    gen = torch.Generator().manual_seed(rank)  # each rank its own data: its own statistics
+    for _ in range(4):
+        model(torch.randn(8, 5, generator=gen) + rank).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        cema.update_ema(full_ema, model, optimizer, decay=decay)
+        cema.update_ema(sharded_ema, model, optimizer, decay=decay)
+        for name, param in model.named_parameters():
+            ref_params[name].mul_(decay).add_(param.detach().double(), alpha=1 - decay)
+        for name, ref in ref_buffers.items():
+            ref.mul_(decay).add_(model.get_buffer(name).double(), alpha=1 - decay)
+
+    def err(values: dict[str, Any], ref: dict[str, Any]) -> float:
+        return max(float((values[n].double() - ref[n]).abs().max()) for n in ref)
+
+    gathered = cema.gather_sharded_ema(sharded_ema, model, optimizer)
+    return {
+        "sharded_shapes": {n: tuple(p.shape) for n, p in sharded_ema.named_parameters()},
+        "full_param_err": err(dict(full_ema.named_parameters()), ref_params),
+        "sharded_param_err": err(gathered, ref_params),
+        "full_buffer_err": err(dict(full_ema.named_buffers()), ref_buffers),
+        "sharded_buffer_err": err(dict(sharded_ema.named_buffers()), ref_buffers),
+        "counter": [int(full_ema[1].num_batches_tracked), int(sharded_ema[1].num_batches_tracked)],
+        "gathered_buffers_equal": all(
+            torch.equal(gathered[n], b) for n, b in sharded_ema.named_buffers()
+        ),
+        "running_mean": full_ema[1].running_mean.tolist(),
+    }

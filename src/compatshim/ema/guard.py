@@ -14,12 +14,21 @@ or the optimizer changes. Each has a cheap witness:
   current without a walk: a swap keeps the version counter and runs no hook;
 - frozen / unfrozen: ``requires_grad`` of every watched param, read by one
   ``map`` over a cached list and compared with the cached flags;
-- optimizer: identity, and the identity and length of each group's param list.
+- optimizer: identity, and the identity and length of each group's param list;
+- buffers (``buffers="average"`` / ``"copy"``): ``module.to()``, ``.cuda()``,
+  ``.half()`` put a new tensor into ``module._buffers`` without any hook, so
+  each paired buffer's slot is read and compared by identity with the tensor
+  the plan holds (``buffers_current``: one C-level pass, on both models); a
+  module that replaces a paired buffer every step re-pairs every step (torch's
+  own modules update buffers in place). Buffer registrations are not hooked:
+  modules that reassign a non-persistent cache in ``forward`` would re-pair
+  every step for nothing.
 
 Not seen (documented): parameters removed or replaced by writing
 ``module._parameters`` directly (torch's hooks do not run; FSDP2 does this and
-is handled by the slow check), and a ``.data`` of another shape that
-broadcasts onto the EMA's (a (4, 4) weight set to a (4,) tensor).
+is handled by the slow check), a ``.data`` of another shape that broadcasts
+onto the EMA's (a (4, 4) weight set to a (4,) tensor), and a buffer registered
+under a new name on a module that was already paired (a new submodule is seen).
 """
 
 from __future__ import annotations
@@ -52,6 +61,11 @@ def registration_epoch() -> int:
                 module_mod.register_module_module_registration_hook(_bump)
                 _hooked = True
     return EPOCH[0]
+
+
+def buffers_current(slots: list[dict[str, Any]], keys: list[str], held: list[Any]) -> bool:
+    """True while ``slots[i][keys[i]] is held[i]`` for every i (C-level: no Python loop)."""
+    return all(map(operator.is_, map(dict.get, slots, keys), held))
 
 
 def ref(obj: Any) -> Callable[[], Any]:

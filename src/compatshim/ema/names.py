@@ -26,6 +26,11 @@ class EmaMismatchError(ValueError):
     """The EMA model and the model do not line up (missing name or incompatible shape)."""
 
 
+class EmaWarning(UserWarning):
+    """``update_ema`` was asked for something that does nothing (an ``exclude`` that matches
+    no parameter or buffer): said at the caller's line, never silent."""
+
+
 def canonical(name: str) -> str:
     """``_orig_mod.module.blocks.0._checkpoint_wrapped_module.w`` -> ``blocks.0.w``."""
     parts = name.split(".")
@@ -36,8 +41,9 @@ def canonical(name: str) -> str:
 class NameIndex:
     """Find the EMA entry for a source name: exactly, else by canonical name."""
 
-    def __init__(self, ema_entries: Mapping[str, T]) -> None:
+    def __init__(self, ema_entries: Mapping[str, T], kind: str = "parameter") -> None:
         self.exact = ema_entries
+        self.kind = kind  # "parameter" or "buffer", for the messages
         self.by_canonical: dict[str, list[str]] | None = None
 
     def lookup(self, name: str) -> str:
@@ -53,14 +59,16 @@ class NameIndex:
             return found[0]
         if found:
             raise EmaMismatchError(
-                f"compatshim.ema: model parameter {name!r} matches several EMA parameters "
+                f"compatshim.ema: model {self.kind} {name!r} matches several EMA {self.kind}s "
                 f"once wrapper prefixes are removed: {sorted(found)}; name them apart"
             )
         hint = ""
         if key.endswith("_flat_param"):
             hint = " (FSDP1 flattens parameters unless wrapped with use_orig_params=True)"
+        remedy = "copy the EMA from the same model or exclude the name"
+        if self.kind == "buffer":
+            remedy += " (or pass buffers='skip' to leave every buffer alone)"
         raise EmaMismatchError(
-            f"compatshim.ema: EMA model has no parameter {name!r} (model has it; looked for "
-            f"{key!r} without wrapper prefixes {sorted(WRAPPER_SEGMENTS)}){hint}; copy the EMA "
-            "from the same model or exclude the name"
+            f"compatshim.ema: EMA model has no {self.kind} {name!r} (model has it; looked for "
+            f"{key!r} without wrapper prefixes {sorted(WRAPPER_SEGMENTS)}){hint}; {remedy}"
         )

@@ -11,6 +11,12 @@ their local shards. Plans with masters or DTensors also re-check every
 param's storage each step (``slow_key``): their frameworks re-point storage.
 The foreach skips torch's autograd kernel where that kernel would do nothing
 (``dispatch``), so passing Parameters costs what passing ``.data`` would.
+
+Buffers (persistent ones, the ``state_dict``'s) pair by name like params and
+follow the policy (``BUFFER_POLICIES``): floating-point buffers averaged join
+the params' lerp (no extra call); integer buffers, and every buffer under
+``"copy"``, go to one ``_foreach_copy_``. Their source is always the working
+model's buffer: optimizers hold no masters of buffers, and ZeRO shards none.
 """
 
 from __future__ import annotations
@@ -18,10 +24,17 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from .dispatch import BelowAutograd
-from .guard import EPOCH, REQUIRES_GRAD, group_signature, ref, registration_epoch
+from .guard import (
+    EPOCH,
+    REQUIRES_GRAD,
+    buffers_current,
+    group_signature,
+    ref,
+    registration_epoch,
+)
 from .names import EmaMismatchError, NameIndex, canonical
 
 if TYPE_CHECKING:
@@ -30,7 +43,17 @@ if TYPE_CHECKING:
 
     from ..master import MasterMap, ShardPosition
 
-__all__ = ["EmaMismatchError", "Plan", "build_plan", "trainable_pairs"]
+__all__ = [
+    "BUFFER_POLICIES",
+    "BufferPolicy",
+    "EmaMismatchError",
+    "Plan",
+    "build_plan",
+    "trainable_pairs",
+]
+
+BufferPolicy = Literal["average", "copy", "skip"]
+BUFFER_POLICIES: tuple[BufferPolicy, ...] = ("average", "copy", "skip")
 
 
 @dataclass
@@ -64,6 +87,7 @@ class Plan:
     optimizer: Callable[[], Any]
     sharded: bool
     exclude: tuple[str, ...]
+    buffers: str
     epoch: int
     groups: Any
     watched: list[Tensor] = field(default_factory=list)
@@ -73,6 +97,12 @@ class Plan:
     same_src: list[Tensor] = field(default_factory=list)
     mixed_ema: list[Tensor] = field(default_factory=list)
     mixed_src: list[Tensor] = field(default_factory=list)
+    copy_ema: list[Tensor] = field(default_factory=list)  # buffers copied, not averaged
+    copy_src: list[Tensor] = field(default_factory=list)
+    # every paired buffer's slot on both models: slot_dicts[i][slot_keys[i]] is slot_held[i]
+    slot_dicts: list[dict[str, Any]] = field(default_factory=list)
+    slot_keys: list[str] = field(default_factory=list)
+    slot_held: list[Tensor] = field(default_factory=list)
     gathers: list[GatherGroup] = field(default_factory=list)
     torch: Any = None
     below: BelowAutograd | None = None  # set when every foreach tensor is plain (``dispatch``)
@@ -92,6 +122,7 @@ class Plan:
         optimizer: Any,
         sharded: bool,
         exclude: tuple[str, ...],
+        buffers: str,
     ) -> bool:
         """True while nothing the pairing depends on has changed (see ``guard``)."""
         return (
@@ -100,8 +131,13 @@ class Plan:
             and self.optimizer() is optimizer
             and self.sharded == sharded
             and self.exclude == exclude
+            and self.buffers == buffers
             and self.groups == group_signature(optimizer)
             and list(map(REQUIRES_GRAD, self.watched)) == self.flags
+            and (
+                not self.slot_held
+                or buffers_current(self.slot_dicts, self.slot_keys, self.slot_held)
+            )
             and (self.slow_key is None or self.slow_key == storage_key(ema_model, model))
         )
 
@@ -129,6 +165,8 @@ class Plan:
         if self.mixed_ema:
             torch._foreach_mul_(self.mixed_ema, decay)
             torch._foreach_add_(self.mixed_ema, self.mixed_src, alpha=1.0 - decay)
+        if self.copy_ema:
+            torch._foreach_copy_(self.copy_ema, self.copy_src)
 
     def first_unfit_pair(self) -> int | None:
         """Index of the first same-dtype pair ``_foreach_lerp_`` cannot take (after it failed)."""
@@ -178,6 +216,34 @@ def walk(
     return pairs, watched
 
 
+def persistent_buffers(module: torch.nn.Module) -> list[tuple[str, dict[str, Any], str, Tensor]]:
+    """(name, owning ``_buffers`` dict, key, buffer) for each buffer ``state_dict`` saves.
+
+    Non-persistent buffers (caches such as rotary tables or masks, rebuilt by the
+    module, often lazily resized) are left out, as timm's ``state_dict``-based EMA
+    leaves them; a buffer shared by two modules is paired once.
+    """
+    out: list[tuple[str, dict[str, Any], str, Tensor]] = []
+    seen: set[int] = set()
+    for prefix, owner in module.named_modules():
+        transient = getattr(owner, "_non_persistent_buffers_set", ())
+        slots = owner._buffers
+        for key, buf in slots.items():
+            if buf is None or key in transient or id(buf) in seen:
+                continue
+            seen.add(id(buf))
+            out.append((f"{prefix}.{key}" if prefix else key, slots, key, buf))
+    return out
+
+
+def unmatched_excludes(exclude: tuple[str, ...], model: torch.nn.Module) -> list[str]:
+    """The ``exclude`` entries that name no parameter and no persistent buffer of ``model``."""
+    names = [n for n, _ in model.named_parameters()]
+    names += [n for n, *_ in persistent_buffers(model)]
+    names += [canonical(n) for n in names]
+    return [p for p in exclude if not any(is_excluded(n, (p,)) for n in names)]
+
+
 def trainable_pairs(
     ema_model: torch.nn.Module, model: torch.nn.Module, exclude: tuple[str, ...]
 ) -> list[tuple[str, Tensor, Tensor]]:
@@ -203,14 +269,48 @@ def _local_pair(name: str, ema: Any, param: Any) -> tuple[Tensor, Tensor]:
     return local_ema, local_src
 
 
+def _pair_buffers(
+    plan: Plan,
+    ema_model: torch.nn.Module,
+    model: torch.nn.Module,
+    exclude: tuple[str, ...],
+    average: bool,
+) -> bool:
+    """Pair each persistent buffer of ``model`` with its EMA twin; True if one is a DTensor."""
+    ema_slots = {name: (slots, key, buf) for name, slots, key, buf in persistent_buffers(ema_model)}
+    index = NameIndex(ema_slots, kind="buffer")
+    dtensor = False
+    for raw_name, slots, key, buf in persistent_buffers(model):
+        if is_excluded(raw_name, exclude) or is_excluded(canonical(raw_name), exclude):
+            continue
+        name = index.lookup(raw_name)
+        ema_slots_of, ema_key, ema = ema_slots[name]
+        plan.slot_dicts += [slots, ema_slots_of]
+        plan.slot_keys += [key, ema_key]
+        plan.slot_held += [buf, ema]
+        if is_dtensor(buf) or is_dtensor(ema):
+            ema, buf = _local_pair(name, ema, buf)
+            dtensor = True
+        else:
+            _check_same_shape(name, ema, buf, kind="buffer")
+        if average and ema.is_floating_point() and buf.is_floating_point():
+            plan.add(ema, buf)  # joins the params' lerp (or mul/add when dtypes differ)
+        else:
+            plan.copy_ema.append(ema)
+            plan.copy_src.append(buf)
+    return dtensor
+
+
 def build_plan(
     ema_model: torch.nn.Module,
     model: torch.nn.Module,
     optimizer: Any,
     sharded: bool,
     exclude: tuple[str, ...],
+    buffers: str = "average",
 ) -> Plan:
-    """Pair every trainable param of ``model`` with its EMA twin and its source tensor."""
+    """Pair every trainable param of ``model`` with its EMA twin and its source tensor, and
+    every persistent buffer with its twin unless ``buffers`` is ``"skip"``."""
     import torch
 
     from ..master import master_shard_position, working_to_master
@@ -220,6 +320,7 @@ def build_plan(
         optimizer=ref(optimizer),
         sharded=sharded,
         exclude=exclude,
+        buffers=buffers,
         epoch=registration_epoch(),
         groups=group_signature(optimizer),
         torch=torch,
@@ -264,10 +365,13 @@ def build_plan(
             )
     for key, entries in to_gather.items():
         plan.gathers.append(_gather_group(plan, groups[key], entries, torch))
+    if buffers != "skip" and _pair_buffers(plan, ema_model, model, exclude, buffers == "average"):
+        slow = True
     if slow:
         plan.slow_key = storage_key(ema_model, model)
     below = BelowAutograd(torch)
-    if below.plain([*plan.same_ema, *plan.same_src, *plan.mixed_ema, *plan.mixed_src]):
+    foreach = [*plan.same_ema, *plan.same_src, *plan.mixed_ema, *plan.mixed_src]
+    if below.plain([*foreach, *plan.copy_ema, *plan.copy_src]):
         plan.below = below
     return plan
 
@@ -278,7 +382,13 @@ def _flat_view(ema: Tensor, name: str) -> Tensor:
     return ema.data.view(-1)
 
 
-def _check_same_shape(name: str, ema: Tensor, param: Tensor) -> None:
+def _check_same_shape(name: str, ema: Tensor, param: Tensor, kind: str = "parameter") -> None:
+    if ema.shape != param.shape and kind == "buffer":
+        raise EmaMismatchError(
+            f"compatshim.ema: EMA buffer {name!r} has shape {tuple(ema.shape)} but the model's "
+            f"is {tuple(param.shape)}; copy the EMA from the same model, exclude the name, or "
+            "pass buffers='skip' to leave every buffer alone"
+        )
     if ema.shape != param.shape:
         raise EmaMismatchError(
             f"compatshim.ema: EMA parameter {name!r} has shape {tuple(ema.shape)} but the model's "
