@@ -9,8 +9,10 @@ The armed but not hardened control shows numpy's own behaviour: the payload runs
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -107,8 +109,38 @@ if mode == "revert":
     result["again"] = readers()
     result["status_again"] = row()
 elif mode == "sequence":  # arrays np.save'd one after another into one file, read in turn
-    with open(paths[0], "rb") as file:
+    import gzip
+    with (gzip.open if paths[0].endswith(".gz") else open)(paths[0], "rb") as file:
         result["digest"] = digest([np.load(file, allow_pickle=True) for _ in range(3)])
+elif mode == "counted":  # read through a file that counts the bytes taken from the disk
+    import gzip, resource, time
+
+    class Counting(io.FileIO):
+        taken = 0
+
+        def read(self, size=-1):
+            data = super().read(size)
+            Counting.taken += len(data)
+            return data
+
+        def readinto(self, buffer):
+            got = super().readinto(buffer)
+            Counting.taken += got or 0
+            return got
+
+    result["files"] = {}
+    for p in paths:
+        Counting.taken = 0
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        start = time.perf_counter()
+        with Counting(p) as raw:
+            found = outcome(gzip.GzipFile(fileobj=raw) if p.endswith(".gz") else raw)
+        found["seconds"] = time.perf_counter() - start
+        found["peak_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+        found["taken"] = Counting.taken
+        result["files"][p] = found
+elif mode.startswith("kwargs="):
+    result["files"] = {p: outcome(p, **json.loads(mode[len("kwargs=") :])) for p in paths}
 elif mode == "header":  # allow_pickle=True, then a file without objects as numpy advises
     import resource
     result["files"] = {}
@@ -391,8 +423,8 @@ def test_hardened_keeps_numpy_s_header_limit(tmp_path: Path) -> None:
     for path in (hostile, tmp_path / "wide.npy"):
         found = files[str(path)]
         assert not found["ok"] and found["type"] == "ValueError", found
-        assert "hardened mode keeps numpy's 10000-character header limit" in found["error"]
-        assert "allow_pickle=False and max_header_size=" in found["error"]
+        assert "hardened mode keeps the 10000-character header limit" in found["error"]
+        assert "loads with a larger max_header_size=" in found["error"]
     assert files[str(hostile)]["peak_kib"] < 64 * 1024, files[str(hostile)]  # numpy: ~950 MiB
     assert files[str(tmp_path / "wide.npy")]["explicit"] == digest(wide)  # numpy's way out
     assert files[str(tmp_path / "narrow.npy")]["ok"]
@@ -426,3 +458,150 @@ def test_the_doctor_reports_the_patch(safe_load: str) -> None:
     else:
         assert (row["present"], row["fixed"]) == (False, None), row
         assert "off unless COMPATSHIM_SAFE_LOAD=1 (numpy.load(allow_pickle=True)" in row["detail"]
+
+
+# ------------------------------------------------------------- compressed streams (issue 37)
+def _npy(value: Any) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, value, allow_pickle=True)
+    return buffer.getvalue()
+
+
+def _compressed(folder: Path, stem: str, head: bytes, tail: bytes, repeat: int) -> list[Path]:
+    """``head`` then ``tail`` ``repeat`` times, as a compressed .npz member and a .npy.gz."""
+    import gzip
+    import zipfile
+
+    npz, gz = folder / f"{stem}.npz", folder / f"{stem}.npy.gz"
+    with zipfile.ZipFile(npz, "w", zipfile.ZIP_DEFLATED) as archive:  # noqa: SIM117 (3.9)
+        with archive.open("value.npy", "w", force_zip64=True) as member:
+            member.write(head)
+            for _ in range(repeat):
+                member.write(tail)
+    with gzip.open(gz, "wb") as stream:
+        stream.write(head)
+        for _ in range(repeat):
+            stream.write(tail)
+    return [npz, gz]
+
+
+def test_a_compressed_stream_is_inflated_only_as_far_as_its_pickle(tmp_path: Path) -> None:
+    """A small object array followed by 8 MiB that do not compress, in an .npz member and a
+    .npy.gz: hardened, the loader's seeks to the end inflated the whole member three times
+    (~26 MiB taken from the disk; a 1 GiB tail of zeros in a 1 MB file took 36-40 s against
+    numpy's 0.07 s). Now only the pickle is read, as numpy reads it."""
+    value = np.array([1, "x", {"k": [2.5]}], dtype=object)
+    files = _compressed(tmp_path, "tail", _npy(value), os.urandom(1 << 20), 8)
+    result = _run(tmp_path, "counted", *files)
+    _assert_patched(result)
+    for path in files:
+        got = result["files"][str(path)]
+        assert got["ok"], (path, got)
+        assert got["digest"] == digest({"value": value} if path.suffix == ".npz" else value)
+        assert got["taken"] < 1 << 20, (path, got["taken"])  # of 8 MiB on disk
+
+
+def test_the_budget_is_the_bytes_actually_inflated(tmp_path: Path) -> None:
+    """The budget is a multiple of the file's size; for a compressed stream it was the size a
+    seek to the end found, so 64 MiB of zeros after the pickle (64 KB compressed) raised it
+    eightfold and 100 object arrays sharing one 100 000-item list (80 MB of pointers from a
+    400 KB pickle, refused alone) loaded. Now the budget counts the pickle's bytes only."""
+    shared = list(range(100_000))
+    value = np.empty(1, dtype=object)
+    value[0] = [_SharedItems(shared) for _ in range(100)]
+    files = _compressed(tmp_path, "shared", _npy(value), bytes(1 << 20), 64)
+    result = _run(tmp_path, "counted", *files)
+    for path in files:
+        got = result["files"][str(path)]
+        assert not got["ok"] and got["unpickling"], (path, got)
+        charged = re.search(r"work budget of \d+ bytes for a file of (\d+) bytes", got["error"])
+        assert charged and int(charged.group(1)) < 1 << 20, got  # the pickle's, not 64 MiB
+        assert got["peak_kib"] < 64 * 1024, got
+
+
+def test_arrays_saved_in_turn_into_one_gzip_stream_are_read_in_turn(tmp_path: Path) -> None:
+    """The reader reads ahead of a pickle in a compressed stream: it puts the stream back just
+    after the pickle, where numpy reads the next array."""
+    import gzip
+
+    path = tmp_path / "three.npy.gz"
+    values = [np.array([{"a": 1}, [2]], dtype=object), np.array(["x", None], dtype=object)]
+    with gzip.open(path, "wb") as file:
+        for value in [*values, np.arange(3)]:
+            np.save(file, value, allow_pickle=True)
+    with gzip.open(path, "rb") as file:
+        expected = digest([np.load(file, allow_pickle=True) for _ in range(3)])
+    result = _run(tmp_path, "sequence", path)
+    _assert_patched(result)
+    assert result["digest"] == expected
+
+
+def test_every_opcode_kind_is_stepped_over_in_a_compressed_pickle(tmp_path: Path) -> None:
+    """Pickles of every protocol (text lines, GLOBAL's two lines, lengths of 1, 4 and 8 bytes,
+    frames) in a gzip stream, each followed by bytes that are not pickle: read as numpy
+    reads them."""
+    import gzip
+
+    value = {
+        "a": [1, -2, 300, 2**40, 10**30, 2.5, "x", "ü" * 300, b"by", b"b" * 300, None, True],
+        "t": (1, (2, 3)),
+        "s": {1, 2},
+        "f": frozenset({3}),
+        "arr": np.arange(3.0),
+    }
+    files = []
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        files.append(tmp_path / f"p{protocol}.pkl.gz")
+        with gzip.open(files[-1], "wb") as stream:
+            stream.write(pickle.dumps(value, protocol=protocol) + b"trailing bytes")
+    got = _run(tmp_path, "counted", *files)["files"]
+    for path in files:
+        with gzip.open(path, "rb") as stream:
+            expected = digest(np.load(stream, allow_pickle=True))
+        assert got[str(path)].get("digest") == expected, (path, got[str(path)])
+
+
+def test_a_claimed_length_is_read_only_as_far_as_the_data_goes(tmp_path: Path) -> None:
+    """A pickle claiming an 8-byte length of 2**62 bytes, then a line with no end: refused,
+    typed, with no more memory than the data holds."""
+    import gzip
+
+    files = [tmp_path / "claim.pkl.gz", tmp_path / "line.pkl.gz", tmp_path / "cut.pkl.gz"]
+    with gzip.open(files[0], "wb") as stream:
+        stream.write(b"\x80\x04\x8e" + (2**62).to_bytes(8, "little") + bytes(1 << 20))
+    with gzip.open(files[1], "wb") as stream:
+        stream.write(b"\x80\x02V" + b"x" * (4 << 20))
+    with gzip.open(files[2], "wb") as stream:
+        stream.write(pickle.dumps(list(range(1000)), protocol=2)[:-10])
+    got = _run(tmp_path, "counted", *files)["files"]
+    for path in files:
+        found = got[str(path)]
+        assert not found["ok"] and found["unpickling"], (path, found)
+        assert found["peak_kib"] < 32 * 1024, found
+
+
+def test_an_explicit_max_header_size_is_honoured_with_allow_pickle(tmp_path: Path) -> None:
+    """Do no harm (issue 37 item 10): numpy lifts its header limit with allow_pickle=True and
+    hardened mode keeps it, but a caller's own max_header_size is that caller's limit, as numpy
+    honours it without allow_pickle: 2**64 reads a genuine wide-header file as numpy does
+    (.npy, .npz member, memory-mapped); a smaller one is still refused."""
+    wide = np.zeros(2, dtype=[(f"field_{i:04d}", "<f8") for i in range(800)])  # ~21 000 chars
+    np.save(tmp_path / "wide.npy", wide)
+    np.savez(tmp_path / "wide.npz", wide=wide)
+    files = [tmp_path / "wide.npy", tmp_path / "wide.npz"]
+    for kwargs in ({"max_header_size": 2**64}, {"max_header_size": 30_000}):
+        got = _run(tmp_path, "kwargs=" + json.dumps(kwargs), *files)["files"]
+        for path in files:
+            assert got[str(path)].get("digest") == _plain(path, **kwargs), (path, got)
+    lifted = {"max_header_size": 2**64, "mmap_mode": "r"}
+    got = _run(tmp_path, "kwargs=" + json.dumps(lifted), files[0])["files"]
+    assert got[str(files[0])].get("digest") == _plain(files[0], **lifted), got
+    for kwargs in ({}, {"mmap_mode": "r"}, {"max_header_size": 15_000}):
+        got = _run(tmp_path, "kwargs=" + json.dumps(kwargs), *files)["files"]
+        for path in files:
+            found = got[str(path)]
+            assert not found["ok"] and found["type"] == "ValueError", (path, kwargs, found)
+            limit = kwargs.get("max_header_size", 10_000)
+            assert f"keeps the {limit}-character header limit" in found["error"], found

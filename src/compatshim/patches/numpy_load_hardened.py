@@ -61,6 +61,9 @@ The revert
 
 from __future__ import annotations
 
+import contextvars
+import io
+
 from ._safe_pickle import SafePickle
 
 TYPE_CHECKING = False
@@ -89,8 +92,111 @@ def _read(file: IO[bytes], *, encoding: str = "ASCII", **_: Any) -> Any:
             raise CheckpointError(f"{what}: not a pickle")
         return Loader(None, (), False).read(source, what, path)
 
+    if not isinstance(file, _IN_PLACE):
+        file = one_pickle(file)
     with object_arrays(), py2_str_read_as(encoding):
         return read(file, reader)
+
+
+#: streams the loader reads in place: seeking to their end (the loader's size, its budget)
+#: costs nothing. Others (an ``.npz`` member, a gzip stream) inflate their data to seek.
+_IN_PLACE = (io.BytesIO, io.BufferedReader, io.BufferedRandom, io.FileIO)
+_CHUNK = 1 << 16  # read ahead while stepping over short opcodes: the most read past the pickle
+_LONG_READ = 1 << 20  # a long argument is read in parts: its claimed length is never allocated
+#: how the scan steps over an opcode: its whole length in bytes (> 0), STOP (0), a line
+#: (pickletools' UP_TO_NEWLINE, -1), two lines (-6: GLOBAL, INST), or a length first
+_STOP, _LINE, _TWO_LINES = 0, -1, -6
+_LENGTHS = {-2: (1, False), -3: (4, True), -4: (4, False), -5: (8, False)}  # pickletools' n
+
+
+def _opcode_kinds() -> list[int | None]:
+    """Per opcode byte, how the scan steps over it (None: no such opcode), from pickletools."""
+    import pickletools
+
+    kinds: list[int | None] = [None] * 256
+    for op in pickletools.opcodes:
+        arg = op.arg
+        if op.name == "STOP":
+            kind = _STOP
+        elif arg is None or arg.n >= 0:
+            kind = 1 + (arg.n if arg is not None else 0)
+        elif arg is pickletools.stringnl_noescape_pair:
+            kind = _TWO_LINES
+        else:
+            kind = arg.n
+        kinds[ord(op.code)] = kind
+    return kinds
+
+
+def _need(file: IO[bytes], data: bytearray, upto: int) -> bool:
+    """Read on until ``data`` holds ``upto`` bytes (False: the stream ended first)."""
+    while len(data) < upto:
+        chunk = file.read(min(max(upto - len(data), _CHUNK), _LONG_READ))
+        if not chunk:
+            return False
+        data += chunk
+    return True
+
+
+def one_pickle(file: IO[bytes]) -> io.BytesIO:
+    """The pickle at ``file``'s position, read forward once, as a stream of its own bytes.
+
+    A compressed stream (an ``.npz`` member, a gzip file) seeks by inflating: the loader's
+    three seeks to its end (its size: the budget and every length check) each inflated the
+    whole rest of the stream, however little of it the pickle was. Here the opcodes are
+    stepped over (not run) to the pickle's STOP, so only the pickle is inflated, once, and
+    the loader's budget is a multiple of the bytes actually inflated. ``file`` is left just
+    after the pickle, as ``pickle.load`` leaves it (a seek back over at most one read-ahead
+    chunk); a pickle that does not parse is handed over as read, for the loader to word
+    the error.
+    """
+    from ..checkpoint._machine import MAX_LINE
+
+    kinds = _opcode_kinds()
+    start = file.tell()
+    data = bytearray()
+    pos = 0
+    while True:
+        if len(data) < pos + 9 and not _need(file, data, pos + 9) and pos >= len(data):
+            break
+        kind = kinds[data[pos]]
+        if kind is None:
+            break
+        if kind > 0:
+            pos += kind
+        elif kind == _STOP:
+            pos += 1
+            if len(data) > pos:
+                del data[pos:]
+                file.seek(start + pos)
+            break
+        elif kind in (_LINE, _TWO_LINES):
+            for _ in range(1 if kind == _LINE else 2):
+                end, searched = -1, pos + 1
+                while (end := data.find(b"\n", searched)) < 0:
+                    searched = len(data)
+                    if searched - pos > MAX_LINE or not _need(file, data, searched + 1):
+                        break
+                if end < 0:
+                    break
+                pos = end
+            else:
+                pos += 1
+                continue
+            break
+        else:
+            width, signed = _LENGTHS[kind]
+            if not _need(file, data, pos + 1 + width):
+                break
+            size = int.from_bytes(data[pos + 1 : pos + 1 + width], "little", signed=signed)
+            pos += 1 + width + size
+            if size < 0 or not _need(file, data, pos):
+                break
+    found = io.BytesIO(bytes(data))
+    name = getattr(file, "name", None)
+    if name:
+        found.name = name  # type: ignore[attr-defined]
+    return found
 
 
 def safe_pickle(real: ModuleType) -> SafePickle:
@@ -131,6 +237,7 @@ def _reader(module: ModuleType) -> Any:
     """The module's reader function (``read_array`` or ``load``), or a LookupError."""
     name = READERS.get(module.__name__, "")
     found = vars(module).get(name)
+    found = getattr(found, _REAL, found)  # under compatshim's entry: numpy's own function
     if not isinstance(getattr(found, "__globals__", None), dict):
         raise LookupError(
             f"{module.__name__}.{name} is {found!r}, not a function: layout not known"
@@ -189,8 +296,52 @@ def _lifts_header_limit(module: ModuleType) -> bool:
     return True
 
 
+#: numpy's "no limit", which ``read_array`` and ``load`` put in ``max_header_size`` when
+#: allow_pickle=True (the file is trusted), whatever their caller passed
+_LIFTED = 2**64
+#: ``max_header_size`` as the caller passed it (numpy's default where not) to the outermost
+#: numpy entry running in this thread/task; None outside any
+_ASKED: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "compatshim_numpy_max_header_size", default=None
+)
+#: numpy's functions that take ``max_header_size`` from a caller and read a header
+ENTRIES = {"numpy.lib.format": ("read_array", "open_memmap"), "numpy": ("load",)}
+_REAL = "_compatshim_numpy_entry_of"  # an entry's attribute: numpy's function it wraps
+
+
+def _takes_limit(function: Any) -> bool:
+    """Whether ``function`` takes a ``max_header_size`` (numpy 1.24+)."""
+    defaults = getattr(function, "__kwdefaults__", None) or {}
+    return type(defaults.get("max_header_size")) is int
+
+
+def _entry(real: Any) -> Any:
+    """``real`` (``load``, ``read_array``, ``open_memmap``) recording for :class:`BoundedHeader`
+    the ``max_header_size`` its caller passed, before allow_pickle=True lifts it; None where
+    ``real`` takes none (numpy < 1.24)."""
+    import functools
+
+    if not _takes_limit(real):
+        return None
+    default = real.__kwdefaults__["max_header_size"]
+
+    @functools.wraps(real)
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        if _ASKED.get() is not None:  # inside another entry: its caller's value stands
+            return real(*args, **kwargs)
+        token = _ASKED.set(kwargs.get("max_header_size", default))
+        try:
+            return real(*args, **kwargs)
+        finally:
+            _ASKED.reset(token)
+
+    vars(entry)[_REAL] = real
+    return entry
+
+
 class BoundedHeader:
-    """numpy's ``_read_array_header``, keeping numpy's limit where allow_pickle=True lifted it."""
+    """numpy's ``_read_array_header``, keeping a header limit where allow_pickle=True lifted
+    it: the ``max_header_size`` the caller passed to numpy (numpy's own default where none)."""
 
     def __init__(self, real: Any, limit: int) -> None:
         self.real, self.limit = real, limit
@@ -198,19 +349,23 @@ class BoundedHeader:
     def __call__(self, fp: Any, version: Any, max_header_size: int | None = None) -> Any:
         if max_header_size is None:
             max_header_size = self.limit
-        if max_header_size < 2**64:  # not lifted: the caller's own limit
+        if max_header_size < _LIFTED:  # not lifted: the caller's own limit
             return self.real(fp, version, max_header_size=max_header_size)
+        asked = _ASKED.get()
+        limit = self.limit if asked is None else asked
+        if limit >= _LIFTED:  # the caller lifted it: numpy's behaviour
+            return self.real(fp, version, max_header_size=limit)
         try:
-            return self.real(fp, version, max_header_size=self.limit)
+            return self.real(fp, version, max_header_size=limit)
         except ValueError as exc:
             if "may not be safe" not in str(exc):
                 raise
-            _record("refused", f"an .npy header over numpy's {self.limit}-character limit")
+            _record("refused", f"an .npy header over the {limit}-character limit")
             raise ValueError(
-                f"{exc}\ncompatshim's hardened mode keeps numpy's {self.limit}-character header "
-                "limit with allow_pickle=True (the file is not trusted: parsing a large header "
-                "costs far more memory than it holds). A file without objects loads with "
-                "allow_pickle=False and max_header_size=..., which numpy honours."
+                f"{exc}\ncompatshim's hardened mode keeps the {limit}-character header limit "
+                "(max_header_size) with allow_pickle=True (the file is not trusted: parsing a "
+                "large header costs far more memory than it holds). A trusted file loads with "
+                "a larger max_header_size=..., which hardened mode honours."
             ) from None
 
 
@@ -230,7 +385,11 @@ def confirm(module: ModuleType) -> bool:
     bounded = _header_limit(module) is None or isinstance(
         names.get("_read_array_header"), BoundedHeader
     )
-    return isinstance(names.get("pickle"), SafePickle) and bounded
+    entries = all(
+        not _takes_limit(found) or _REAL in vars(found)
+        for found in (vars(module).get(name) for name in ENTRIES[module.__name__])
+    )
+    return isinstance(names.get("pickle"), SafePickle) and bounded and entries
 
 
 def apply(module: ModuleType, patcher: Patcher) -> None:
@@ -248,3 +407,7 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
         patcher.setitem(
             names, "_read_array_header", BoundedHeader(names["_read_array_header"], limit)
         )
+    for name in ENTRIES[module.__name__]:
+        entry = _entry(vars(module).get(name))
+        if entry is not None:
+            patcher.setattr(module, name, entry)
