@@ -93,8 +93,10 @@ class DoctorRow:
     """One line of ``compatshim doctor``: a patch, an adapter, or a hazard it checks.
 
     ``applies``: relevant to this install. ``present``: the breakage is there
-    (None: not probed or not a yes/no question). ``fixed``: compatshim handles
-    it here (None: nothing to fix).
+    (None: not probed or not a yes/no question). ``fixed``: compatshim can fix
+    it here, with its patches armed (None: nothing to fix; the doctor's JSON also
+    calls it ``fixable``). ``in_force``: the fix is armed in the process asked
+    (None: not a patch, or nothing to arm).
     """
 
     name: str
@@ -106,6 +108,7 @@ class DoctorRow:
     provider: str = ""
     seconds: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    in_force: bool | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,10 +1,20 @@
 """``compatshim doctor``: what is installed, which known breakages apply, and are they fixed.
 
+Each row says three things and never mixes them: the breakage is **present** in
+this install; compatshim **can fix** it (probed in a child process with every patch
+armed); the fix is **in force** in processes started with this environment, that is
+what the start-up hook arms in them (``COMPATSHIM_AUTO=1``: every patch;
+``COMPATSHIM_SAFE_LOAD=1``: the loading patches). The doctor runs in a process of
+its own, started like the user's, so it reads that from its own registry; inside a
+script, ``compatshim.status()`` tells that process.
+
 Versions come from metadata (fast, imports nothing). The live probes import
 frameworks, so they run in a child process with a time limit
-(:mod:`compatshim._doctor_probe`). The exit code is 0 only when every
-breakage that applies to this install is fixed; otherwise 1 with a one-line
-reason, so CI and scripts can gate on it.
+(:mod:`compatshim._doctor_probe`); on a terminal a progress line on stderr says so
+while they run. Exit code: 0 when every present breakage compatshim fixes is in
+force; 1 with a one-line reason when one is not fixed, fixable but not in force, or
+could not be probed; 2 when the probes could not run. Rows fit 80 columns; each
+row's full detail is under ``--verbose`` and in ``--json``.
 """
 
 from __future__ import annotations
@@ -14,6 +24,9 @@ import os
 import platform
 import subprocess
 import sys
+import textwrap
+import threading
+import time
 from typing import Any
 
 from . import _settings
@@ -38,18 +51,58 @@ def versions() -> dict[str, str | None]:
     return found
 
 
+WIDTH = 80  # every line of the terminal report fits this many columns
+
+
+class _Progress:
+    """A live line on stderr while the probes run, cleared when they end; on a terminal
+    only, so pipes, ``--json`` readers and CI logs get nothing they did not ask for."""
+
+    TEXT = "compatshim doctor: live probes running in a child process"
+
+    def __init__(self) -> None:
+        try:
+            self.on = sys.stderr.isatty()
+        except (AttributeError, ValueError):
+            self.on = False
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._tick, daemon=True)
+
+    def _tick(self) -> None:
+        started = time.monotonic()
+        while True:
+            seconds = time.monotonic() - started
+            sys.stderr.write(f"\r{self.TEXT}... {seconds:.0f} s")
+            sys.stderr.flush()
+            if self.done.wait(0.5):
+                return
+
+    def __enter__(self) -> _Progress:
+        if self.on:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.on:
+            self.done.set()
+            self.thread.join()
+            sys.stderr.write("\r\x1b[K")  # the line goes: the report follows on stdout
+            sys.stderr.flush()
+
+
 def run_probes(timeout: float) -> dict[str, Any]:
     """Run the live probes in a child interpreter; never raises."""
     env = dict(os.environ)
     env.pop(_settings.AUTO, None)  # the child installs explicitly; COMPATSHIM_DISABLE is honoured
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "compatshim._doctor_probe"],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-        )
+        with _Progress():
+            done = subprocess.run(
+                [sys.executable, "-m", "compatshim._doctor_probe"],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=env,
+            )
     except subprocess.TimeoutExpired:
         return {"error": f"live probes did not finish within {timeout:.0f}s"}
     try:
@@ -119,11 +172,46 @@ def patch_row(patch: PatchStatus) -> DoctorRow:
     )
 
 
-def rows(report: dict[str, Any]) -> list[DoctorRow]:
-    """One uniform row per patch and adapter check, then the removed names that apply."""
+ARM = "COMPATSHIM_AUTO=1 or `import compatshim.auto` first in the script"
+
+
+def armed_here() -> set[str]:
+    """The patches armed in this process: by the start-up hook, which arms the same in
+    every process started with this environment and interpreter."""
+    from ._engine import registry
+
+    return set(registry.armed())
+
+
+def in_force(table: list[DoctorRow], armed: set[str]) -> None:
+    """Fill each row's ``in_force`` (and ``extra["arm"]``, the line that arms it) from
+    ``armed``: the patches armed in processes started with this environment."""
+    for row in table:
+        if row.name == "checkpoint-safe-load":
+            if row.extra.get("safe_load"):
+                row.in_force = "torch-load-safe-globals" in armed
+                if not row.in_force:
+                    row.extra["arm"] = "`import compatshim.auto` first in the script"
+            continue
+        if row.kind != "patch" or not row.applies or not row.present:
+            continue
+        if not row.fixed:
+            row.in_force = False
+            if "disabled by" in row.detail:
+                row.extra["arm"] = f"remove it from {_settings.DISABLE}"
+            continue
+        row.in_force = row.name in armed
+        if not row.in_force:
+            row.extra["arm"] = ARM
+
+
+def rows(report: dict[str, Any], armed: set[str] | None = None) -> list[DoctorRow]:
+    """One uniform row per patch and adapter check, then the removed names that apply;
+    ``in_force`` from ``armed`` (default: what this process's start-up armed)."""
     out = [patch_row(_status(patch)) for patch in report.get("patches", [])]
     out.extend(DoctorRow.from_dict(row) for row in report.get("adapters", []))
     out.extend(removed_rows())
+    in_force(out, armed_here() if armed is None else armed)
     return out
 
 
@@ -157,49 +245,114 @@ def removed_rows() -> list[DoctorRow]:
     return out
 
 
+def _names(table: list[DoctorRow]) -> str:
+    return ", ".join(r.name for r in table)
+
+
 def verdict(table: list[DoctorRow], report: dict[str, Any]) -> tuple[int, str]:
+    """The exit code and its one-line reason; it follows what is in force."""
     if "error" in report:
         return 2, f"could not run the live probes: {report['error']}"
     # fixed None on a present row: a removed name compatshim cannot provide (reported only)
     unfixed = [r for r in table if r.applies and r.present and r.fixed is False]
     unknown = [r for r in table if r.applies and r.present is None and r.kind == "patch"]
+    idle = [r for r in table if r.applies and r.present and r.fixed and r.in_force is False]
+    unsafe = [r for r in table if r.name == "checkpoint-safe-load" and r.in_force is False]
     if unfixed:
-        names = ", ".join(r.name for r in unfixed)
-        return 1, f"{len(unfixed)} applicable breakage(s) not fixed: {names}"
+        return 1, f"{len(unfixed)} applicable breakage(s) not fixed: {_names(unfixed)}"
     if unknown:
-        names = ", ".join(r.name for r in unknown)
-        return 1, f"could not probe: {names}"
-    present = sum(1 for r in table if r.applies and r.present)
-    if not present:
+        return 1, f"could not probe: {_names(unknown)}"
+    if unsafe:
+        return 1, (
+            f"{_settings.SAFE_LOAD}=1 is set but NOT in force in processes started with this "
+            "environment (the start-up hook did not run in this interpreter): "
+            "`import compatshim.auto` first in the script"
+        )
+    if idle:
+        return 1, (
+            f"{len(idle)} breakage(s) fixable but NOT in force here: {_names(idle)}; arm: {ARM}"
+        )
+    armed = [r for r in table if r.applies and r.present and r.in_force]
+    handled = [r for r in table if r.applies and r.present and r.fixed and r.in_force is None]
+    if not armed and not handled:
         return 0, "ok: no known breakage applies to this install"
-    return 0, f"ok: {present} breakage(s) present in this install, all fixed by compatshim"
+    said = f"ok: {len(armed)} breakage(s) in force here"
+    if handled:
+        said += f"; {len(handled)} more handled when compatshim's API is called"
+    return 0, said
 
 
 def _mark(value: Any) -> str:
     return {True: "yes", False: "no", None: "-"}.get(value, str(value))
 
 
-def render(ver: dict[str, str | None], report: dict[str, Any], table: list[DoctorRow]) -> str:
+def _wrapped(text: str, indent: int) -> list[str]:
+    pad = " " * indent
+    lines = textwrap.wrap(
+        text,
+        WIDTH,
+        initial_indent=pad,
+        subsequent_indent=pad,
+        break_on_hyphens=False,  # patch names stay whole
+    )
+    return lines or [pad]
+
+
+LEGEND = (
+    "present: the breakage is in this install. fixable: compatshim fixes it (probed "
+    "in a child process with every patch armed). in force: armed in processes started "
+    "with this environment, by the start-up hook (COMPATSHIM_AUTO=1: every patch; "
+    "COMPATSHIM_SAFE_LOAD=1: the loading patches); in a script, compatshim.status() "
+    "tells that process."
+)
+
+
+def render_head(ver: dict[str, str | None]) -> str:
+    """What is known before the probes run (metadata only)."""
     lines = ["compatshim doctor", "", "Installed (from metadata):"]
     width = max(len(k) for k in ver)
     lines += [f"  {name:<{width}}  {version or 'not installed'}" for name, version in ver.items()]
+    return "\n".join(lines)
+
+
+def render_body(report: dict[str, Any], table: list[DoctorRow], verbose: bool = False) -> str:
+    """The devices, one row per check (80 columns), and under ``verbose`` each detail."""
+    lines: list[str] = []
     devices = report.get("devices") or {}
     if devices:
         lines += ["", "Devices:"]
         lines += [f"  {key}: {value}" for key, value in devices.items()]
-    header = ("check", "kind", "applies", "present", "fixed", "detail")
-    body = [
-        (r.name, r.kind, _mark(r.applies), _mark(r.present), _mark(r.fixed), r.detail)
-        for r in table
-    ]
-    widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(5)]
-    lines += ["", "Breakages and adapters:"]
-    for row in [header, *body]:
-        cells = [str(cell).ljust(widths[i]) for i, cell in enumerate(row[:5])]
-        lines.append("  " + "  ".join(cells) + "  " + str(row[5]))
+    lines += ["", "Breakages and adapters:", *_wrapped(LEGEND, 2), ""]
+    header = ("check", "kind", "present", "fixable", "in force")
+    widths = [0, 7, 7, 7, 8]
+    widths[0] = WIDTH - 2 - sum(widths[1:]) - 2 * (len(widths) - 1)
+    widths[0] = min(widths[0], max(len(r.name) for r in table) if table else 5)
+    for cells in [header]:
+        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
+    for r in table:
+        name = r.name if len(r.name) <= widths[0] else r.name[: widths[0] - 3] + "..."
+        cells = (name, r.kind, _mark(r.present), _mark(r.fixed), _mark(r.in_force))
+        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
+        arm = r.extra.get("arm")
+        if arm:
+            lines += _wrapped(f"arm: {arm}", 6)
+        if verbose:
+            lines += _wrapped(r.detail, 6)
     for problem in report.get("import_problems", []):
-        lines.append(f"  note: importing {problem['target']} failed: {problem['error']}")
+        note = f"note: importing {problem['target']} failed: {problem['error']}"
+        lines += _wrapped(note, 2)
+    if not verbose:
+        lines += ["", "Each row's detail: compatshim doctor --verbose (or --json)."]
     return "\n".join(lines)
+
+
+def render(
+    ver: dict[str, str | None],
+    report: dict[str, Any],
+    table: list[DoctorRow],
+    verbose: bool = False,
+) -> str:
+    return render_head(ver) + "\n" + render_body(report, table, verbose)
 
 
 def main(as_json: bool = False, timeout: float | None = None, verbose: bool = False) -> int:
@@ -209,6 +362,8 @@ def main(as_json: bool = False, timeout: float | None = None, verbose: bool = Fa
         print(f"compatshim doctor: {exc}", file=sys.stderr)
         return 2
     ver = versions()
+    if not as_json:  # what metadata says, at once; the probes take seconds
+        print(render_head(ver), flush=True)
     report = run_probes(timeout)
     table = rows(report)
     code, reason = verdict(table, report)
@@ -216,13 +371,14 @@ def main(as_json: bool = False, timeout: float | None = None, verbose: bool = Fa
         payload = {
             "versions": ver,
             "report": report,
-            "checks": [row.as_dict() for row in table],
+            "checks": [{**row.as_dict(), "fixable": row.fixed} for row in table],
+            "in_force_means": LEGEND,
             "exit": code,
             "reason": reason,
         }
         print(json.dumps(payload, indent=2, default=str))
     else:
-        print(render(ver, report, table))
+        print(render_body(report, table, verbose))
         print()
-        print(reason)
+        print("\n".join(_wrapped(reason, 0)))
     return code

@@ -8,13 +8,26 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 
+def _source_dir() -> str:
+    import compatshim
+
+    return str(Path(compatshim.__file__).resolve().parent.parent)
+
+
 def _doctor(*args: str, **env: str) -> tuple[int, str]:
-    full_env = {k: v for k, v in os.environ.items() if k != "COMPATSHIM_DISABLE"}
+    """``compatshim doctor`` started as a user's process is: only ``env``'s compatshim
+    settings, and this tree's start-up hook first on the path (an editable install keeps a
+    copy of it in site-packages)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("COMPATSHIM_")}
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_source_dir(), full_env.get("PYTHONPATH")) if p
+    )
     full_env.update(env)
     done = subprocess.run(
         [sys.executable, "-m", "compatshim", "doctor", *args],
@@ -50,14 +63,96 @@ def test_json_report_on_this_install() -> None:
     )
     row = _check(payload, "torch-processgroup-copy")
     assert row["applies"] and row["present"] is True and row["fixed"] is True, row
+    assert row["fixable"] is True and row["in_force"] is False, row  # nothing armed it
     assert code == payload["exit"] == (0 if "ok:" in payload["reason"] else 1)
 
 
-def test_terminal_table_and_exit_zero_when_fixed() -> None:
-    code, out = _doctor()
+def test_terminal_table_and_exit_zero_when_in_force() -> None:
+    code, out = _doctor(COMPATSHIM_AUTO="1")
     assert "torch-processgroup-copy" in out
     assert out.strip().splitlines()[-1].startswith("ok:"), out
+    assert "in force here" in out.strip().splitlines()[-1]
     assert code == 0
+
+
+def test_present_and_fixable_but_not_in_force_fails_and_says_how_to_arm() -> None:
+    """Issue 38: the user's script has no ``import compatshim.auto`` and no
+    ``COMPATSHIM_AUTO``: its breakages are not fixed, so the doctor must not say "ok"."""
+    code, out = _doctor()
+    lines = out.strip().splitlines()
+    assert code == 1, out
+    assert not any(line.startswith("ok:") for line in lines), out
+    verdict = " ".join(lines[len(lines) - 1 - lines[::-1].index("") + 1 :])  # the last paragraph
+    assert "NOT in force" in verdict and "import compatshim.auto" in verdict, verdict
+    at = next(i for i, ln in enumerate(lines) if ln.split()[:1] == ["torch-processgroup-copy"])
+    assert lines[at].split()[1:] == ["patch", "yes", "yes", "no"], lines[at]
+    assert lines[at + 1].strip().startswith("arm: COMPATSHIM_AUTO=1"), lines[at + 1]
+
+
+def test_rows_fit_80_columns_and_verbose_shows_each_detail() -> None:
+    _, out = _doctor("--verbose")
+    too_wide = [line for line in out.splitlines() if len(line) > 80]
+    assert too_wide == [], too_wide
+    assert "copy.deepcopy shares ProcessGroups" in out  # torch-processgroup-copy's detail
+    _, short = _doctor()
+    assert max(len(line) for line in short.splitlines()) <= 80
+    assert "copy.deepcopy shares ProcessGroups" not in short and "--verbose" in short
+
+
+def test_safe_load_alone_is_in_force_for_the_loading_patches() -> None:
+    code, out = _doctor("--json", COMPATSHIM_SAFE_LOAD="1")
+    payload = json.loads(out)
+    assert _check(payload, "checkpoint-safe-load")["in_force"] is True
+    assert _check(payload, "torch-load-safe-globals")["in_force"] is True
+    assert _check(payload, "torch-processgroup-copy")["in_force"] is False  # not a loading patch
+    assert code == 1 and "NOT in force" in payload["reason"]
+
+
+def test_the_version() -> None:
+    import compatshim
+
+    done = subprocess.run(
+        [sys.executable, "-m", "compatshim", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, f"compatshim {compatshim.__version__}")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+@pytest.mark.timeout(360)
+def test_a_progress_line_on_a_terminal_while_the_probes_run() -> None:
+    """stderr on a terminal: a live line while the child probes, then cleared; stdout (a pipe)
+    carries the report alone."""
+    import pty
+
+    primary, secondary = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPATSHIM_")}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "compatshim", "doctor"],
+            stdout=subprocess.PIPE,
+            stderr=secondary,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        os.close(secondary)
+        said = b""
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # the terminal's other end is closed: all read
+                break
+            if not chunk:
+                break
+            said += chunk
+    finally:
+        os.close(primary)
+    assert b"compatshim doctor: live probes running in a child process..." in said, said
+    assert said.endswith(b"\r\x1b[K"), said[-80:]
+    assert "live probes running" not in done.stdout
 
 
 def test_disabled_patch_is_reported_present_and_unfixed() -> None:

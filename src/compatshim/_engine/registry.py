@@ -461,6 +461,13 @@ def _wait_for_hooks(names: list[str]) -> None:
         time.sleep(0.001)
 
 
+def armed() -> list[str]:
+    """The names armed in this process (by ``install()`` or the start-up hook); cheap: no
+    probe, no metadata read (the doctor asks what its own start-up armed)."""
+    with _lock:
+        return sorted(name for name, state in _states.items() if state.armed)
+
+
 def probe_unarmed() -> None:
     """Probe patches that are not armed (disabled), so the doctor can say "present, not fixed".
 

@@ -41,7 +41,8 @@ def doctor_rows() -> list[DoctorRow]:
 
 
 def safe_load_row() -> DoctorRow:
-    """Whether hardened mode is on for processes started with this environment."""
+    """Whether hardened mode is asked for in processes started with this environment
+    (``compatshim doctor`` says whether it is in force there: its start-up armed it)."""
     import sys
 
     from .. import _settings
@@ -54,7 +55,7 @@ def safe_load_row() -> DoctorRow:
         detail = (
             f"off: torch.load(weights_only=False) (DeepSpeed's checkpoint engine, Lightning "
             f"2.4/2.5 resume, PyG's retry) runs any code in a file; {_settings.SAFE_LOAD}=1 "
-            f"with {_settings.AUTO}=1 makes every torch.load weights-only"
+            "makes every torch.load weights-only (the start-up hook arms it, alone)"
         )
     elif disabled:
         detail = f"off: {_settings.SAFE_LOAD} is set but {_settings.DISABLE} names {patch}"
@@ -67,8 +68,6 @@ def safe_load_row() -> DoctorRow:
             "torch-dcp-safe-metadata (torch 2.1-2.3's fsspec reader too); "
             "numpy.load(allow_pickle=True) by numpy-load-hardened; NOT covered: plain pickle"
         )
-        if not _settings.auto():
-            detail += f", in processes that call compatshim.install() ({_settings.AUTO} is not set)"
         torch = sys.modules.get("torch")
         wrapper = getattr(getattr(torch, "load", None), "__compatshim_hardened__", None)
         if torch is not None and wrapper is not True:
