@@ -19,6 +19,9 @@ from collections.abc import Iterator
 from typing import Any, Dict, List, Optional
 
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 
 omegaconf = pytest.importorskip("omegaconf")
@@ -34,6 +37,16 @@ HAS_BYTES = hasattr(omegaconf.nodes, "BytesNode")
 class Colour(enum.Enum):
     RED = 1
     GREEN = 2
+
+
+class Sign(str, enum.Enum):
+    """An application's own enum whose ``str()`` is its value (as ``enum.StrEnum``'s)."""
+
+    DOLLAR = "$"
+    OPEN = "{eval:6*7}"
+
+    def __str__(self) -> str:
+        return str(self.value)
 
 
 @dataclasses.dataclass
@@ -439,6 +452,51 @@ def test_check_text_rules() -> None:
     assert check_text("${a.${b}}", safe) is None
 
 
+def _shown_dollar() -> dict[str, Any]:
+    """Values that are not str but show a ``$`` once made text (issue 37 item 8)."""
+    return {
+        "a path $": {"d": pathlib.Path("$"), "x": "${d}{oc.env:COMPATSHIM_SECRET}"},
+        "a path {": {"d": "$", "p": pathlib.Path("{eval:6*7}"), "x": "${d}${p}"},
+        "bytes": {"d": b"${eval:6*7}", "x": "pre${d}"},
+        "a bytes key": {"c": {b"${eval:6*7}": 1}, "x": "p${c}"},
+        "an enum's str": {"d": Sign.DOLLAR, "e": Sign.OPEN, "x": "${d}${e}"},
+    }
+
+
+@pytest.mark.skipif(not HAS_BYTES, reason="omegaconf < 2.2 holds no bytes or paths")
+@pytest.mark.parametrize("case", sorted(_shown_dollar()))
+def test_a_dollar_shown_by_a_path_bytes_or_enum_is_text(
+    case: str, tmp_path: pathlib.Path, marker: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37 item 8: path, bytes and enum values were never scanned, so ``d = Path("$")``
+    made ``"${d}{eval:...}"`` resolve to a call, live once the resolved config is saved as
+    YAML (Lightning's hparams.yaml) and read back. omegaconf's own pickle shows it runs."""
+    monkeypatch.setenv("COMPATSHIM_SECRET", "s3cret")
+    path = save(OmegaConf.create(_shown_dollar()[case]), tmp_path)
+    plain = torch.load(path, weights_only=False)["hparams"]  # omegaconf's own __setstate__
+    again = OmegaConf.create(OmegaConf.to_yaml(plain, resolve=True))
+    resolved = str(OmegaConf.to_container(again, resolve=True)["x"])
+    assert marker.exists() or resolved == "s3cret", resolved  # eval ran, or the secret read
+    with pytest.raises(UnsafeCheckpointError, match="omegaconf-resolver:"):
+        load(path, allow=[Sign])
+
+
+@pytest.mark.skipif(not HAS_BYTES, reason="omegaconf < 2.2 holds no bytes or paths")
+def test_paths_bytes_and_enums_without_a_live_call_load(tmp_path: pathlib.Path) -> None:
+    original = OmegaConf.create(
+        {
+            "home": pathlib.Path("/data/$USER/${a}"),  # a $ but no call: text like a str's
+            "raw": b"${a}\x00$",
+            "sign": Sign.DOLLAR,
+            "a": "x",
+            "name": "${a}-${home}",
+            "keys": {b"$k": 1, Sign.DOLLAR: 2},
+        }
+    )
+    loaded = load(save(original, tmp_path), allow=[Sign])["hparams"]
+    same(loaded, original)
+
+
 def test_check_text_is_linear() -> None:
     for text in ("${" * 200_000, "${a" * 100_000 + "}" * 100_000, "\\" * 200_000 + "${x:1}"):
         started = time.perf_counter()
@@ -666,6 +724,13 @@ EXPANDING: dict[str, Any] = {
     "computed key": _computed_doubling,
     "containers": _container_doubling,
     "empty strings": lambda: {**_doubling("${{{p}}}${{{p}}}"), "a0": ""},  # work, not length
+    # issue 37 item 9: oc.select's default is returned as is; through a list literal it
+    # is printed with repr, which doubles a backslash per level (2**26 of them)
+    "oc.select defaults": lambda: _doubling("${{oc.select:no,${{{p}}}}}${{oc.select:no,${{{p}}}}}"),
+    "oc.select list default": lambda: {
+        **_doubling("p${{oc.select:no,[${{{p}}}]}}", depth=26),
+        "a0": "\\",
+    },
 }
 
 
@@ -682,6 +747,84 @@ def test_references_that_expand_are_refused_naming_key_and_bound(
     assert time.perf_counter() - start < 10
     assert refused.value.refused[0].startswith("omegaconf interpolation ")
     assert any(f"at {key}{n} " in str(refused.value) for key in "ac" for n in range(31))
+
+
+def _decoys() -> dict[str, Any]:
+    chain = {"a0": "x", **{f"a{i}": f"${{a{i - 1}}}" for i in range(1, 31)}}
+    names = [f"${{a{i}}}" for i in range(31)]
+    return {  # read first, each names a0..a30 as something small (or nothing)
+        "the same names, small": lambda: OmegaConf.create(chain),
+        "the same names, missing": lambda: OmegaConf.create({"z": "".join(names)}),
+        "a list": lambda: OmegaConf.create(names),
+    }
+
+
+@pytest.mark.parametrize("decoy", sorted(_decoys()))
+def test_a_decoy_config_cannot_make_references_that_double_look_small(
+    decoy: str, tmp_path: pathlib.Path
+) -> None:
+    """Issue 37 item 2: the bound cached ``${a_i}`` by its text over all configs of a load, so
+    a decoy config read first made a chain that doubles look small (before: a 12 KB file
+    loaded in 0.02 s; resolving it, MemoryError at +2 GB). Each config's names are its own."""
+    attack = OmegaConf.create(_doubling("${{{p}}}${{{p}}}"))
+    path = save({"decoy": _decoys()[decoy](), "cfg": attack}, tmp_path)
+    start = time.perf_counter()
+    with pytest.raises(UnsafeCheckpointError, match=r"at a\d+ resolves to at most"):
+        load(path)
+    assert time.perf_counter() - start < 10
+    alone = load(save({"decoy": _decoys()[decoy](), "x": 1}, tmp_path, "decoy.pt"))
+    assert OmegaConf.to_container(alone["hparams"]["decoy"], resolve=False)
+
+
+def test_many_configs_sharing_names_load_in_linear_time(tmp_path: pathlib.Path) -> None:
+    """The per-config names cost no more than one config holding them all."""
+    configs = {
+        f"c{i}": OmegaConf.create({"a": "x", "b": "${a}/${a}", "c": "${oc.select:b,${a}}"})
+        for i in range(2000)
+    }
+    path = save(configs, tmp_path)
+    start = time.perf_counter()
+    loaded = load(path)["hparams"]
+    assert time.perf_counter() - start < 20
+    assert loaded["c1999"].c == "x/x"
+
+
+def _select_chain(levels: int, keys: int = 12) -> DictConfig:
+    """Hydra-style stages: each stage's values default to the previous stage's through
+    ``oc.select`` (an override wins where given), and a launcher's nested defaults."""
+    names = [f"k{i}" for i in range(keys)]
+    content: dict[str, Any] = {
+        "base": {name: 0.001 * (i + 1) for i, name in enumerate(names)},
+        "override": {"stage2": {"k0": 0.5}},
+    }
+    previous = "base"
+    for level in range(1, levels + 1):
+        stage = f"stage{level}"
+        content[stage] = {
+            name: f"${{oc.select:override.{stage}.{name},${{{previous}.{name}}}}}" for name in names
+        }
+        previous = stage
+    nested = "0.1"
+    for level in range(levels, 0, -1):
+        nested = f"${{oc.select:override.stage{level}.lr,{nested}}}"
+    content["lr"] = nested
+    content["run"] = {
+        "name": f"exp-${{stage{levels}.k0}}-${{lr}}",
+        "dir": "/runs/${run.name}/${oc.select:override.tag,default}",
+        "quoted": "${oc.select:override.tag,'[${run.name}]'}",
+    }
+    return OmegaConf.create(content)
+
+
+@pytest.mark.parametrize("levels", [5, 12])
+def test_nested_oc_select_defaults_load(levels: int, tmp_path: pathlib.Path) -> None:
+    """Issue 37 item 9: each default that is a reference counted 10x (a repr bound), so five
+    levels of a genuine 6 KiB config bounded to 178 M characters and were refused.
+    ``oc.select`` returns its default as is: only a list or dict literal prints with repr."""
+    original = _select_chain(levels)
+    loaded = load(save(original, tmp_path))["hparams"]
+    same(loaded, original)
+    assert loaded.run.name == "exp-0.5-0.1" and loaded[f"stage{levels}"].k1 == 0.002
 
 
 @pytest.mark.parametrize(

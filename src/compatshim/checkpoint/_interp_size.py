@@ -6,15 +6,22 @@ to 2**30 characters (Lightning's ``load_from_checkpoint`` reads every top-level
 value; ``to_container(resolve=True)`` reads them all). omegaconf caches nothing,
 so its work is the size of the whole expansion. After the pickle ran, every
 node gets a bound ``U`` (memoized, so this is linear in the references),
-never below what omegaconf builds when it resolves the node:
+never below what omegaconf builds when it resolves the node. Bounds are per
+config root: ``${a}`` names a node of its own root, and what a text names is
+never cached across roots (issue 37, item 2: a decoy config read first made
+another's chain that doubles look small):
 
 * a string: its own length, plus per ``${`` it holds (nested and escaped ones
   too, as the policy treats them as live) :data:`REF_COST` and the bound of
   the node it names (with, inside longer text, a container's raw repr: that
   is what ``str()`` of a container prints); a resolver call adds :data:`REPR`
   times the text and the references after it (a default such as ``[${x}]``
-  renders ``x`` with repr), and ``oc.select`` the bound of the node it
-  selects (so max(target, default) is covered);
+  renders ``x`` with repr: a backslash doubles at each level), and
+  ``oc.select`` the bound of the node it selects (so max(target, default) is
+  covered). ``oc.select`` returns its default as is, so it adds :data:`REPR`
+  only where a list or dict literal (``[`` or ``{`` outside key text) follows
+  its key: nested defaults ``${oc.select:a,${b}}`` grow by addition, not 10x
+  per level (issue 37, item 9);
 * a container: the bounds of its children, their keys and :data:`ENTRY` per
   entry (``to_container(resolve=True)`` copies it at every reference);
 * a number, bool, bytes, enum or path: a bound of its repr.
@@ -41,6 +48,7 @@ from __future__ import annotations
 
 import enum
 import pathlib
+import re
 from typing import Any, Callable
 
 from .._text import short
@@ -57,6 +65,7 @@ _LIST = "omegaconf.listconfig.ListConfig"
 _KEY_STOP = frozenset("\\{}():'\" \t]")  # ends a key or a resolver name (omegaconf's INTER_KEY)
 _ARG_STOP = frozenset("\\{}()[]:'\"$, \t")  # ends oc.select's unquoted key
 _WS = " \t"
+_OPEN = re.compile(r"[\[{]")  # may open a list or dict literal in a resolver's arguments
 Charge = Callable[[int, str], None]
 
 
@@ -90,12 +99,15 @@ class _Sizes:
         self.following: set[int] = set()  # intermediate keys being followed
         self.followed: dict[int, Any] = {}  # id(intermediate node) -> the container it is
         self._parsed: dict[str, _Ref] = {}  # "${a.b}" -> its parse
-        self._absolute: dict[str, Any] = {}  # "${a.b}" -> the node it names (or None)
+        self._absolute: dict[str, Any] = {}  # "${a.b}" -> the node it names in this root
         self.levels = 0
 
     # ------------------------------------------------------------------ charging
     def charge_root(self, root: Any) -> None:
         """Charge each top-level value (what reading it builds), naming the first too big."""
+        # "${a.b}" names a node of this root: a cache by text shared with another root
+        # would let a decoy config's small ``a`` stand for this one's (issue 37, item 2)
+        self._absolute.clear()
         for child in self._children(root) or [root]:  # a lone node, a container of text
             try:
                 units = self.of(child, child)
@@ -215,7 +227,9 @@ class _Sizes:
         return ref, piece
 
     def _scan(self, text: str, base: Any, node: Any) -> int:
-        found: list[tuple[int, int, bool]] = []  # (position, bound, is a resolver call)
+        found: list[tuple[int, int, bool]] = []  # (position, bound, renders with repr)
+        keys: list[tuple[int, int]] = []  # (start, end) of key text: "[" there opens no list
+        selects: list[tuple[int, int]] = []  # (index in found, where its default begins)
         position = text.find("${")
         while position >= 0:
             ref, piece = self._ref_at(text, position)
@@ -230,9 +244,18 @@ class _Sizes:
                 if target is not None:
                     size = min(CAP, size + self._target(target, node, alone))
                 found.append((position, size, False))
+                keys.append((position, position + ref.end if piece else ref.end))
             else:
                 found.append((position, REF_COST + self._resolver(ref, base, node), True))
+                if ref.resolver == "oc.select" and ref.args:
+                    selects.append((len(found) - 1, ref.args))
+                    keys.append((position, ref.args))
             position = text.find("${", position + 2)
+        if selects:  # oc.select returns its default as is: repr only from a literal in it
+            last = _last_literal(text, keys)
+            for index, args in selects:
+                if last < args:
+                    found[index] = (found[index][0], found[index][1], False)
         total = len(text)
         after = 0  # bounds of the references after the current one
         for position, size, call in reversed(found):
@@ -372,7 +395,7 @@ class _Sizes:
 class _Ref:
     """One ``${...}``: a node reference (``dots``, ``parts``) or a resolver call."""
 
-    __slots__ = ("dots", "end", "key", "parts", "resolver")
+    __slots__ = ("args", "dots", "end", "key", "parts", "resolver")
 
     def __init__(self) -> None:
         self.dots = 0
@@ -380,6 +403,7 @@ class _Ref:
         self.resolver: str | None = None
         self.key: str | None = None  # oc.select's first argument, when it is a key
         self.end = 0  # index after the closing "}" (node references only)
+        self.args = 0  # index after oc.select's key: where its default begins
 
 
 def _parse(text: str, position: int, nested: int) -> _Ref:
@@ -479,6 +503,7 @@ def _select_key(text: str, index: int, ref: _Ref, nested: int) -> None:
             raise _Unbounded("oc.select's key is computed by a resolver", None)
         ref.parts = [inner]
         ref.key = ""
+        ref.args = inner.end
         return
     quote = text[index : index + 1]
     if quote in ("'", '"'):
@@ -486,6 +511,7 @@ def _select_key(text: str, index: int, ref: _Ref, nested: int) -> None:
         if close < 0 or "\\" in text[index:close]:
             raise _Unbounded("oc.select's quoted key is not plain", None)
         key = text[index + 1 : close]
+        ref.args = close + 1
     else:
         end = index
         while end < len(text) and text[end] not in _ARG_STOP:
@@ -493,6 +519,7 @@ def _select_key(text: str, index: int, ref: _Ref, nested: int) -> None:
         if not (text.startswith((",", "}"), end) or text[end : end + 1] in _WS):
             raise _Unbounded("oc.select's key is not a plain key", None)
         key = text[index:end]
+        ref.args = end
     if not key or any(c in _ARG_STOP for c in key):
         raise _Unbounded("oc.select's key is not a plain key", None)
     dots = len(key) - len(key.lstrip("."))
@@ -500,6 +527,27 @@ def _select_key(text: str, index: int, ref: _Ref, nested: int) -> None:
     inner.dots = dots
     _key_text(key, dots, inner, nested)
     ref.dots, ref.parts, ref.key = inner.dots, inner.parts, key
+
+
+def _last_literal(text: str, keys: list[tuple[int, int]]) -> int:
+    """The index of the last ``[`` or ``{`` in ``text`` that may open a list or dict literal
+    (not a ``${``, not inside key text ``keys``, in order of start), or -1. Linear."""
+    spans: list[list[int]] = []  # keys merged: a nested reference lies inside its outer one
+    for start, end in keys:
+        if spans and start <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], end)
+        else:
+            spans.append([start, end])
+    last = -1
+    span = 0
+    for match in _OPEN.finditer(text):
+        at = match.start()
+        while span < len(spans) and spans[span][1] <= at:
+            span += 1
+        inside = span < len(spans) and spans[span][0] <= at
+        if not inside and not (text[at] == "{" and text[at - 1 : at] == "$"):
+            last = at
+    return last
 
 
 def _skip_ws(text: str, index: int) -> int:

@@ -51,6 +51,9 @@ Interpolation policy (:func:`check_text`)
     after one resolution is live too: an escaped ``\\${`` (omegaconf hands it back as
     ``${``, which a saved-and-reloaded hparams.yaml resolves), and, where the load holds
     a bare ``$``, a ``{`` that a reference can join to it (``${d}{oc.env:X}``, d = "$").
+    A path, bytes or enum value or key is checked as the text it shows (``str()`` of a path,
+    ``repr`` of bytes, an enum member's name, ``str()`` and ``repr``): ``d = Path("$")`` is a
+    bare ``$`` as ``d = "$"`` is, and ``b"${eval:1}"`` inside ``"x${d}"`` is a call.
     Shared strings are scanned once.
     The scan reads each ``${`` once, without regular expressions or recursion:
     work is linear in the string's length.
@@ -337,6 +340,7 @@ class Builder:
                 )
             self._depth(obj, depth)
         texts: list[tuple[str, Any, bool]] = []  # (text, node, is a key)
+        shown: dict[int, tuple[Any, tuple[str, ...]]] = {}  # id(value) -> its texts, once
         for obj, qualname in self.made.values():
             if qualname in (_META, _CMETA):
                 continue
@@ -346,9 +350,10 @@ class Builder:
                 if type(content) is str:
                     texts.append((content, obj, False))
                 elif type(content) is dict:
-                    texts.extend((key, obj, True) for key in content if type(key) is str)
-            elif type(state["_val"]) is str:
-                texts.append((state["_val"], obj, False))
+                    for key in content:
+                        texts.extend((text, obj, True) for text in _texts_of(key, shown))
+            else:
+                texts.extend((text, obj, False) for text in _texts_of(state["_val"], shown))
         unique = {id(text): text for text, _, _ in texts}  # shared strings scanned once
         self.dollar = any(bare_dollar(text) for text in unique.values())
         for text, node, key in texts:
@@ -399,6 +404,28 @@ class Builder:
             f"the file {_settings.ALLOW_FILE} names",
             entry,
         )
+
+
+def _texts_of(value: Any, shown: dict[int, tuple[Any, tuple[str, ...]]]) -> tuple[str, ...]:
+    """The text a value or key can show where omegaconf or YAML makes a string of it: a
+    ``str`` itself; ``str()`` of a path (``"${d}{eval:1}"`` with ``d = Path("$")`` resolves
+    to ``"${eval:1}"``, live once saved as YAML and read back); ``repr`` of bytes (what
+    ``str()`` and a container's ``str()`` print); an enum member's name (what ``to_yaml``
+    writes), ``str()`` (a ``StrEnum``'s value) and ``repr``. Numbers, bools and None show
+    no ``$``. Worked out once per object (a path shared by many nodes is not redone)."""
+    if type(value) is str:
+        return (value,)
+    if not isinstance(value, (bytes, pathlib.PurePath, enum.Enum)):
+        return ()
+    known = shown.get(id(value))
+    if known is not None and known[0] is value:
+        return known[1]
+    if isinstance(value, enum.Enum):
+        texts: tuple[str, ...] = (value.name, str(value), repr(value))
+    else:
+        texts = (str(value),)
+    shown[id(value)] = (value, texts)
+    return texts
 
 
 def _parameterise(meta: Any) -> None:
