@@ -45,7 +45,7 @@ from ._gate import ALLOWLIST, Verdict, judge
 from ._machine import Machine, Source, py2_str_read_as
 from ._tensors import REBUILDS
 from .allowlist import STORAGE_DTYPES, lookup, storage_type
-from .errors import CheckpointError, UnsafeCheckpointError, as_well
+from .errors import CheckpointError, UndecodableTextError, UnsafeCheckpointError, as_well
 
 T = TypeVar("T")
 
@@ -89,6 +89,8 @@ def _guarded(
     except UnsafeCheckpointError as exc:  # as_well: a type torch would raise is kept
         unsafe = as_well(UnsafeCheckpointError, type(exc))
         raise unsafe(_prefixed(str(exc), what) + advice, exc.refused) from None
+    except UndecodableTextError as exc:  # UnicodeDecodeError too: a caller's retry catches it
+        raise UndecodableTextError(exc, _prefixed(str(exc), what)) from None
     except CheckpointError as exc:
         raise as_well(CheckpointError, type(exc))(_prefixed(str(exc), what)) from None
     except RecursionError:

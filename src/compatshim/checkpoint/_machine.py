@@ -41,7 +41,7 @@ import struct
 from typing import IO, Any, Callable, Iterator
 
 from ._limits import hash_allowance
-from .errors import CheckpointError, UnsafeCheckpointError
+from .errors import CheckpointError, UndecodableTextError, UnsafeCheckpointError
 
 MAX_MARK_DEPTH = 2000
 MAX_NESTING = 1000
@@ -346,8 +346,10 @@ class Machine:
     def _text(self, raw: bytes, encoding: str = "utf-8") -> str:
         try:
             return raw.decode(encoding, "surrogatepass" if encoding == "utf-8" else "strict")
-        except UnicodeDecodeError as exc:
-            raise CheckpointError(f"undecodable text in the pickle: {exc.reason}") from None
+        except UnicodeDecodeError as exc:  # pickle's own type, as torch raises it
+            raise UndecodableTextError(
+                exc, f"undecodable text in the pickle ({exc.encoding}): {exc.reason}"
+            ) from None
 
     def _global_names(self, module: str, name: str) -> tuple[str, str]:
         if self.proto < 3:  # Python 2 names, as protocol 0-2 pickles write them
@@ -443,11 +445,7 @@ class Machine:
         return raw if asked == "bytes" else self._text(raw, asked)
 
     def _unicode(self, count: int) -> None:
-        raw = self.source.read(count)
-        try:
-            self.stack.append(raw.decode("utf-8", "surrogatepass"))
-        except UnicodeDecodeError as exc:
-            raise CheckpointError(f"undecodable text in the pickle: {exc.reason}") from None
+        self.stack.append(self._text(self.source.read(count)))
 
     def _buffer(self) -> None:
         raise CheckpointError("out-of-band pickle buffers (protocol 5) are not supported")

@@ -30,6 +30,27 @@ class UnsafeCheckpointError(CheckpointError, pickle.UnpicklingError):
         self.refused = refused
 
 
+class UndecodableTextError(CheckpointError, UnicodeDecodeError):
+    """Text in the pickle that the asked encoding cannot decode: a ``UnicodeDecodeError`` too,
+    as pickle (so torch) raises it, so the common ``except UnicodeDecodeError: torch.load(f,
+    encoding="latin1")`` retry of a Python 2 checkpoint runs in hardened mode as in plain."""
+
+    _kind = UnicodeDecodeError  # a failure torch has as well, not a refusal
+
+    def __init__(self, cause: UnicodeDecodeError, message: str) -> None:
+        UnicodeDecodeError.__init__(
+            self, cause.encoding, cause.object, cause.start, cause.end, cause.reason
+        )
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[object, ...]:
+        cause = UnicodeDecodeError(self.encoding, self.object, self.start, self.end, self.reason)
+        return type(self), (cause, self.message)
+
+
 _E = TypeVar("_E", bound="CheckpointError")
 
 

@@ -383,6 +383,8 @@ def _through_compatshim(
     try:
         loaded = _retry(f, start, args, kwargs)
     except CheckpointError as why:
+        if isinstance(why, UnicodeDecodeError):  # as plain torch: a caller's latin1 retry runs
+            raise
         what = _describe(f)
         refused = tuple(getattr(why, "refused", ()))
         text = f"{type(why).__name__}: {_plain(why)}"
