@@ -128,6 +128,69 @@ def test_non_callable_and_non_tuple_args_read_like_pickle() -> None:
         assert finding.error == f"PicklingError: {info.value}"
 
 
+class Reduces:
+    """Reduces to ``rv`` as it is, whatever pickle will make of it."""
+
+    class Inner:  # a nested class: pickle names its type differently from 3.14 on
+        pass
+
+    def __init__(self, rv: Any) -> None:
+        self.rv = rv
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self.rv
+
+
+def _named(name: str) -> Callable[..., Any]:
+    """A callable pickle treats as ``__newobj__``/``__newobj_ex__`` (it goes by the name)."""
+
+    def build(*args: Any) -> Any:
+        raise AssertionError("never called")
+
+    build.__name__ = build.__qualname__ = name
+    return build
+
+
+@pytest.mark.parametrize(
+    "rv",
+    [
+        5,
+        (Reduces.Inner(), ()),
+        (print, [1]),
+        (print, (), None, Reduces.Inner()),
+        (print, (), None, None, 5),
+        (print, (), None, None, None, Reduces.Inner()),
+        (_named("__newobj__"), ()),
+        (_named("__newobj__"), (5,)),
+        (_named("__newobj__"), (Reduces.Inner,)),
+        (_named("__newobj_ex__"), (Reduces, ())),
+        (_named("__newobj_ex__"), (Reduces.Inner(), (), {})),
+    ],
+    ids=[
+        "not-a-tuple",
+        "callable",
+        "args",
+        "fourth",
+        "fifth",
+        "sixth",
+        "newobj-empty",
+        "newobj-class",
+        "newobj-wrong-class",
+        "newobj-ex-length",
+        "newobj-ex-class",
+    ],
+)
+def test_every_refused_reduction_reads_as_this_interpreters_pickle(rv: Any) -> None:
+    """The text is compared with the running interpreter's own pickle error (3.14 reworded
+    them all: ", not int", "item" for "element", __newobj__ as argument errors)."""
+    culprit = Reduces(rv)
+    with pytest.raises(pickle.PicklingError) as info:
+        pickle.dumps(culprit)
+    (finding,) = find_unpicklable(culprit)
+    assert finding.path == "obj"
+    assert finding.error == f"PicklingError: {info.value}"
+
+
 class UnprintableError(Exception):
     def __str__(self) -> str:
         raise RuntimeError("cannot print me")

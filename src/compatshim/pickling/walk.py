@@ -29,13 +29,18 @@ from collections import OrderedDict
 from types import FunctionType
 from typing import Any, Optional, Tuple
 
-from .finding import Finding, error_text, fix_for, type_name
+from .finding import Finding, error_text, fix_for, type_attribute, type_name
 
 _ATOMIC = (type(None), bool, int, float, complex, str, bytes, bytearray, type(Ellipsis))
 # Types are compared by identity: hashing or comparing a user's class can run its metaclass.
 _ATOMIC_IDS = frozenset(id(t) for t in _ATOMIC)
 _PRINTABLE_KEY_IDS = frozenset(id(t) for t in (str, int, float, bool, type(None)))
 _MODULE_CONTAINERS = ("_modules", "_parameters", "_buffers")
+# pickle words its refusals of a reduction differently from 3.14 on: each names the offending
+# type (", not int"), "element" became "item", and __newobj__'s checks read as argument errors.
+# A finding says what the running interpreter's pickle says.
+_WORDS_314 = sys.version_info >= (3, 14)
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (or type())
 
 # A path is a linked list (parent, segment) so that 100,000 nodes cost no string building.
 _Path = Optional[Tuple[Any, str]]
@@ -164,17 +169,40 @@ class Walker:
         if kind == "__newobj_ex__":
             if len(args) != 3:
                 raise _Refused(
-                    f"length of the NEWOBJ_EX argument tuple must be exactly 3, not {len(args)}"
+                    f"__newobj_ex__ expected 3 arguments, got {len(args)}"
+                    if _WORDS_314
+                    else "length of the NEWOBJ_EX argument tuple must be exactly 3, "
+                    f"not {len(args)}"
                 )
             if not issubclass(type(args[0]), type):
-                raise _Refused("first item from NEWOBJ_EX argument tuple must be a class")
+                raise _Refused(
+                    (
+                        "first argument to __newobj_ex__() must be a class"
+                        if _WORDS_314
+                        else "first item from NEWOBJ_EX argument tuple must be a class"
+                    )
+                    + _not(args[0])
+                )
         else:
             if not args:
-                raise _Refused("__newobj__ arglist is empty")
+                raise _Refused(
+                    "__newobj__ expected at least 1 argument, got 0"
+                    if _WORDS_314
+                    else "__newobj__ arglist is empty"
+                )
             if not issubclass(type(args[0]), type):
-                raise _Refused("args[0] from __newobj__ args is not a type")
-            if args[0] is not obj.__class__:  # pickle asks the object: a hostile one may raise
-                raise _Refused("args[0] from __newobj__ args has the wrong class")
+                raise _Refused(
+                    f"first argument to __newobj__() must be a class{_not(args[0])}"
+                    if _WORDS_314
+                    else "args[0] from __newobj__ args is not a type"
+                )
+            cls = obj.__class__  # pickle asks the object: a hostile one may raise
+            if args[0] is not cls:
+                raise _Refused(
+                    f"first argument to __newobj__() must be {cls!r}, not {args[0]!r}"
+                    if _WORDS_314
+                    else "args[0] from __newobj__ args has the wrong class"
+                )
         self._check_global(args[0], obj, path, owner)
 
     def _arg_children(
@@ -264,30 +292,51 @@ def _reduction(rv: Any) -> tuple[Any, tuple[Any, ...], Any, Any, Any, Any]:
     an override of ``__len__`` or ``__iter__`` on what ``__reduce__`` returned
     is never called. The list and dict items are drained here: pickle iterates them.
     """
+    named = _not if _WORDS_314 else lambda value: ""  # the type, where pickle names it
     if not issubclass(type(rv), tuple):
-        raise _Refused("__reduce__ must return a string or tuple")
+        raise _Refused(f"__reduce__ must return a string or tuple{named(rv)}")
     parts = _plain_tuple(rv)
     if not 2 <= len(parts) <= 6:
         raise _Refused("tuple returned by __reduce__ must contain 2 through 6 elements")
     func, args, state, listed, paired, setter = parts + (None,) * (6 - len(parts))
     if not callable(func):
-        raise _Refused("first item of the tuple returned by __reduce__ must be callable")
+        raise _Refused(
+            f"first item of the tuple returned by __reduce__ must be callable{named(func)}"
+        )
     if not issubclass(type(args), tuple):
-        raise _Refused("second item of the tuple returned by __reduce__ must be a tuple")
+        raise _Refused(
+            f"second item of the tuple returned by __reduce__ must be a tuple{named(args)}"
+        )
+    part = "item" if _WORDS_314 else "element"
     for ordinal, items in (("fourth", listed), ("fifth", paired)):
         if items is not None and not _is_iterator(items):
             raise _Refused(
-                f"{ordinal} element of the tuple returned by __reduce__ must be an iterator, "
-                f"not {type_name(type(items))}"
+                f"{ordinal} {part} of the tuple returned by __reduce__ must be an iterator"
+                + _not(items)
             )
     if setter is not None and not callable(setter):
+        must = "be callable" if _WORDS_314 else "be a function"
         raise _Refused(
-            "sixth element of the tuple returned by __reduce__ must be a function, "
-            f"not {type_name(type(setter))}"
+            f"sixth {part} of the tuple returned by __reduce__ must {must}{_not(setter)}"
         )
     listed = None if listed is None else list(listed)
     paired = None if paired is None else list(paired)
     return func, _plain_tuple(args), state, listed, paired, setter
+
+
+def _not(value: Any) -> str:
+    """``", not <type>"`` as pickle's C code names a type: from 3.14 ``%T`` (``module.QualName``,
+    no module for builtins and ``__main__``), before it ``tp_name`` (a class statement's
+    ``__name__``, an extension type's dotted name)."""
+    cls = type(value)
+    if _WORDS_314:
+        module = type_attribute(cls, "__module__", "builtins")
+        qualname = type_attribute(cls, "__qualname__", "<unnamed type>")
+        name = qualname if module in ("builtins", "__main__") else f"{module}.{qualname}"
+        return f", not {name}"
+    if type.__dict__["__flags__"].__get__(cls) & _HEAPTYPE:
+        return f", not {type_attribute(cls, '__name__', '<unnamed type>')}"
+    return f", not {type_name(cls)}"
 
 
 def _plain_tuple(value: Any) -> tuple[Any, ...]:
