@@ -12,6 +12,12 @@ Two measures, contenders run alternately in one process, medians:
    ``BENCH_EMA_ALSO`` (interpreters separated by ``os.pathsep``, each with
    torch and this compatshim importable, e.g. through ``PYTHONPATH``) adds one
    row per interpreter: the same section run there (``--host-only``).
+   The buffer case (issue 38): 24 ``BatchNorm1d(4)``, 120 tensors (48 params,
+   48 float buffers, 24 ``num_batches_tracked``), ``update_ema`` with its
+   default ``buffers="average"`` against the bare calls doing the same work:
+   ``_foreach_lerp_`` over the 96 floating tensors' ``.data`` plus
+   ``_foreach_copy_`` over the 24 counters (goal <= 1.2x); and, for scale,
+   ``buffers="skip"`` (parameters only) and timm ``ModelEmaV3`` (if installed).
 2. A ~50M-parameter model (120 tensors): compatshim, Open-Sora's loop, timm
    ``ModelEmaV3`` (if installed), ``AveragedModel`` + ``get_ema_multi_avg_fn``,
    and the floor: one ``lerp_`` over a flat buffer of the same size (goal:
@@ -138,6 +144,69 @@ def host_overhead(device: str, repeats: int = 401) -> dict[str, float]:
         "host: compatshim / bare foreach on Parameters": ours / on_params_time,
         "host: compatshim per call (us)": ours * 1e6,
         "host: bare foreach on .data per call (us)": floor * 1e6,
+    }
+
+
+def host_overhead_buffers(device: str, repeats: int = 401) -> dict[str, float]:
+    """Section 1b: per-call host cost with BatchNorm buffers (120 tensors in 24 BatchNorm1d)."""
+    import torch
+
+    import compatshim.ema as cema
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.BatchNorm1d(4) for _ in range(HOST_TENSORS // 5)])
+    model.to(device).train()
+    model(torch.randn(8, 4, device=device))  # statistics and counters away from their start
+    ema = copy.deepcopy(model)
+    ema_skip = copy.deepcopy(model)
+    pairs = list(zip(ema.state_dict().values(), model.state_dict().values()))
+    assert len(pairs) == HOST_TENSORS
+    ema_float = [e for e, m in pairs if e.is_floating_point()]
+    src_float = [m for e, m in pairs if e.is_floating_point()]
+    ema_int = [e for e, m in pairs if not e.is_floating_point()]
+    src_int = [m for e, m in pairs if not e.is_floating_point()]
+
+    def bare() -> None:
+        torch._foreach_lerp_(ema_float, src_float, 1 - DECAY)
+        torch._foreach_copy_(ema_int, src_int)
+
+    runs: dict[str, Callable[[], object]] = {
+        "bare `_foreach_lerp_` + `_foreach_copy_` on `.data` (floor)": bare,
+        'compatshim update_ema (buffers="average", default)': lambda: cema.update_ema(
+            ema, model, decay=DECAY
+        ),
+        'compatshim update_ema (buffers="skip": parameters only)': lambda: cema.update_ema(
+            ema_skip, model, decay=DECAY, buffers="skip"
+        ),
+    }
+    try:
+        from timm.utils import ModelEmaV3
+
+        timm_ema = ModelEmaV3(model, decay=DECAY)
+        runs["timm ModelEmaV3 (averages buffers, copies counters)"] = lambda: timm_ema.update(model)
+    except Exception as exc:  # timm is optional: report, do not fail
+        print(f"(timm ModelEmaV3 not run: {type(exc).__name__}: {exc})\n")
+    batched = {name: _synced(_batched(fn, HOST_BATCH), device) for name, fn in runs.items()}
+    samples = interleaved(batched, repeats=repeats, warmup=3)
+    per_call = {name: median(values) / HOST_BATCH for name, values in samples.items()}
+    floor = per_call["bare `_foreach_lerp_` + `_foreach_copy_` on `.data` (floor)"]
+    ours = per_call['compatshim update_ema (buffers="average", default)']
+    rows = [
+        [name, f"{value * 1e6:.1f} us", f"{value / floor:.2f}x"] for name, value in per_call.items()
+    ]
+    print(
+        f"### EMA host overhead with BatchNorm buffers ({HOST_TENSORS} tensors: "
+        f"{HOST_TENSORS // 5} BatchNorm1d(4) on {device}; median of {repeats} x {HOST_BATCH} calls)"
+    )
+    print()
+    print(table(["contender", "per call", "vs bare"], rows))
+    print()
+    print(f"compatshim (buffers on) / bare foreach = {ours / floor:.3f} (goal <= 1.2)")
+    print()
+    return {
+        "host buffers: compatshim / bare lerp+copy on .data": ours / floor,
+        "host buffers: compatshim per call (us)": ours * 1e6,
+        "host buffers: bare lerp+copy per call (us)": floor * 1e6,
     }
 
 
@@ -287,11 +356,13 @@ def main(repeats: int = 12) -> dict[str, float]:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     ratios = host_overhead("cpu")
+    ratios.update(host_overhead_buffers("cpu"))
     also = [path for path in os.environ.get("BENCH_EMA_ALSO", "").split(os.pathsep) if path]
     if also:
         ratios.update(host_across_releases(also))
     if device == "cuda":
         ratios.update({f"[cuda] {k}": v for k, v in host_overhead("cuda").items()})
+        ratios.update({f"[cuda] {k}": v for k, v in host_overhead_buffers("cuda").items()})
     model = build_model(device)
     runs, notes, nbytes = contenders(model, device)
     load = os.getloadavg()[0]
