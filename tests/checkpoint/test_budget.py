@@ -21,6 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 
 from tests.checkpoint.corpus import P2, STOP, b, call, g, get, legacy, n, put, t, torch_zip, u

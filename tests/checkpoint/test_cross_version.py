@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("torch")
+
 from compatshim.checkpoint import inspect, load
 from tests.checkpoint.helpers import digest
 

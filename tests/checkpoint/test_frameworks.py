@@ -7,6 +7,9 @@ import pickle
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 
 from compatshim.checkpoint import UnsafeCheckpointError, inspect, load

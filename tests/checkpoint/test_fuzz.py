@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("torch")
+
 from tests.checkpoint.helpers import ROOT, peak_rss_mb
 
 EXAMPLES = int(os.environ.get("COMPATSHIM_TEST_FUZZ_EXAMPLES", "150"))

@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 import torch._utils
 

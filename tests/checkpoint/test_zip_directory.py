@@ -18,6 +18,9 @@ import zlib
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 
 from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, inspect, load

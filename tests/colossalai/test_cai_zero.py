@@ -9,6 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
+pytest.importorskip("torch")
+
 from packaging.version import Version
 
 from tests.colossalai.cai_session import CONFIGS, run_session
@@ -69,6 +72,18 @@ def test_ema_full_and_sharded_match_fp64_reference(
         assert shapes["pos_embed"] == (1, 3)  # excluded: left full-size
         assert shapes["frozen"] == (3,)
         assert result["pos_embed_init_kept"]
+
+
+def test_ema_buffers_of_a_batchnorm_model_under_zero(ranks: list[dict[str, Any]]) -> None:
+    """The default buffer policy on the ZeRO path: statistics averaged into the fp32 EMA
+    (full-size and sharded alike), counters copied, params from the masters."""
+    for summary in ranks:
+        result = summary["batchnorm"]
+        assert result["ema_full_err"] < 1e-6 and result["ema_sharded_err"] < 1e-6, result
+        assert result["buffers_full_err"] < 1e-6 and result["buffers_sharded_err"] < 1e-6, result
+        assert result["buffer_dtypes"] == ["torch.float32", "torch.int64"]
+        assert result["counters"] == [5, 5]
+        assert result["moved"]
 
 
 @pytest.mark.parametrize("config", CONFIG_IDS)

@@ -16,6 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 import torch.distributed as dist
 from torch import nn

@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -15,6 +15,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset

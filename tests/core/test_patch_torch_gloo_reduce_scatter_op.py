@@ -16,6 +16,9 @@ import warnings
 from typing import Any
 
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 import torch.distributed as dist
 

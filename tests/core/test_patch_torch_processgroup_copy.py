@@ -18,6 +18,9 @@ import textwrap
 from typing import Any, Iterator
 
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 import torch.distributed as dist
 

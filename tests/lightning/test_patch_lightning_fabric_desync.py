@@ -24,6 +24,8 @@ from typing import Any, Iterator
 
 import pytest
 
+pytest.importorskip("torch")
+
 from tests.lightning.fabric_runs import FABRIC_MODULE, Run, run_script, site_line
 
 pytest.importorskip(FABRIC_MODULE)

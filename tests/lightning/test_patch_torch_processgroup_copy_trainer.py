@@ -24,6 +24,8 @@ from typing import Any, Iterator
 
 import pytest
 
+pytest.importorskip("torch")
+
 from tests.lightning.fabric_runs import Run, run_script
 
 try:

@@ -6,6 +6,9 @@ import copy
 from typing import Any
 
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

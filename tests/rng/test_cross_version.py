@@ -12,8 +12,11 @@ import json
 import random
 from pathlib import Path
 
-import numpy as np
 import pytest
+
+pytest.importorskip("torch")
+
+import numpy as np
 import torch
 
 import compatshim.rng as rng

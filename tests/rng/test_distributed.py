@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("torch")
+
 from tests.harness.dist import run_ranks
 from tests.rng.workers import load_once, load_then_draw, save_then_draw
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("torch")
+
 import compatshim.rng as rng
 from compatshim._engine.versions import installed_version
 from tests.rng.workers import draws

@@ -5,6 +5,9 @@ from __future__ import annotations
 import warnings
 
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 
 import compatshim.rng as rng

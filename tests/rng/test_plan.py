@@ -13,6 +13,9 @@ from __future__ import annotations
 import struct
 
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 
 import compatshim.rng as rng

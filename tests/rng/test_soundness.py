@@ -7,8 +7,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
+
+pytest.importorskip("torch")
+
+import numpy as np
 import torch
 
 import compatshim.rng as rng

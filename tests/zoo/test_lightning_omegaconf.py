@@ -20,6 +20,9 @@ from importlib.metadata import version
 from typing import Any
 
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 
 L = pytest.importorskip("lightning")
