@@ -94,8 +94,9 @@ Limits of hardened mode
     cannot run code either (that private stream reader still parses its own
     framing with torch's weights-only unpickler before the guard refuses); such a
     stale reference with ``weights_only=True``
-    still reaches torch's weights-only unpickler (``COMPATSHIM_AUTO=1`` arms at
-    ``import torch``, before any reference can be taken). Covered by their own
+    still reaches torch's weights-only unpickler (the start-up hook arms at
+    ``import torch``, before any reference can be taken; armed later, the
+    modules holding one are named once on stderr: :func:`_warn_stale`). Covered by their own
     patches, because they are not torch's loaders: ``numpy.load(allow_pickle=True)``
     (``numpy-load-hardened``) and ``torch.distributed.checkpoint``'s ``.metadata``
     (``torch-dcp-safe-metadata``). Not covered: plain ``pickle``. The doctor's
