@@ -38,9 +38,10 @@ import contextlib
 import contextvars
 import io
 import struct
+import sys
 from typing import IO, Any, Callable, Iterator
 
-from ._limits import hash_allowance
+from ._limits import BUDGET_FLOOR, BUDGET_PER_BYTE, hash_allowance
 from .errors import CheckpointError, UndecodableTextError, UnsafeCheckpointError
 
 MAX_MARK_DEPTH = 2000
@@ -123,6 +124,8 @@ def _unquote(line: bytes) -> bytes:
 
 
 _NONE = object()
+# what an empty container takes (sys.getsizeof); its items are the file's own opcodes
+_SIZES = {kind: sys.getsizeof(kind()) for kind in (list, dict, set, frozenset, tuple)}
 
 #: How the caller asked for Python 2 ``str`` to be read (``torch.load``'s or ``numpy.load``'s
 #: ``encoding=``, set by :func:`py2_str_read_as` around one load): a text codec, or
@@ -177,8 +180,21 @@ class Machine:
         self.hash_left = hash_allowance(source.end)
         self._first_of_hash: dict[int, Any] = {}  # hash -> the first counted key with it
         self._clashes: dict[int, int] = {}  # hash -> different keys seen with it
+        # bytes the opcodes' own containers may take: an empty set is 216 bytes for one byte
+        # of file, so they are counted as the load's calls are (BUDGET_PER_BYTE x + floor)
+        self.built_left = BUDGET_PER_BYTE * source.end + BUDGET_FLOOR
 
     # ------------------------------------------------------------------ hooks
+    def built(self, value: Any) -> Any:
+        """``value``, a container an opcode made, counted by what it takes in memory."""
+        self.built_left -= _SIZES[type(value)]
+        if self.built_left < 0:
+            raise CheckpointError(
+                "the pickle's own opcodes build more containers than the file's size allows "
+                f"({BUDGET_PER_BYTE} bytes a byte of file, plus {BUDGET_FLOOR >> 20} MiB)"
+            )
+        return value
+
     def find_global(self, module: str, name: str) -> Any:
         raise NotImplementedError
 
@@ -452,19 +468,19 @@ class Machine:
 
     def _push_marked(self, kind: Callable[[list[Any]], Any]) -> None:
         value = kind(self._pop_mark())  # pops first: the stack changes
-        self.stack.append(value)
+        self.stack.append(self.built(value))
 
     def _push_hashable(self, kind: Callable[[list[Any]], Any]) -> None:
         items = self._pop_mark()
         depth = self.nesting(items)  # before frozenset() hashes the items
         if kind is frozenset:
             self.charge_keys(items)
-        self.stack.append(self.hashable(kind(items), depth))
+        self.stack.append(self.hashable(self.built(kind(items)), depth))
 
     def _tuple(self, count: int) -> None:
         if len(self.stack) < count:
             raise CheckpointError("pickle stack underflow")
-        items = tuple(self.stack[-count:])
+        items = self.built(tuple(self.stack[-count:]))
         del self.stack[-count:]
         self.stack.append(self.hashable(items, self.nesting(items)))
 
@@ -481,7 +497,7 @@ class Machine:
         if len(items) % 2:
             raise CheckpointError("DICT opcode with an odd number of items")
         self.charge_keys(items[::2])
-        target: dict[Any, Any] = {}
+        target: dict[Any, Any] = self.built({})
         self.set_items(target, items)
         self.stack.append(target)
 
@@ -622,15 +638,15 @@ _OPCODES: dict[bytes, str | Handler] = {
     b"\x85": lambda s: s._tuple(1),
     b"\x86": lambda s: s._tuple(2),
     b"\x87": lambda s: s._tuple(3),
-    b"]": lambda s: s.stack.append([]),
+    b"]": lambda s: s.stack.append(s.built([])),
     b"l": lambda s: s._push_marked(list),
     b"a": "_append",
     b"e": "_appends",
-    b"}": lambda s: s.stack.append({}),
+    b"}": lambda s: s.stack.append(s.built({})),
     b"d": "_dict",
     b"s": "_setitem",
     b"u": "_setitems",
-    b"\x8f": lambda s: s.stack.append(set()),
+    b"\x8f": lambda s: s.stack.append(s.built(set())),
     b"\x90": "_additems",
     b"\x91": lambda s: s._push_hashable(frozenset),
     b"p": lambda s: s._put(s._line_int()),
