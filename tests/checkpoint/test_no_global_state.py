@@ -39,8 +39,6 @@ def test_an_invalid_sparse_tensor_is_refused_without_setting_attributes(tmp_path
         print("setattr on types:", events)
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=240
-    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert "refused CheckpointError" in done.stdout, done.stdout + done.stderr
     assert "setattr on types: []" in done.stdout, done.stdout
