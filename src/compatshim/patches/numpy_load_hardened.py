@@ -104,16 +104,17 @@ _IN_PLACE = (io.BytesIO, io.BufferedReader, io.BufferedRandom, io.FileIO)
 _CHUNK = 1 << 16  # read ahead while stepping over short opcodes: the most read past the pickle
 _LONG_READ = 1 << 20  # a long argument is read in parts: its claimed length is never allocated
 #: how the scan steps over an opcode: its whole length in bytes (> 0), STOP (0), a line
-#: (pickletools' UP_TO_NEWLINE, -1), two lines (-6: GLOBAL, INST), or a length first
-_STOP, _LINE, _TWO_LINES = 0, -1, -6
+#: (pickletools' UP_TO_NEWLINE, -1), two lines (-6: GLOBAL, INST), no such opcode (-7), or a
+#: length first (pickletools' n, -2 to -5)
+_STOP, _LINE, _TWO_LINES, _UNKNOWN = 0, -1, -6, -7
 _LENGTHS = {-2: (1, False), -3: (4, True), -4: (4, False), -5: (8, False)}  # pickletools' n
 
 
-def _opcode_kinds() -> list[int | None]:
-    """Per opcode byte, how the scan steps over it (None: no such opcode), from pickletools."""
+def _opcode_kinds() -> list[int]:
+    """Per opcode byte, how the scan steps over it, from pickletools."""
     import pickletools
 
-    kinds: list[int | None] = [None] * 256
+    kinds = [_UNKNOWN] * 256
     for op in pickletools.opcodes:
         arg = op.arg
         if op.name == "STOP":
@@ -159,8 +160,13 @@ def one_pickle(file: IO[bytes]) -> io.BytesIO:
     while True:
         if len(data) < pos + 9 and not _need(file, data, pos + 9) and pos >= len(data):
             break
+        limit = len(data) - 9  # the longest fixed-length opcode is 9 bytes
+        while pos <= limit and (kind := kinds[data[pos]]) > 0:
+            pos += kind  # most opcodes: a fixed length
+        if pos >= len(data):
+            continue
         kind = kinds[data[pos]]
-        if kind is None:
+        if kind == _UNKNOWN:
             break
         if kind > 0:
             pos += kind
