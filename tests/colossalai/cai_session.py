@@ -158,6 +158,58 @@ def check_zero(stage: int, dtype_name: str, rank: int) -> dict[str, Any]:
     return out
 
 
+def check_zero_batchnorm(rank: int) -> dict[str, Any]:
+    """A bf16 BatchNorm model under LowLevelZero stage 2: fp32 EMA (full and sharded) with the
+    default buffer policy; params from the masters, buffers from this rank's model, vs fp64."""
+    import torch
+    from colossalai.zero import LowLevelZeroOptimizer
+    from torch import nn
+
+    import compatshim.ema as cema
+    from compatshim.master import gather_master_param
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.BatchNorm1d(7), nn.Tanh(), nn.Linear(7, 3))
+    model = model.to(DEVICE)
+    ema_full = copy.deepcopy(model).float()
+    ema_sharded = copy.deepcopy(model).float()
+    model = model.to(torch.bfloat16)
+    optimizer = LowLevelZeroOptimizer(
+        torch.optim.AdamW(model.parameters(), lr=1e-2),
+        initial_scale=2**8,
+        partition_grad=True,
+        overlap_communication=True,
+        reduce_bucket_size=64,
+    )
+    for ema in (ema_full, ema_sharded):
+        ema.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    ref = {n: p.detach().double().clone() for n, p in _trainable(ema_full)}
+    ref_buffers = {n: b.double() for n, b in ema_full.named_buffers() if b.is_floating_point()}
+    cema.shard_ema(ema_sharded, model, optimizer)
+    for step in range(5):
+        loss = model(_batch(step, rank, torch.bfloat16)).float().pow(2).mean()
+        optimizer.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        cema.update_ema(ema_full, model, optimizer, decay=DECAY)
+        cema.update_ema(ema_sharded, model, optimizer, decay=DECAY)
+        for name, p in _trainable(model):
+            master = gather_master_param(optimizer, p).double()
+            ref[name].mul_(DECAY).add_(master, alpha=1 - DECAY)
+        for name, value in ref_buffers.items():
+            value.mul_(DECAY).add_(model.get_buffer(name).double(), alpha=1 - DECAY)
+    gathered = cema.gather_sharded_ema(ema_sharded, model, optimizer)
+    return {
+        "ema_full_err": _ema_vs_reference(dict(ema_full.named_parameters()), ref),
+        "ema_sharded_err": _ema_vs_reference(gathered, ref),
+        "buffers_full_err": _ema_vs_reference(dict(ema_full.named_buffers()), ref_buffers),
+        "buffers_sharded_err": _ema_vs_reference(gathered, ref_buffers),
+        "buffer_dtypes": sorted({str(b.dtype) for b in ema_full.buffers()}),
+        "counters": [int(ema_full[1].num_batches_tracked), int(gathered["1.num_batches_tracked"])],
+        "moved": not torch.equal(ema_full[1].running_mean, torch.zeros(7, device=DEVICE)),
+    }
+
+
 def _future_release(optimizer: Any) -> Any:
     """The real optimizer's state under a class that keeps its map somewhere new.
 
@@ -313,6 +365,7 @@ def run_session(
     for stage, dtype_name in configs:
         summary["zero"][f"stage{stage}-{dtype_name}"] = check_zero(stage, dtype_name, rank)
     summary["plain"] = check_plain(rank)
+    summary["batchnorm"] = check_zero_batchnorm(rank)
     summary["booster"] = check_booster(rank)
     summary["hybrid"] = {stage: check_hybrid(stage, rank) for stage in (0, 1)}
     summary["pid"] = os.getpid()
