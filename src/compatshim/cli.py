@@ -1,4 +1,4 @@
-"""Command line: ``compatshim doctor`` and ``compatshim inspect`` (also ``python -m compatshim``).
+"""Command line: ``compatshim doctor``, ``inspect`` and ``scan`` (also ``python -m compatshim``).
 
 Like any Unix tool, a command whose reader goes away (``compatshim inspect FILE |
 head -1``) ends quietly: no ``BrokenPipeError`` traceback, nothing more written,
@@ -16,6 +16,15 @@ import sys
 from typing import Sequence
 
 PIPE_CLOSED = 141  # 128 + SIGPIPE (13)
+EXIT_CODES_HELP = """\
+severities and exit codes (docs/inspect.md):
+  0  loadable     compatshim.checkpoint.load reads it (a DCP folder: torch's DCP load)
+  1  needs-allow  refused as is for globals compatshim does not cover (named, with
+     refused      the line that allows each), or refused whatever is allowed
+  2  unreadable   damaged, not a checkpoint, a folder without a DCP .metadata
+                  (also: a usage error)
+  3  dangerous    names a denied global (code, files, network): treat it as an attack
+--json prints a record on stdout whatever the outcome."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -58,17 +67,35 @@ def _run(argv: Sequence[str] | None) -> int:
         "--timeout", type=float, default=None, help="seconds allowed for the live probes"
     )
     inspect = commands.add_parser(
-        "inspect", help="what a checkpoint needs and holds, and whether compatshim can load it"
+        "inspect",
+        help="what a checkpoint needs and holds, and whether compatshim can load it",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     inspect.add_argument(
         "file", help="a torch.save file, pickle, safetensors file or DCP checkpoint folder"
     )
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    scan = commands.add_parser(
+        "scan",
+        help="a severity per checkpoint in files and folders (recursive), for CI",
+        description="Inspect every checkpoint under the paths: each file named, and in "
+        "folders (recursively) each DCP folder and each file with a checkpoint's suffix "
+        "(.pt, .pth, .bin, .ckpt, .pkl, .safetensors, ...: docs/inspect.md).",
+        epilog=EXIT_CODES_HELP + "\nscan exits with the worst path's code (the highest).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    scan.add_argument("paths", nargs="+", metavar="PATH", help="files and folders")
+    scan.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
     if args.command == "inspect":
         from .checkpoint.report import main as inspect_main
 
         return inspect_main(args.file, as_json=args.json)
+    if args.command == "scan":
+        from .checkpoint.report import scan_main
+
+        return scan_main(args.paths, as_json=args.json)
     from . import doctor as doctor_module
 
     return doctor_module.main(as_json=args.json, timeout=args.timeout, verbose=args.verbose)

@@ -168,7 +168,7 @@ def test_cli_inspects_a_folder_and_refuses_a_poisoned_one(genuine: Path, tmp_pat
     marker = tmp_path / "ran"
     poison_metadata(genuine, tmp_path / "bad", marker)
     done = _cli(str(tmp_path / "bad"))
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 3, done.stderr  # dangerous
     assert "saved by 1 rank(s)" in done.stdout and "NOT loadable" in done.stdout
     assert "denied (cannot be allowed)" in done.stdout
     assert not marker.exists()

@@ -187,7 +187,7 @@ def test_inspect_says_denied_whatever_is_allowed(
     assert use.dangerous == deny.DENIED["builtins.eval"] and use.allow is None
     env = {**os.environ, "COMPATSHIM_ALLOW": "builtins.eval"}
     human = _cli(str(path), env=env)
-    assert human.returncode == 1 and f"{DENIED}: {use.dangerous}" in human.stdout
+    assert human.returncode == 3 and f"{DENIED}: {use.dangerous}" in human.stdout
     assert "allowed process-wide" not in human.stdout
     data = json.loads(_cli(str(path), "--json", env=env).stdout)
     assert data["loadable"] is False and data["globals"][0]["allowed_by"] is None

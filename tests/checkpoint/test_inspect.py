@@ -703,7 +703,7 @@ def test_a_file_naming_many_globals_gets_a_bounded_report(tmp_path: Path, form: 
     if sys.platform == "linux":
         assert measured["peak_mib"] < 100, measured
     shown = _cli(str(path), *(["--json"] if form == "json" else []))
-    assert shown.returncode == 1 and len(shown.stdout) < 300_000
+    assert shown.returncode == 3 and len(shown.stdout) < 300_000  # dangerous: posix.system
     if form == "text":
         assert "globals (60001):" in shown.stdout
         assert f"... and {60_001 - MAX_GLOBALS} more, not listed" in shown.stdout

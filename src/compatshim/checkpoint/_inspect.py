@@ -29,7 +29,7 @@ import io
 import json
 import os
 from dataclasses import asdict, dataclass, field, replace
-from typing import IO, Any, Iterator
+from typing import IO, Any, Iterable, Iterator
 
 from . import _dcp_folder, _limits, _omegaconf, _safetensors, process_allow
 from ._container import (
@@ -53,6 +53,18 @@ from .allowlist import numpy_core
 from .errors import CheckpointError, UnsafeCheckpointError
 
 MAX_GLOBALS = 200  # globals a report lists by name; the rest are counted (see _uses)
+
+# What a file is to its user, worst last; ``compatshim inspect``/``scan`` exit with its code
+# (scan: the worst file's, so the highest). docs/inspect.md says what each means.
+LOADABLE, NEEDS_ALLOW, REFUSED, UNREADABLE, DANGEROUS = (
+    "loadable",  # load (or, for a DCP folder, torch.distributed.checkpoint) reads it
+    "needs-allow",  # refused only for globals compatshim does not cover: named, with the line
+    "refused",  # refused whatever is allowed (TorchScript, a structure load never builds)
+    "unreadable",  # damaged, not a checkpoint, a folder without .metadata, an OS error
+    "dangerous",  # names a denied global: nothing can allow it; treat the file as an attack
+)
+SEVERITIES = (LOADABLE, NEEDS_ALLOW, REFUSED, UNREADABLE, DANGEROUS)
+EXIT_CODES = {LOADABLE: 0, NEEDS_ALLOW: 1, REFUSED: 1, UNREADABLE: 2, DANGEROUS: 3}  # 1: as is
 
 
 def allow_code(name: str, split: tuple[str, str] | None = None) -> str | None:
@@ -173,13 +185,40 @@ class CheckpointInfo:
 
     @property
     def loadable(self) -> bool:
-        """Whether ``load`` would accept every global and structure the file names."""
+        """Whether ``load`` would accept every global and structure the file names (a DCP
+        folder: whether torch.distributed.checkpoint would, its .metadata read by compatshim)."""
         return not self.unknown and not self.unknown_omitted and not self.refusals
+
+    @property
+    def dangerous(self) -> tuple[str, ...]:
+        """Listed globals no allow source can admit (denied; ``dangerous_omitted`` more)."""
+        return tuple(g.name for g in self.globals if g.dangerous)
+
+    @property
+    def severity(self) -> str:
+        """One of :data:`SEVERITIES`: dangerous if any global is denied, whatever else holds."""
+        if self.dangerous or self.dangerous_omitted:
+            return DANGEROUS
+        if self.refusals:
+            return REFUSED
+        return NEEDS_ALLOW if not self.loadable else LOADABLE
+
+    @property
+    def loaded_by(self) -> str:
+        """What reads it: ``compatshim.checkpoint.load`` takes files, a DCP folder is torch's."""
+        if self.container == "dcp":
+            return "torch.distributed.checkpoint.load (.metadata read by compatshim, hardened)"
+        return "compatshim.checkpoint.load"
 
     def as_dict(self) -> dict[str, Any]:
         found = asdict(self)
         found["unknown"] = list(self.unknown)
+        found["dangerous"] = list(self.dangerous)
         found["loadable"] = self.loadable
+        found["severity"] = self.severity
+        found["exit_code"] = EXIT_CODES[self.severity]
+        found["loaded_by"] = self.loaded_by
+        found["error"] = None
         return found
 
 
@@ -357,10 +396,31 @@ def inspect(f: Any) -> CheckpointInfo:
     """
     if _dcp_folder.is_folder(f):
         return _inspect_folder(f)
+    if isinstance(f, (str, os.PathLike)) and os.path.isdir(f):
+        raise CheckpointError(_not_a_checkpoint_folder(os.fspath(f)))
     try:
         return read(f, _read)
     except UnsafeCheckpointError as exc:
-        return CheckpointInfo(describe_source(f), "other", (), 0, 0, 0, {}, Writer(), (str(exc),))
+        uses = tuple(  # what load refused (a storage type that is os.system): judged by name
+            _use(name, 1, judge(*name.rpartition(".")[::2]))
+            for name in exc.refused[:MAX_GLOBALS]
+            if all(part.isidentifier() for part in name.split("."))
+        )
+        info = CheckpointInfo(describe_source(f), "other", (), 0, 0, 0, {}, Writer(), (str(exc),))
+        return replace(info, globals=tuple(u for u in uses if u.dangerous))
+
+
+def _not_a_checkpoint_folder(path: str) -> str:
+    shards = _dcp_folder.ranks_on_disk(path)[1]
+    if shards:
+        return (
+            f"{path}: a DCP folder without its {_dcp_folder.METADATA} ({len(shards)} .distcp "
+            "files): torch.distributed.checkpoint cannot load it (an interrupted save?)"
+        )
+    return (
+        f"{path}: a folder, not a checkpoint file, and no DCP folder (no "
+        f"{_dcp_folder.METADATA}); `compatshim scan {path}` scans the files in it"
+    )
 
 
 def _inspect_folder(folder: Any) -> CheckpointInfo:
@@ -431,3 +491,73 @@ def _headers(file: IO[bytes], what: str) -> CheckpointInfo:
     if kind == "tar":
         raise CheckpointError(f"{what}: torch's tar format (torch < 0.4) is not supported")
     raise CheckpointError(f"{what}: neither a torch zip file nor a pickle")
+
+
+# ---------------------------------------------------------------- scan: a verdict per path
+SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle", ".safetensors", ".tar", ".metadata")
+"""Files a folder walk inspects (a path named on the command line is inspected whatever its
+name): torch's, pickle's and safetensors' usual names."""
+
+
+@dataclass(frozen=True)
+class Scanned:
+    """One path of a scan: the report of :func:`inspect`, or why it could not be read."""
+
+    path: str
+    info: CheckpointInfo | None
+    error: str | None = None
+
+    @property
+    def severity(self) -> str:
+        return UNREADABLE if self.info is None else self.info.severity
+
+    def as_dict(self) -> dict[str, Any]:
+        """The per-file record of ``scan --json`` (the whole report is ``inspect --json``'s)."""
+        info = self.info
+        return {
+            "path": self.path,
+            "severity": self.severity,
+            "exit_code": EXIT_CODES[self.severity],
+            "container": None if info is None else info.container,
+            "dangerous": [] if info is None else list(info.dangerous),
+            "needs_allow": []
+            if info is None
+            else [n for n in info.unknown if n not in info.dangerous],
+            "omitted": 0 if info is None else info.globals_omitted,
+            "refusals": [] if info is None else list(info.refusals),
+            "error": self.error,
+        }
+
+
+def targets(paths: Iterable[str | os.PathLike[str]]) -> Iterator[str]:
+    """What ``scan`` inspects, in order: each path named; in a folder (recursively, links not
+    followed, by name), each DCP folder as one checkpoint (its ``.distcp`` files are not
+    checkpoints alone), a folder of ``.distcp`` files without ``.metadata`` (unreadable),
+    and each file named with one of :data:`SUFFIXES`."""
+    for named in paths:
+        top = os.fspath(named)
+        if not os.path.isdir(top) or _dcp_folder.is_folder(top):
+            yield top
+            continue
+        for folder, subfolders, files in os.walk(top):
+            subfolders.sort()
+            if folder != top and (
+                _dcp_folder.METADATA in files or any(n.endswith(".distcp") for n in files)
+            ):
+                subfolders.clear()
+                yield folder
+                continue
+            if folder == top and any(n.endswith(".distcp") for n in files):
+                yield folder  # the .metadata is missing (a DCP folder's own is the case above)
+                continue
+            for name in sorted(files):
+                if name.lower().endswith(SUFFIXES):
+                    yield os.path.join(folder, name)
+
+
+def scan_one(path: str) -> Scanned:
+    """:func:`inspect` of one path; a damaged or unreadable one is a result, not an error."""
+    try:
+        return Scanned(path, inspect(path))
+    except (CheckpointError, OSError) as exc:  # the CLI's one line; never a traceback
+        return Scanned(path, None, str(exc))

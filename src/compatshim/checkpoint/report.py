@@ -1,8 +1,12 @@
-"""``compatshim inspect FILE [--json]``: the report, and its exit code.
+"""``compatshim inspect PATH [--json]`` and ``compatshim scan PATH... [--json]``: reports
+and their exit codes (docs/inspect.md).
 
-Exit 0: every global is covered (``load`` would accept the file); 1: some are
-unknown or refused; 2: the file is damaged or unreadable (one reason line,
-never a traceback).
+Each path gets a severity (``_inspect.SEVERITIES``) and the CLI exits with its code (scan:
+the worst path's, the highest): 0 loadable; 1 not loadable as is, yet no attack (needs an
+allow entry, named, or refused whatever is allowed); 2 unreadable (damaged, not a
+checkpoint, a folder without a DCP .metadata: one reason line on stderr, never a
+traceback; argparse's usage errors exit 2 too); 3 dangerous (names a denied global).
+``--json`` prints a record on stdout whatever the outcome.
 
 Every string that comes from the file (global names, zip record names and
 text records, tensor names, metadata, error messages quoting them) goes
@@ -14,11 +18,21 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import unicodedata
+from typing import IO, Sequence
 
-from ._inspect import CheckpointInfo, inspect
+from ._inspect import (
+    DANGEROUS,
+    EXIT_CODES,
+    SEVERITIES,
+    UNREADABLE,
+    CheckpointInfo,
+    Scanned,
+    scan_one,
+    targets,
+)
 from .deny import REFUSAL as DENIED
-from .errors import CheckpointError
 
 
 def _size(count: int) -> str:
@@ -159,16 +173,99 @@ def render(info: CheckpointInfo) -> str:
         ]
     for refusal in info.refusals:
         lines.append(f"  REFUSED: {printable(refusal, 2 * MAX_SHOWN)}")
-    verdict = "loadable by compatshim.checkpoint.load" if info.loadable else "NOT loadable as is"
+    verdict = f"loadable by {info.loaded_by}" if info.loadable else "NOT loadable as is"
+    if info.severity == DANGEROUS:
+        lines.append("  DANGEROUS: it names a denied global (code execution, files, network)")
     lines.append(f"  -> {verdict}")
     return "\n".join(lines)
 
 
+def _failed(command: str, path: str, error: str, as_json: bool) -> int:
+    """An unreadable path: one line on stderr (never a traceback), and with ``--json`` the
+    same record on stdout that a readable one gets, so a caller always has JSON to read."""
+    print(f"compatshim {command}: {printable(error, 2 * MAX_SHOWN)}", file=sys.stderr)
+    if as_json:
+        print(json.dumps(Scanned(path, None, error).as_dict(), indent=1))
+    return EXIT_CODES[UNREADABLE]
+
+
 def main(path: str, as_json: bool = False) -> int:
-    try:
-        info = inspect(path)
-    except (CheckpointError, OSError) as exc:
-        print(f"compatshim inspect: {printable(exc, 2 * MAX_SHOWN)}", file=sys.stderr)
-        return 2
+    """``compatshim inspect PATH``: the report; exit code by severity (``EXIT_CODES``)."""
+    done = scan_one(path)
+    info = done.info
+    if info is None:
+        return _failed("inspect", path, done.error or "", as_json)
     print(json.dumps(info.as_dict(), indent=1) if as_json else render(info))
-    return 0 if info.loadable else 1
+    return EXIT_CODES[info.severity]
+
+
+def _scan_line(done: Scanned) -> str:
+    """``SEVERITY  path  (why)``: the names that decide it, a few at most."""
+    info, why = done.info, ""
+    if info is None:
+        why = done.error or ""
+    elif info.dangerous or info.dangerous_omitted:
+        why = (
+            "denied: " + ", ".join(info.dangerous[:3]) + (" ..." if len(info.dangerous) > 3 else "")
+        )
+    elif info.refusals:
+        why = info.refusals[0]
+    elif not info.loadable:
+        more = len(info.unknown) + info.unknown_omitted - 3
+        why = "allow: " + ", ".join(info.unknown[:3]) + (f" and {more} more" if more > 0 else "")
+    shown = f"{done.severity:<11} {printable(done.path, 1000)}"
+    return f"{shown}  ({printable(why)})" if why else shown
+
+
+class Progress:
+    """``scanned i/n`` on stderr for a long scan: redrawn in place on a terminal, else a line
+    every few seconds once the scan has run that long (a CI log stays short)."""
+
+    AFTER_S = 3.0
+
+    def __init__(self, total: int, stream: IO[str] | None = None) -> None:
+        self.total, self.stream = total, stream or sys.stderr
+        self.terminal = self.stream.isatty()
+        self.start = self.last = time.monotonic()
+        self.shown = False
+
+    def step(self, done: int) -> None:
+        now = time.monotonic()
+        if self.terminal and (now - self.last >= 0.1 or done == self.total):
+            self.stream.write(f"\rcompatshim scan: {done}/{self.total} paths")
+        elif not self.terminal and now - self.start >= self.AFTER_S and now - self.last >= 5:
+            self.stream.write(f"compatshim scan: {done}/{self.total} paths\n")
+        else:
+            return
+        self.stream.flush()
+        self.last, self.shown = now, True
+
+    def close(self) -> None:
+        if self.terminal and self.shown:
+            self.stream.write("\r\x1b[K")  # erase the line: the report follows on stdout
+            self.stream.flush()
+
+
+def scan_main(paths: Sequence[str], as_json: bool = False) -> int:
+    """``compatshim scan PATH...``: a severity per file, folders walked (:func:`targets`);
+    exit with the worst file's code (the highest: ``EXIT_CODES``)."""
+    found = list(targets(paths))
+    progress = Progress(len(found))
+    results = []
+    for count, path in enumerate(found, 1):
+        results.append(scan_one(path))
+        progress.step(count)
+    progress.close()
+    counts = {severity: 0 for severity in SEVERITIES}
+    for done in results:
+        counts[done.severity] += 1
+    code = max((EXIT_CODES[done.severity] for done in results), default=0)
+    if as_json:
+        report = {"files": [d.as_dict() for d in results], "counts": counts, "exit_code": code}
+        print(json.dumps(report, indent=1))
+        return code
+    for done in results:
+        print(_scan_line(done))
+    summary = ", ".join(f"{n} {severity}" for severity, n in counts.items() if n)
+    print(f"{len(results)} path(s): {summary or 'nothing to scan'}")
+    return code
