@@ -24,15 +24,25 @@ Two gaps between these machines and uv, closed here and nowhere else:
   folder is put first on PATH. Only versioned names are linked: ``python``
   and ``python3`` keep resolving as before. Without pyenv nothing changes and
   uv's own discovery (PATH, uv-managed Pythons) decides.
+- Python 3.14 and 3.15. No pyenv or uv download reaches them here; matrix/pythons.py
+  installs them from Debian's archive into a cache outside the checkout. Their ``bin``
+  folders go on PATH once installed; an env on 3.14/3.15 (``py3.14`` factor or
+  ``base_python``) that this run will run installs its interpreter first (once, ~20 s;
+  nothing when cached). Where the archive cannot be reached, the env is skipped with the
+  reason (its ``platform`` is set to a pattern no platform matches, which tox reports as a
+  skip), never run elsewhere; any other install failure is logged and the env fails.
 """
 
 from __future__ import annotations
 
 import configparser
+import importlib.util
+import logging
 import os
 import re
 import shutil
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from tox.config.loader.memory import MemoryLoader
@@ -41,7 +51,7 @@ from tox.plugin import impl
 from tox.report import HandledError
 
 if TYPE_CHECKING:
-    from tox.config.sets import CoreConfigSet
+    from tox.config.sets import CoreConfigSet, EnvConfigSet
     from tox.session.state import State
 
 MATRIX_LABEL = "matrix"
@@ -50,6 +60,20 @@ NOT_MATRIX = "bench"  # matrix/bench*.txt: pins of the bench envs defined in tox
 PYTHON_SUFFIX = re.compile(r"-([23]\.\d+)$")  # tox reads `-2.6` as "Python 2.6"
 PYENV_RELEASE = re.compile(r"^3\.(\d+)\.(\d+)$")  # CPython releases only: no -dev, t, envs
 LINK_DIR = Path(__file__).resolve().parent / ".tox" / ".pyenv-pythons"
+RUN_COMMANDS = {"legacy", "le", "run", "r", "run-parallel", "p", "exec", "e", "devenv", "d"}
+
+
+def _load_pythons() -> ModuleType:
+    """matrix/pythons.py, the one owner of how 3.14/3.15 are installed (a script, not a package)."""
+    path = Path(__file__).resolve().parent / "matrix" / "pythons.py"
+    spec = importlib.util.spec_from_file_location("compatshim_matrix_pythons", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+pythons = _load_pythons()
 
 
 def matrix_envs(folder: Path) -> list[str]:
@@ -76,6 +100,72 @@ def tox_add_core_config(core_conf: CoreConfigSet, state: State) -> None:
     core_conf.loaders.append(MemoryLoader(env_list=EnvList(envs)))
     for env in envs:
         state.conf.memory_seed_loaders[env].append(MemoryLoader(labels=[MATRIX_LABEL]))
+
+
+def debian_python(env_conf: EnvConfigSet) -> str | None:
+    """``"3.14"`` or ``"3.15"`` where the env runs on a Python matrix/pythons.py installs."""
+    for spec in env_conf["base_python"]:
+        match = re.fullmatch(r"(?:py|python)?(3\.\d+)", str(spec))
+        if match and match[1] in pythons.VERSIONS:
+            return str(match[1])
+    return None
+
+
+def runs(env_conf: EnvConfigSet, state: State) -> bool:
+    """Whether this tox run will run the env (tox defines every env, selected or not)."""
+    options = state.conf.options
+    if getattr(options, "command", None) not in RUN_COMMANDS:
+        return False  # tox list, config, depends, ...
+    name = env_conf.name
+    labels = set(getattr(options, "labels", None) or [])
+    factor_sets = getattr(options, "factors", None) or []
+    if labels or factor_sets:
+        core_labels = state.conf.core["labels"]
+        return (
+            bool(labels & set(env_conf["labels"]))
+            or any(name in core_labels.get(label, ()) for label in labels)
+            or any(set(group) <= set(name.split("-")) for group in factor_sets)
+        )
+    chosen = getattr(options, "env", None)
+    if chosen is None or chosen.is_all or chosen.is_default_list:
+        return True
+    return name in chosen
+
+
+def put_on_path(folder: Path) -> None:
+    path = os.environ.get("PATH", "")
+    if str(folder) not in path.split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join([str(folder), path]) if path else str(folder)
+
+
+@impl
+def tox_add_env_config(env_conf: EnvConfigSet, state: State) -> None:
+    """Install the 3.14/3.15 interpreter of an env this run runs; skip it where it cannot be."""
+    version = debian_python(env_conf)
+    if version is None or not runs(env_conf, state):
+        return
+    try:
+        exe = pythons.ensure(version)
+    except pythons.Unreachable as exc:
+        reason = f"Python {version} is not installed: {exc}".splitlines()[0]
+        logging.warning("%s: skipped: %s (matrix/pythons.py)", env_conf.name, reason)
+        pattern = re.sub(r"[^\w .:,/-]", " ", reason)  # a pattern no platform name matches
+        env_conf.loaders.insert(0, MemoryLoader(platform=pattern))
+        return
+    except (RuntimeError, OSError) as exc:
+        logging.error(
+            "%s: matrix/pythons.py could not install Python %s: %s", env_conf.name, version, exc
+        )
+        return
+    put_on_path(exe.parent)
+
+
+def expose_debian_pythons() -> None:
+    """The ``bin`` folder of each interpreter matrix/pythons.py has installed goes on PATH."""
+    for version in pythons.VERSIONS:
+        exe = pythons.installed(version)
+        if exe is not None:
+            put_on_path(exe.parent)
 
 
 def _pip_find_links() -> list[str]:
@@ -149,8 +239,7 @@ def expose_pyenv_interpreters() -> None:
         link_interpreters(missing, LINK_DIR)
     except OSError:  # read-only checkout: leave discovery to uv
         return
-    if str(LINK_DIR) not in path.split(os.pathsep):
-        os.environ["PATH"] = os.pathsep.join([str(LINK_DIR), path]) if path else str(LINK_DIR)
+    put_on_path(LINK_DIR)
 
 
 if "UV_FIND_LINKS" not in os.environ:
@@ -159,3 +248,4 @@ if "UV_FIND_LINKS" not in os.environ:
         os.environ["UV_FIND_LINKS"] = ",".join(links)
 
 expose_pyenv_interpreters()
+expose_debian_pythons()

@@ -1,12 +1,14 @@
 """toxfile.py exposes pyenv's interpreters to uv as ``python3.X`` links, and only those
-PATH does not already offer (absent, or only as a pyenv shim that may exit 127)."""
+PATH does not already offer (absent, or only as a pyenv shim that may exit 127); an env on
+3.14/3.15 has matrix/pythons.py install its interpreter only when this tox run runs it."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -80,3 +82,45 @@ def test_links_are_created_and_replaced(toxfile: ModuleType, tmp_path: Path) -> 
     toxfile.link_interpreters(newer, folder)
     assert Path(os.readlink(folder / "python3.12")) == newer["python3.12"]
     assert sorted(p.name for p in folder.iterdir()) == ["python3.12", "python3.13", "python3.9"]
+
+
+class _EnvConf(dict):  # type: ignore[type-arg]
+    """The two things toxfile.runs reads from tox's env config: its name and labels."""
+
+    def __init__(self, name: str, labels: list[str]) -> None:
+        super().__init__(labels=labels)
+        self.name = name
+
+
+def _state(command: str, env: list[str] | None = None, labels: list[str] | None = None) -> Any:
+    from tox.session.env_select import CliEnv
+
+    options = SimpleNamespace(command=command, env=CliEnv(env), labels=labels or [], factors=[])
+    core = {"labels": {"ci": ["lint", "core-torch2.15-py3.14"]}}
+    return SimpleNamespace(conf=SimpleNamespace(options=options, core=core))
+
+
+@pytest.mark.parametrize(
+    ("command", "env", "labels", "expected"),
+    [
+        ("legacy", ["core-torch2.15-py3.14"], None, True),
+        ("r", ["lint", "core-torch2.15-py3.14"], None, True),
+        ("legacy", ["lint"], None, False),  # tox -e lint defines every env, runs one
+        ("p", None, ["ci"], True),
+        ("legacy", None, ["matrix"], True),  # the env's own label (matrix/*.txt)
+        ("legacy", None, ["bench"], False),
+        ("legacy", ["ALL"], None, True),
+        ("legacy", None, None, True),  # plain `tox`: the whole env_list
+        ("l", None, None, False),  # tox list / config install nothing
+        ("c", ["core-torch2.15-py3.14"], None, False),
+    ],
+)
+def test_only_an_env_this_run_runs_installs_its_python(
+    toxfile: ModuleType,
+    command: str,
+    env: list[str] | None,
+    labels: list[str] | None,
+    expected: bool,
+) -> None:
+    conf = _EnvConf("core-torch2.15-py3.14", ["matrix"])
+    assert toxfile.runs(conf, _state(command, env, labels)) is expected
