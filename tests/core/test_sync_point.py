@@ -295,3 +295,22 @@ def test_meeting_wait_wakes_when_the_last_key_lands_and_is_bounded() -> None:
     start = time.monotonic()
     assert meeting.wait(["a", "b"], 30) is True
     assert time.monotonic() - start < 5
+
+
+def test_watchdog_without_a_group_watches_this_process_alone() -> None:
+    """Not a silent no-op: with no process group, a stuck main thread is still reported."""
+    code = """
+import time, warnings
+warnings.simplefilter("error")
+from compatshim.dist import watchdog
+with watchdog(1, action="report"):
+    time.sleep(4)
+print("DONE")
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=100
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "DONE", done.stderr
+    assert "compatshim.dist.DesyncError: rank 0's main thread has not moved for" in done.stderr
+    assert "time.sleep(4)" in done.stderr or "<string>" in done.stderr, done.stderr
