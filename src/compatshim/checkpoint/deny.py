@@ -200,8 +200,12 @@ def denied_object(obj: Any) -> str | None:
             found = sys.modules.get(name)
             if found is not None and type(short) is str and _MODULE_DICT(found).get(short) is obj:
                 return reason
-    if _callable(obj) and not (names and _is_home(_lookup(names[0]), obj)):
-        return UNNAMED
+    if _callable(obj):
+        home = _lookup(names[0]) if names else None  # missing: a lazy module attribute
+        if home is None or (home is not _MISSING and not _is_home(home, obj)):
+            return UNNAMED
+        if owner is not None and not isinstance(owner, (types.ModuleType, type)):
+            return UNNAMED  # bound to some instance (sys.modules.get, a pybind11 record)
     return None
 
 
