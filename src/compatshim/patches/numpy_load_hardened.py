@@ -40,10 +40,14 @@ The fix
     wraps it in its own ``UnpicklingError`` (``__cause__``). Nothing runs. numpy
     is never imported by compatshim: the patch applies when numpy is imported.
     The format module's ``_read_array_header`` (every ``.npy`` reader calls it:
-    ``read_array``, ``open_memmap``, ``load``, ``.npz`` members) keeps numpy's
-    own limit where ``allow_pickle=True`` lifted it; a larger header is numpy's
-    own ``ValueError``, with advice (a file without objects loads with
-    ``allow_pickle=False`` and ``max_header_size=``, which numpy honours).
+    ``read_array``, ``open_memmap``, ``load``, ``.npz`` members) keeps a header
+    limit where ``allow_pickle=True`` lifted it: the ``max_header_size`` the caller
+    passed to ``numpy.load``, ``read_array`` or ``open_memmap`` (each noted on entry,
+    before numpy lifts it), numpy's default where none; ``2**64`` reads as numpy reads.
+    A larger header is numpy's own ``ValueError``, with that advice.
+    A stream that is not a plain file (an ``.npz`` member, a gzip file: seeking them
+    inflates) is read once, forward, only as far as its pickle's STOP
+    (:func:`one_pickle`); the loader reads those bytes, its budget a multiple of them.
 
 Not covered
     Python 2 pickles of numpy arrays (their ``_reconstruct`` and data
@@ -56,7 +60,8 @@ Confirmed
     end by the probe when ``status()`` or the doctor asks.
 
 The revert
-    That module's ``pickle`` and ``_read_array_header`` get the real ones back (Patcher).
+    That module's ``pickle`` and ``_read_array_header``, and numpy's entries, get the real
+    ones back (Patcher).
 """
 
 from __future__ import annotations
