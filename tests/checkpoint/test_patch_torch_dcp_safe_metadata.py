@@ -187,3 +187,27 @@ def test_the_doctor_row_says_it_is_off_unless_hardened(
     row = patch_row(absent)
     assert ("off unless COMPATSHIM_SAFE_LOAD=1" in row.detail) == (safe_load == "0"), row.detail
     assert row.present is False
+
+
+@pytest.mark.parametrize("outside", ["../genuine/__0_0.distcp", "/etc/hostname"])
+def test_hardened_refuses_a_data_file_outside_the_folder(
+    genuine: Path, tmp_path: Path, outside: str
+) -> None:
+    """torch joins a ``relative_path`` to the folder as it is: ``../x`` or an absolute path
+    made DCP read any file, hardened or not (issue 37). Hardened, the ``.metadata`` that
+    says so is refused; the genuine folder, whose files are plain names, is not."""
+    import dataclasses
+    import pickle
+    import shutil
+
+    moved = tmp_path / "moved"
+    shutil.copytree(genuine, moved)
+    metadata = pickle.loads((genuine / ".metadata").read_bytes())  # our own genuine file
+    metadata.storage_data = {
+        key: dataclasses.replace(info, relative_path=outside)
+        for key, info in metadata.storage_data.items()
+    }
+    (moved / ".metadata").write_bytes(pickle.dumps(metadata))
+    result = _run(tmp_path, "reader", moved)
+    assert not result["ok"] and "outside the checkpoint folder" in result["error"], result
+    assert _run(tmp_path, "reader", genuine)["ok"]

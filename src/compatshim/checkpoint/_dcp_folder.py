@@ -13,9 +13,9 @@ from typing import IO, Any
 
 from .._text import short
 from . import _dcp
-from ._container import read, sniff
+from ._container import describe_source, read, sniff
 from ._limits import check_shape, count
-from .errors import CheckpointError
+from .errors import CheckpointError, UnsafeCheckpointError
 
 METADATA = ".metadata"
 
@@ -35,7 +35,26 @@ def read_metadata(file: IO[bytes], allow: Any = ()) -> Any:
 
     if not all(hasattr(file, a) for a in ("read", "seek", "tell")):
         raise TypeError("expected a seekable binary file object")
-    return read(file, reader, ADVICE)
+    metadata = read(file, reader, ADVICE)
+    _refuse_paths_outside(metadata, describe_source(file))
+    return metadata
+
+
+def _refuse_paths_outside(metadata: Any, what: str) -> None:
+    """A data file must lie inside the folder: torch joins ``relative_path`` to the folder
+    as it is, so ``../x`` or an absolute path made it read any file (hardened or not)."""
+    storage = vars(metadata).get("storage_data") if hasattr(metadata, "__dict__") else None
+    for info in storage.values() if type(storage) is dict else ():
+        path = vars(info).get("relative_path") if hasattr(info, "__dict__") else None
+        if type(path) is not str:
+            continue
+        parts = re.split(r"[/\\]", path)
+        if not path or "\0" in path or os.path.isabs(path) or ".." in parts or path[1:2] == ":":
+            raise UnsafeCheckpointError(
+                f"{what}: a data file {short(path)} outside the checkpoint folder (torch would "
+                "read it wherever it points)",
+                (f"DCP relative_path {short(path, 80)}",),
+            )
 
 
 def is_folder(f: Any) -> bool:
