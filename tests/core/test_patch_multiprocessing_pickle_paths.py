@@ -2,7 +2,8 @@
 
 Real processes under each start method but ``fork`` (``forkserver`` is Python
 3.14's default on Linux; below 3.14 the test names it, which is how the default
-is emulated). Children are started for real and every wait has a deadline.
+is emulated; on 3.14+ the DataLoader tests also run with no method named, as
+users meet it). Children are started for real and every wait has a deadline.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.reduction
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +28,17 @@ import compatshim
 
 PATCH = "multiprocessing-pickle-paths"
 START_METHODS = ("spawn", "forkserver")
+# None: the DataLoader names no start method, so the interpreter's default applies
+WITH_DEFAULT = (
+    *START_METHODS,
+    pytest.param(
+        None,
+        id="default",
+        marks=pytest.mark.skipif(
+            sys.version_info < (3, 14), reason="the default is fork before 3.14: nothing pickled"
+        ),
+    ),
+)
 TIMEOUT_S = 120.0
 
 pytestmark = pytest.mark.timeout(300)
@@ -123,7 +136,9 @@ class GroupDataset(Dataset):  # type: ignore[type-arg]
         return self.data[index * 2 : index * 2 + 2] + torch.rand(1)
 
 
-def _batches(method: str, dataset: Dataset) -> list[torch.Tensor]:  # type: ignore[type-arg]
+def _batches(method: str | None, dataset: Dataset) -> list[torch.Tensor]:  # type: ignore[type-arg]
+    if method is None:
+        assert multiprocessing.get_start_method() == "forkserver"  # Linux, Python 3.14+
     loader = DataLoader(
         dataset,
         batch_size=2,
@@ -146,9 +161,9 @@ def gloo_group(tmp_path: Any) -> Iterator[Any]:
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("method", START_METHODS)
+@pytest.mark.parametrize("method", WITH_DEFAULT)
 def test_dataset_holding_a_group_reaches_its_first_batch(
-    gloo_group: Any, method: str, monkeypatch: pytest.MonkeyPatch
+    gloo_group: Any, method: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With torch-processgroup-copy the workers get an unbound group; batches equal fork's."""
     monkeypatch.setenv("COMPATSHIM_AUTO", "1")
@@ -164,8 +179,10 @@ def test_dataset_holding_a_group_reaches_its_first_batch(
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("method", START_METHODS)
-def test_without_the_group_patch_the_error_names_the_group(gloo_group: Any, method: str) -> None:
+@pytest.mark.parametrize("method", WITH_DEFAULT)
+def test_without_the_group_patch_the_error_names_the_group(
+    gloo_group: Any, method: str | None
+) -> None:
     compatshim.install(include=[PATCH])
     try:
         with pytest.raises((TypeError, RuntimeError)) as caught:
