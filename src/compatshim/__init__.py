@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ._engine.registry import install, status, uninstall
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one version source: hatch reads it for pyproject.toml
 __all__ = [
     "Finding",
     "__version__",
