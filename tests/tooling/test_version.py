@@ -1,4 +1,4 @@
-"""One version source: ``compatshim.__version__``; pyproject.toml, the metadata and --version follow it."""
+"""One version source, ``compatshim.__version__``: pyproject.toml, metadata and --version follow."""
 
 from __future__ import annotations
 
