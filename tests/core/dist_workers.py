@@ -48,7 +48,7 @@ def _wait_for_report(limit: float = 60.0) -> None:
     """Block until some rank has announced a desync in the store (an event, not a guess)."""
     import torch.distributed as dist
 
-    from compatshim.dist._records import Keys
+    from compatshim.desync._records import Keys
 
     store = dist.distributed_c10d._get_default_store()
     store.wait([Keys.desync()], timedelta(seconds=limit))
@@ -148,7 +148,7 @@ def _leftovers() -> tuple[object, int, set[str]]:
     import sys
     import threading
 
-    from compatshim.dist.monitor import get_monitor
+    from compatshim.desync.monitor import get_monitor
 
     before = atexit._ncallbacks()
     atexit.unregister(get_monitor()._at_exit)  # a no-op unless it is still registered

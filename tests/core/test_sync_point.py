@@ -160,7 +160,8 @@ def test_without_a_process_group_it_runs_alone_and_says_so_once(
     process and function, at the caller's line, naming what to call."""
     import torch
 
-    from compatshim.dist import check_module_consistency, sync, sync_point
+    from compatshim.desync import sync
+    from compatshim.dist import check_module_consistency, sync_point
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setattr(sync, "_warned_alone", set())
@@ -282,7 +283,7 @@ def test_meeting_wait_wakes_when_the_last_key_lands_and_is_bounded() -> None:
 
     import torch.distributed as dist
 
-    from compatshim.dist._store import Meeting
+    from compatshim.desync._store import Meeting
 
     store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
     other = dist.TCPStore("127.0.0.1", store.port, 2, False)  # another rank's client

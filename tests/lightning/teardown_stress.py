@@ -2,7 +2,7 @@
 
 Not a test (pytest does not collect it): a race at process-group teardown shows
 up in a few percent of runs at most, so one run proves little. This is how the
-``SETTLE`` pause in ``compatshim/dist/_group_end.py`` was measured. Use a
+``SETTLE`` pause in ``compatshim/desync/_group_end.py`` was measured. Use a
 lightning env's Python from the repository root, e.g.::
 
     .tox/lightning-2.6.6/bin/python tests/lightning/teardown_stress.py 60 --parallel 4

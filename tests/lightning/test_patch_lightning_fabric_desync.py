@@ -275,7 +275,7 @@ def test_in_process_one_device_run_leaves_nothing() -> None:
     assert ours() == []
     # torch's init_process_group installs an excepthook of its own; none may be compatshim's
     assert not getattr(sys.excepthook, "__module__", "").startswith("compatshim")
-    from compatshim.dist.monitor import get_monitor
+    from compatshim.desync.monitor import get_monitor
 
     handlers = atexit._ncallbacks()
     atexit.unregister(get_monitor()._at_exit)  # a no-op unless it is still registered

@@ -17,8 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import compatshim.dist as cdist  # noqa: E402
-from compatshim.dist._records import Arrival, ExitRecord, Heartbeat, Keys, Seen  # noqa: E402
-from compatshim.dist.report import rank_list  # noqa: E402
+from compatshim.desync._records import Arrival, ExitRecord, Heartbeat, Keys, Seen  # noqa: E402
+from compatshim.desync.report import rank_list  # noqa: E402
 from tests.scale.worlds import fake_world, run_threaded  # noqa: E402
 
 STRAGGLER, ODD = 31, 5
@@ -174,8 +174,8 @@ def test_rank_list_writes_runs_as_ranges(ranks: list[int], text: str) -> None:
 
 
 def test_report_groups_alike_ranks_and_shows_their_ages_as_a_range() -> None:
-    from compatshim.dist._liveness import RankState
-    from compatshim.dist.report import GROUP_ABOVE, build_report
+    from compatshim.desync._liveness import RankState
+    from compatshim.desync.report import GROUP_ABOVE, build_report
 
     now = time.time()
     site = [("train.py", 120, "train_step")]

@@ -177,6 +177,6 @@ def fake_world(world_size: int, rank: int, store: Any = None) -> Iterator[None]:
 
 def stop_compatshim_monitor() -> None:
     """End compatshim.dist's per-process monitor thread (it is shared by every thread rank)."""
-    from compatshim.dist.monitor import get_monitor
+    from compatshim.desync.monitor import get_monitor
 
     get_monitor().stop()

@@ -10,7 +10,7 @@ join, the run ends with a report a second later. When this process ends after
 a report, the children it started end with it, and so they do when ``launch()``
 itself fails here (:func:`end_children`).
 
-Used by :mod:`.lightning_fabric_desync` only; reaches ``compatshim.dist``
+Used by :mod:`.lightning_fabric_desync` only; reaches ``compatshim.desync``
 through its internal framework API.
 """
 
@@ -20,7 +20,7 @@ import subprocess
 import time
 from typing import Any
 
-from ..dist import _framework as watch
+from ..desync import _framework as watch
 
 EXIT_NOTICED_FOR = 1.0  # seconds a child has been gone before the waiting launcher ends the run
 LAUNCH_FAILED_GRACE = 5.0  # seconds the children of a failed launch() get to end on their own

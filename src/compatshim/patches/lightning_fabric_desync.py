@@ -21,7 +21,7 @@ Fix: ``launch``, ``setup``, ``setup_module``, ``setup_dataloaders``,
 ``load`` leave an in-memory breadcrumb (call site, a few frames); the setup
 calls and the end of ``launch()`` meet in :func:`compatshim.dist.sync_point`,
 with the module's parameters compared across ranks. In a run of 2+ ranks the
-monitor of :mod:`compatshim.dist` publishes the breadcrumbs, watches the child
+monitor (:mod:`compatshim.desync`) publishes the breadcrumbs, watches the child
 ranks the launcher starts (:mod:`._fabric_launcher`), and turns a stuck or
 abandoned wait into a :class:`compatshim.dist.DesyncError` report within
 ``COMPATSHIM_DESYNC_TIMEOUT`` (default 300 s); ``launch`` gets 60 s more,
@@ -75,7 +75,7 @@ def _breadcrumb(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         wraps,  # here, not at the top: this module loads inside its target's import
     )
 
-    from ..dist import _framework as watch
+    from ..desync import _framework as watch
 
     op = f"Fabric.{name}"
     collective = name in COLLECTIVES
@@ -97,7 +97,7 @@ def _breadcrumb(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 def _meeting(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     from functools import wraps
 
-    from ..dist import _framework as watch
+    from ..desync import _framework as watch
 
     op = f"Fabric.{name}"
     compares_module = name != "setup_dataloaders"
@@ -130,7 +130,7 @@ def _rank_number(fabric: Any, name: str, default: int) -> int:
 
 def _watch_launch(fabric: Any) -> list[Any]:
     """Before ``launch()`` of a run of 2+ ranks: watch it, and the child ranks it starts."""
-    from ..dist import _framework as watch
+    from ..desync import _framework as watch
     from ._fabric_launcher import LauncherChildren, launcher_children
 
     if _rank_number(fabric, "world_size", 1) < 2:
@@ -158,7 +158,7 @@ class _Launching:
     the end of ``launch()``."""
 
     def __init__(self) -> None:
-        from ..dist import _framework as watch
+        from ..desync import _framework as watch
 
         self._watch = watch
         self.call = watch.enter_call("Fabric.launch")
@@ -193,7 +193,7 @@ def _launch(original: Callable[..., Any]) -> Callable[..., Any]:
     """
     from functools import wraps
 
-    from ..dist import _framework as watch
+    from ..desync import _framework as watch
     from ._fabric_launcher import end_children, launcher_children
 
     @wraps(original)

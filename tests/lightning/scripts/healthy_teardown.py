@@ -25,7 +25,7 @@ def compatshim_threads() -> list[str]:
 
 def leftovers() -> str:
     """sys.excepthook's name, compatshim's atexit handlers still registered, its threads."""
-    from compatshim.dist.monitor import get_monitor
+    from compatshim.desync.monitor import get_monitor
 
     hook = f"{getattr(sys.excepthook, '__module__', '?')}.{sys.excepthook.__qualname__}"
     before = atexit._ncallbacks()

@@ -57,7 +57,12 @@ __all__ = [
 
 Call = Crumb  # a watched call in progress: ``op``, ``stack`` (user frames), ``since``
 
-_decided_for: Callable[[], object] = lambda: None  # weak: the default group last looked at
+
+def _no_group() -> object:
+    return None
+
+
+_decided_for: Callable[[], object] = _no_group  # weak: the default group last looked at
 _distributed = False  # whether it spans 2+ ranks (then the monitor watches it)
 
 
