@@ -345,6 +345,14 @@ def build_plan(
             slow = True
             continue
         if master is None or master is param:
+            if ema.shape != param.shape and _fsdp1(model) and not _fsdp1(ema_model):
+                raise EmaMismatchError(
+                    f"compatshim.ema: EMA parameter {name!r} has shape {tuple(ema.shape)} but "
+                    f"the model's is {tuple(param.shape)}: the model is wrapped in FSDP1, which "
+                    "leaves each rank a flat slice of every parameter; wrap the EMA in FSDP1 as "
+                    "the model is (FullyShardedDataParallel(ema, use_orig_params=True) with the "
+                    "same wrap policy and process group), and each rank averages its slices"
+                )
             _check_same_shape(name, ema, param)
             plan.add(ema, param)
             continue
@@ -374,6 +382,15 @@ def build_plan(
     if below.plain([*foreach, *plan.copy_ema, *plan.copy_src]):
         plan.below = below
     return plan
+
+
+def _fsdp1(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is or holds torch's FSDP1 ``FullyShardedDataParallel``."""
+    return any(
+        type(m).__name__ == "FullyShardedDataParallel"
+        and type(m).__module__.startswith("torch.distributed.fsdp")
+        for m in module.modules()
+    )
 
 
 def _flat_view(ema: Tensor, name: str) -> Tensor:
