@@ -82,9 +82,9 @@ def test_declare_namespace_is_a_no_op_and_uninstall_forgets_the_module() -> None
         "pkg_resources.declare_namespace('json')\n"
         "same = before == dict(vars(sys.modules['json']))\n"
         "compatshim.uninstall()\n"
-        "from compatshim.aliases.finder import AliasFinder\n"
+        "from compatshim.aliases.finder import RemovedNamesFinder\n"
         "print(json.dumps([same, 'pkg_resources' in sys.modules, "
-        "any(isinstance(f, AliasFinder) for f in sys.meta_path)]))"
+        "any(isinstance(f, RemovedNamesFinder) for f in sys.meta_path)]))"
     )
     assert found == [True, False, False]
 
@@ -109,9 +109,9 @@ def test_never_shadows_an_installed_module(tmp_path: Path) -> None:
     (package / "__init__.py").write_text("REAL = True\n")
     found = run(
         "import json, sys, compatshim; compatshim.install()\n"
-        "from compatshim.aliases.finder import AliasFinder\n"
+        "from compatshim.aliases.finder import RemovedNamesFinder\n"
         "from compatshim._engine.patching import Patcher\n"
-        "declined = AliasFinder(Patcher()).find_spec('pkg_resources', None) is None\n"
+        "declined = RemovedNamesFinder(Patcher()).find_spec('pkg_resources', None) is None\n"
         "import pkg_resources\n"
         "print(json.dumps([declined, getattr(pkg_resources, 'REAL', False), "
         "pkg_resources.__file__]))",

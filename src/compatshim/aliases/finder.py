@@ -1,6 +1,6 @@
 """Missing modules (``pkg_resources``, ``torch._six``, ...) provided through the import system.
 
-:class:`AliasFinder` (the mechanism is :mod:`compatshim._engine.alias_finder`)
+:class:`RemovedNamesFinder` (the mechanism is :mod:`compatshim._engine.alias_finder`)
 sits at the *end* of ``sys.meta_path``, so Python asks it only after every
 other finder found nothing; it asks them again itself before answering, and
 answers only for a table entry whose release gate holds. An installed module
@@ -25,10 +25,10 @@ TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
 if TYPE_CHECKING:
     from .._engine.patching import Patcher
 
-__all__ = ["AliasFinder", "findable", "parent_findable"]
+__all__ = ["RemovedNamesFinder", "findable", "parent_findable"]
 
 
-class AliasFinder(alias_finder.AliasFinder):
+class RemovedNamesFinder(alias_finder.AliasFinder):
     """A ``sys.meta_path`` finder, last in line, for the table's missing modules."""
 
     def __init__(self, patcher: Patcher) -> None:

@@ -34,7 +34,7 @@ How it is detected
     until watched.
 
 The fix
-    numpy 1.x: :class:`AliasFinder` on ``sys.meta_path`` answers only for
+    numpy 1.x: :class:`NumpyCoreFinder` on ``sys.meta_path`` answers only for
     those numpy-2 names that nothing else finds, with the numpy-1 module
     that holds the same objects (``numpy._core.numeric`` *is*
     ``numpy.core.numeric``): no copies, nothing executed twice, identical
@@ -93,7 +93,7 @@ if TYPE_CHECKING:
 
     from .._engine.patching import Patcher
 
-__all__ = ["AliasFinder"]
+__all__ = ["NumpyCoreFinder"]
 
 #: numpy-2 module prefixes and their numpy-1 homes (numpy 1.x direction).
 _NUMPY2_TO_NUMPY1 = {
@@ -132,7 +132,7 @@ def _alias_target(fullname: str) -> str | None:
     return None
 
 
-class AliasFinder(alias_finder.AliasFinder):
+class NumpyCoreFinder(alias_finder.AliasFinder):
     """Answers only for numpy-2 names that nothing else finds (the mechanism is shared)."""
 
     def route(self, fullname: str) -> Route | None:
@@ -175,7 +175,7 @@ def _natively_findable(fullname: str, numpy: ModuleType) -> bool:
 def _numpy1_defect(numpy: ModuleType) -> bool:
     import sys
 
-    if any(isinstance(finder, AliasFinder) for finder in sys.meta_path):
+    if any(isinstance(finder, NumpyCoreFinder) for finder in sys.meta_path):
         return False
     return not all(_natively_findable(name, numpy) for name in _NUMPY2_PICKLE_MODULES)
 
@@ -384,7 +384,7 @@ def apply(numpy: ModuleType, patcher: Patcher) -> None:
     if _numpy_major(numpy) < 2:
         import sys
 
-        finder = AliasFinder(patcher)
+        finder = NumpyCoreFinder(patcher)
         sys.meta_path.insert(0, finder)
         patcher.on_revert(lambda: sys.meta_path.remove(finder))
         _watching.add(_RANDOM_PICKLE)

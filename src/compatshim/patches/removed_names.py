@@ -20,7 +20,7 @@ How it is detected
     imported): a needed attribute the module does not have.
 
 The fix
-    :class:`~compatshim.aliases.finder.AliasFinder` appended to
+    :class:`~compatshim.aliases.finder.RemovedNamesFinder` appended to
     ``sys.meta_path``; a module ``__getattr__`` for the attributes
     (:mod:`compatshim.aliases.attributes`); the object collectives of
     ``torch.distributed`` and ``distributed_c10d`` wrapped to take
@@ -49,9 +49,9 @@ _MODULES_TARGET = "compatshim"  # always imported: module aliases are decided at
 
 
 def _finder() -> object | None:
-    from ..aliases.finder import AliasFinder
+    from ..aliases.finder import RemovedNamesFinder
 
-    return next((f for f in sys.meta_path if isinstance(f, AliasFinder)), None)
+    return next((f for f in sys.meta_path if isinstance(f, RemovedNamesFinder)), None)
 
 
 def _modules_missing() -> list[str]:
@@ -84,9 +84,9 @@ def probe(module: ModuleType) -> bool:
 
 def apply(module: ModuleType, patcher: Patcher) -> None:
     if module.__name__ == _MODULES_TARGET:
-        from ..aliases.finder import AliasFinder
+        from ..aliases.finder import RemovedNamesFinder
 
-        finder = AliasFinder(patcher)
+        finder = RemovedNamesFinder(patcher)
         sys.meta_path.append(finder)  # last: every other finder is asked first
         patcher.on_revert(lambda: sys.meta_path.remove(finder))
         return
