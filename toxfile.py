@@ -8,6 +8,7 @@ interpreters pip and pyenv know.
   The env's family is its name up to the first ``-`` (the ``[testenv]`` commands'
   factor). A name ending in ``-2.X`` or ``-3.X`` is refused: tox would read it as
   a Python version (``resume-lightning2.6.txt``, not ``resume-lightning-2.6.txt``).
+  The env's description (``tox l``) is the first sentence of the pin file's comment.
 
 Two gaps between these machines and uv, closed here and nowhere else:
 
@@ -41,6 +42,7 @@ import logging
 import os
 import re
 import shutil
+from itertools import takewhile
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -60,6 +62,7 @@ NOT_MATRIX = "bench"  # matrix/bench*.txt: pins of the bench envs defined in tox
 PYTHON_SUFFIX = re.compile(r"-([23]\.\d+)$")  # tox reads `-2.6` as "Python 2.6"
 PYENV_RELEASE = re.compile(r"^3\.(\d+)\.(\d+)$")  # CPython releases only: no -dev, t, envs
 LINK_DIR = Path(__file__).resolve().parent / ".tox" / ".pyenv-pythons"
+NOTE = re.compile(r"[\w.-]+: ")  # "omegaconf: ..." in a pin file's comment: a note of its own
 RUN_COMMANDS = {"legacy", "le", "run", "r", "run-parallel", "p", "exec", "e", "devenv", "d"}
 
 
@@ -93,13 +96,40 @@ def matrix_envs(folder: Path) -> list[str]:
     return envs
 
 
+def describe(pins: Path) -> str:
+    """The first sentence of the pin file's opening comment (it ends at ``. `` or ``;`` outside
+    brackets; a line that opens with ``name:`` starts another note, not the sentence)."""
+    lines = pins.read_text(encoding="utf-8").splitlines()
+    comment = [line.lstrip("#").strip() for line in takewhile(lambda x: x.startswith("#"), lines)]
+    text = ""
+    for line in comment:
+        if not line or (text and NOTE.match(line)):
+            break
+        text = f"{text} {line}".strip()
+        depth, end = 0, None
+        for at, char in enumerate(text):
+            depth += (char in "([") - (char in ")]")
+            if depth == 0 and (char == ";" or text.startswith(". ", at) or text[at:] == "."):
+                end = at
+                break
+        if end is not None:
+            text = text[:end]
+            break
+    return text.rstrip(",:") or f"the pins in matrix/{pins.name}"
+
+
 @impl
 def tox_add_core_config(core_conf: CoreConfigSet, state: State) -> None:
-    """``env_list`` and the ``matrix`` label: ``lint`` and each pin file's env (not in tox.ini)."""
-    envs = [*ALSO_IN_MATRIX, *matrix_envs(Path(core_conf["tox_root"]) / "matrix")]
+    """``env_list`` and the ``matrix`` label: ``lint`` and each pin file's env (not in tox.ini),
+    each pin file's env described by its first comment line."""
+    folder = Path(core_conf["tox_root"]) / "matrix"
+    envs = [*ALSO_IN_MATRIX, *matrix_envs(folder)]
     core_conf.loaders.append(MemoryLoader(env_list=EnvList(envs)))
     for env in envs:
-        state.conf.memory_seed_loaders[env].append(MemoryLoader(labels=[MATRIX_LABEL]))
+        seed = {"labels": [MATRIX_LABEL]}
+        if env not in ALSO_IN_MATRIX:
+            seed["description"] = describe(folder / f"{env}.txt")
+        state.conf.memory_seed_loaders[env].append(MemoryLoader(**seed))
 
 
 def debian_python(env_conf: EnvConfigSet) -> str | None:
