@@ -190,6 +190,9 @@ def main(argv: list[str]) -> int:
     gpu = ROOT / "matrix" / "GPU.md"
     if gpu.exists():
         lines += ["", gpu.read_text().strip()]
+    history = ROOT / "matrix" / "HISTORY.md"  # dated runs and their cost, kept by hand
+    if history.exists():
+        lines += ["", history.read_text().strip()]
     out = Path(argv[2]) if len(argv) > 2 else ROOT / "matrix" / "RESULTS.md"
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}: {len(envs)} envs, {len(modules)} test modules")
