@@ -18,7 +18,6 @@ import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .names import EmaWarning
 from .plan import (
     BUFFER_POLICIES,
     BufferPolicy,
@@ -46,6 +45,11 @@ __all__ = [
 
 _plans: weakref.WeakKeyDictionary[Any, Plan] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
+
+
+class EmaWarning(UserWarning):
+    """``update_ema`` was asked for something that does nothing (an ``exclude`` that matches
+    no parameter or buffer): said at the caller's line, never silent."""
 
 
 def update_ema(

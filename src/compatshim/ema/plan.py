@@ -22,7 +22,7 @@ model's buffer: optimizers hold no masters of buffers, and ZeRO shards none.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
@@ -35,7 +35,7 @@ from .guard import (
     ref,
     registration_epoch,
 )
-from .names import EmaMismatchError, NameIndex, canonical
+from .names import WRAPPER_SEGMENTS, canonical
 
 if TYPE_CHECKING:
     import torch
@@ -54,6 +54,13 @@ __all__ = [
 
 BufferPolicy = Literal["average", "copy", "skip"]
 BUFFER_POLICIES: tuple[BufferPolicy, ...] = ("average", "copy", "skip")
+
+
+class EmaMismatchError(ValueError):
+    """The EMA model and the model do not line up (missing name or incompatible shape)."""
+
+
+EmaMismatchError.__module__ = "compatshim.ema"  # tracebacks and pickles: the public name
 
 
 @dataclass
@@ -196,6 +203,42 @@ def storage_key(ema_model: torch.nn.Module, model: torch.nn.Module) -> tuple[Any
         tuple((id(p), p.requires_grad, _ptr(p)) for p in model.parameters()),
         tuple(_ptr(p) for p in ema_model.parameters()),
     )
+
+
+class NameIndex:
+    """Find the EMA entry for a source name: exactly, else by canonical name."""
+
+    def __init__(self, ema_entries: Mapping[str, object], kind: str = "parameter") -> None:
+        self.exact = ema_entries
+        self.kind = kind  # "parameter" or "buffer", for the messages
+        self.by_canonical: dict[str, list[str]] | None = None
+
+    def lookup(self, name: str) -> str:
+        if name in self.exact:
+            return name
+        if self.by_canonical is None:
+            self.by_canonical = {}
+            for ema_name in self.exact:
+                self.by_canonical.setdefault(canonical(ema_name), []).append(ema_name)
+        key = canonical(name)
+        found = self.by_canonical.get(key, [])
+        if len(found) == 1:
+            return found[0]
+        if found:
+            raise EmaMismatchError(
+                f"compatshim.ema: model {self.kind} {name!r} matches several EMA {self.kind}s "
+                f"once wrapper prefixes are removed: {sorted(found)}; name them apart"
+            )
+        hint = ""
+        if key.endswith("_flat_param"):
+            hint = " (FSDP1 flattens parameters unless wrapped with use_orig_params=True)"
+        remedy = "copy the EMA from the same model or exclude the name"
+        if self.kind == "buffer":
+            remedy += " (or pass buffers='skip' to leave every buffer alone)"
+        raise EmaMismatchError(
+            f"compatshim.ema: EMA model has no {self.kind} {name!r} (model has it; looked for "
+            f"{key!r} without wrapper prefixes {sorted(WRAPPER_SEGMENTS)}){hint}; {remedy}"
+        )
 
 
 def walk(
