@@ -55,7 +55,12 @@ CASES: dict[str, tuple[Builder, tuple[str, ...]]] = {}
 MODES = ("inspect", "load", "armed")
 HARMLESS = {"any_nodes_sharing_one_long_interpolation"}  # node references: loads, checked once
 # refused once the configs are built: inspect reads these with load's machine and says so
-WHOLE_LOAD = {"dictconfigs_sharing_one_content", "dictconfig_references_that_double"}
+WHOLE_LOAD = {
+    "dictconfigs_sharing_one_content",
+    "dictconfig_references_that_double",
+    "dictconfig_references_that_double_behind_a_decoy",
+    "dictconfig_text_parsed_at_every_reference",
+}
 
 
 def case(*modes: str) -> Callable[[Builder], Builder]:
@@ -251,6 +256,32 @@ def dictconfig_references_that_double(folder: Path) -> Path:
     return path
 
 
+@case()
+def dictconfig_references_that_double_behind_a_decoy(folder: Path) -> Path:
+    """Issue 37 item 2: a decoy config read first names a0..a40 as small; the bound cached
+    ``${a_i}`` by its text over both, so the 12 KB file loaded (0.02 s) and resolving it
+    raised MemoryError at +2 GB."""
+    decoy = _omegaconf().OmegaConf.create(
+        {"a0": "x", **{f"a{i}": f"${{a{i - 1}}}" for i in range(1, 41)}}
+    )
+    path = folder / "hostile.pt"
+    torch.save({"decoy": decoy, "hparams": _doubling_config(40)}, path)
+    return path
+
+
+@case()
+def dictconfig_text_parsed_at_every_reference(folder: Path) -> Path:
+    """Issue 37 item 2: omegaconf parses a text holding ``${`` at every read (~2 us a
+    character): 320 references to one 100 KB text were 32 M "characters" (loaded) and a
+    minute of Lightning reading them."""
+    omegaconf = _omegaconf()
+    values = {"a": "x", "t": "${a}" + "y" * 100_000}
+    values.update({f"r{i}": "${t}" for i in range(320)})
+    path = folder / "hostile.pt"
+    torch.save({"hparams": omegaconf.OmegaConf.create(values)}, path)
+    return path
+
+
 # --------------------------------------------------------------------------- 10: rng.read
 
 
@@ -361,7 +392,7 @@ LIGHTNING_CHILD = textwrap.dedent(
     import lightning.pytorch as pl
     import compatshim
     from compatshim.checkpoint import CheckpointError
-    path, depth = sys.argv[1], int(sys.argv[2])
+    path, depth, decoy = sys.argv[1], int(sys.argv[2]), sys.argv[3:] == ["decoy"]
 
     class Model(pl.LightningModule):
         def __init__(self, cfg):
@@ -372,17 +403,18 @@ LIGHTNING_CHILD = textwrap.dedent(
     from omegaconf import OmegaConf
     values = {"a0": "x" * 8}
     values.update({f"a{i}": "${a%d}${a%d}" % (i - 1, i - 1) for i in range(1, depth + 1)})
-    torch.save(  # the keys Lightning's dump_checkpoint writes for a module (no trainer state)
-        {
-            "epoch": 0,
-            "global_step": 0,
-            "pytorch-lightning_version": pl.__version__,
-            "state_dict": Model(OmegaConf.create({})).state_dict(),
-            "hparams_name": "cfg",
-            "hyper_parameters": OmegaConf.create(values),
-        },
-        path,
-    )
+    checkpoint = {  # the keys Lightning's dump_checkpoint writes for a module (no trainer state)
+        "epoch": 0,
+        "global_step": 0,
+        "pytorch-lightning_version": pl.__version__,
+        "state_dict": Model(OmegaConf.create({})).state_dict(),
+        "hparams_name": "cfg",
+    }
+    if decoy:  # read first: names a0..a_depth as small (issue 37 item 2)
+        small = {"a0": "x", **{f"a{i}": "${a%d}" % (i - 1) for i in range(1, depth + 1)}}
+        checkpoint["datamodule_hyper_parameters"] = OmegaConf.create(small)
+    checkpoint["hyper_parameters"] = OmegaConf.create(values)
+    torch.save(checkpoint, path)
     compatshim.install(include=["torch-load-safe-globals"])
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     start = time.perf_counter()
@@ -402,12 +434,22 @@ LIGHTNING_CHILD = textwrap.dedent(
 
 @pytest.mark.slow
 @pytest.mark.timeout(2 * SECONDS + 30)
-@pytest.mark.parametrize(("depth", "expected"), [(30, "refused"), (4, "loaded 128")])
+@pytest.mark.parametrize(
+    ("depth", "expected", "decoy"),
+    [
+        (30, "refused", ""),
+        (4, "loaded 128", ""),
+        (16, "refused", "decoy"),  # issue 37 item 2: before, loaded and 77 s (> 200 s here)
+        (40, "refused", "decoy"),  # before: never returned
+        (4, "loaded 128", "decoy"),
+    ],
+)
 def test_lightning_load_from_checkpoint_refuses_references_that_double(
-    depth: int, expected: str, tmp_path: Path
+    depth: int, expected: str, decoy: str, tmp_path: Path
 ) -> None:
     """Case 11 through Lightning: ``load_from_checkpoint`` with the armed ``torch.load`` reads
-    every top-level hparam (before: over 45 s at depth 30); a shallow one still loads."""
+    every top-level hparam (before: over 45 s at depth 30); a shallow one still loads. With
+    a decoy config read first (``datamodule_hyper_parameters``) too."""
     pytest.importorskip("lightning.pytorch")
     _omegaconf()
     if not _armed_applies():
@@ -415,7 +457,7 @@ def test_lightning_load_from_checkpoint_refuses_references_that_double(
     path = tmp_path / "model.ckpt"
     try:
         done = subprocess.run(
-            [sys.executable, "-c", LIGHTNING_CHILD, str(path), str(depth)],
+            [sys.executable, "-c", LIGHTNING_CHILD, str(path), str(depth), decoy],
             capture_output=True,
             text=True,
             timeout=SECONDS,

@@ -11,7 +11,8 @@ config root: ``${a}`` names a node of its own root, and what a text names is
 never cached across roots (issue 37, item 2: a decoy config read first made
 another's chain that doubles look small):
 
-* a string: its own length, plus per ``${`` it holds (nested and escaped ones
+* a string: its own length (:data:`PARSE` times it if it holds ``${``: each
+  read parses it), plus per ``${`` it holds (nested and escaped ones
   too, as the policy treats them as live) :data:`REF_COST` and the bound of
   the node it names (with, inside longer text, a container's raw repr: that
   is what ``str()`` of a container prints); a resolver call adds :data:`REPR`
@@ -54,7 +55,15 @@ from typing import Any, Callable
 from .._text import short
 from .errors import CheckpointError, UnsafeCheckpointError
 
-REF_COST = 64  # per reference followed: omegaconf parses, selects and wraps a node each time
+# omegaconf's reading is slow next to a copy (issue 37, item 2): each reference it follows
+# parses the text with its ANTLR grammar and selects and wraps a node, some 800 Python calls
+# (0.2-1 ms: a doubling chain of 16 levels kept Lightning's load_from_checkpoint for 77 s),
+# and each read of a text holding "${" lexes all of it again (about 2 us a character).
+# Charged at these weights, the 32 MiB floor of a load's budget buys at most ~16 000
+# references or ~2 M parsed characters (seconds, not minutes), while a Hydra config with
+# thousands of references stays far inside it.
+REF_COST = 2048  # per reference followed
+PARSE = 16  # per character of a text holding "${", at each read of it
 ENTRY = 64  # a dict or list entry ``to_container`` makes (each reference to a container copies it)
 REPR = 10  # repr of a str: at most 10 characters per character ("\U0001f600"), plus quotes
 CAP = 1 << 62  # bounds saturate here: far above any budget, and the ints stay small
@@ -256,7 +265,7 @@ class _Sizes:
             for index, args in selects:
                 if last < args:
                     found[index] = (found[index][0], found[index][1], False)
-        total = len(text)
+        total = PARSE * len(text)
         after = 0  # bounds of the references after the current one
         for position, size, call in reversed(found):
             if call:  # its arguments render with repr: text and values after it, x REPR
