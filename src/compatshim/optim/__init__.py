@@ -1,21 +1,28 @@
-"""Bring a torch.optim state dict saved under one torch release to what the running one expects.
+"""Bring optimizer and LR-scheduler state saved under one torch release to what the running one has.
 
 torch adds param-group keys across releases (``decoupled_weight_decay`` in
-2.7's Adam/AdamW, ``capturable``, ``fused``, ``maximize`` earlier). A plain
-``optimizer.load_state_dict`` fills them itself, but
-``torch.distributed.checkpoint`` builds its load plan from the running
-optimizer and refuses an older checkpoint (``Missing key in checkpoint
-state_dict: optim.param_groups.0.decoupled_weight_decay``), flattened
-(``flatten_optimizer_state_dict=True``, torchtitan's path) or not.
+2.7's Adam/AdamW, ``capturable``, ``fused``, ``maximize`` earlier) and scheduler
+keys (``_is_initial`` in 2.8, which dropped ``verbose``). A plain
+``load_state_dict`` copes, but ``torch.distributed.checkpoint`` builds its load
+plan from the running objects and refuses an older checkpoint (``Missing key in
+checkpoint state_dict: optim.param_groups.0.decoupled_weight_decay``,
+``sched._is_initial``), flattened (``flatten_optimizer_state_dict=True``,
+torchtitan's path) or not. torch 2.2 saved every non-tensor dict or list (param
+groups, a scheduler's or GradScaler's whole state) as one item, which 2.4 plans
+key by key and misses (``sched.step_size``).
 
-- ``adapt_state_dict(state_dict, optimizer)``: a copy whose param groups hold
-  the keys the running release expects: added keys get the value the older
-  release behaved as (``compatshim.optim.keys``), keys the running release
-  no longer knows are dropped. Nested (``optimizer.state_dict()``) and
-  flattened (DCP's ``param_groups.<fqn>.<key>``) forms.
-- ``load_dcp(state_dict, optimizers, checkpoint_id=...)``: ``dcp.load`` that
-  leaves out of the plan only the known added keys the checkpoint lacks, then
-  fills them as above. Any other missing key still fails, naming it.
+- ``adapt_state_dict(state_dict, optimizer)``: a copy holding the keys the running
+  release expects: added keys get the value a state without them stands for
+  (``compatshim.optim.keys``), keys the running release no longer knows are
+  dropped. An optimizer's param groups, nested (``optimizer.state_dict()``) or
+  flattened (DCP's ``param_groups.<fqn>.<key>``); an LR scheduler's state,
+  ``SequentialLR``/``ChainedScheduler`` nesting included (``optimizer`` is then
+  the scheduler); any other state (a ``GradScaler``'s) is checked, not changed.
+- ``load_dcp(state_dict, optimizers, checkpoint_id=...)``: ``dcp.load`` that leaves
+  out of the plan only the known keys the checkpoint lacks, asks for an item the
+  checkpoint holds whole where the running torch would ask for its keys, then
+  adapts as above and returns the DCP path of every key it filled. Any other
+  missing key still fails, naming it.
 
 Importing this package imports no torch.
 """
@@ -26,15 +33,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._text import names, short
-from .keys import OLD_BEHAVIOUR, old_value
+from .keys import OLD_BEHAVIOUR, SCHEDULER_KEYS, old_value
 
 __all__ = ["OptimizerStateError", "adapt_state_dict", "load_dcp"]
 
 _GROUPS = "param_groups"
+_NESTED = "_schedulers"  # where SequentialLR and ChainedScheduler keep their schedulers' states
 
 
 class OptimizerStateError(ValueError):
-    """A saved optimizer state lacks a param-group key that no known torch release added."""
+    """A saved optimizer or scheduler state lacks a key no known torch release added, or an
+    item DCP was asked for was not read."""
 
 
 def _class_name(optimizer: Any) -> str:
@@ -45,21 +54,103 @@ def _class_name(optimizer: Any) -> str:
     return type(optimizer).__name__
 
 
-def _refuse(missing: set[str], optimizer: Any, where: str) -> OptimizerStateError:
+def _is_scheduler(obj: Any) -> bool:
+    """Whether ``obj`` is a torch.optim.lr_scheduler scheduler (a user subclass too)."""
+    return any(cls.__module__ == "torch.optim.lr_scheduler" for cls in type(obj).__mro__)
+
+
+def _is_optimizer(obj: Any) -> bool:
+    return isinstance(getattr(obj, "defaults", None), Mapping) and not _is_scheduler(obj)
+
+
+def _path(prefix: str, key: Any) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def _refuse(
+    missing: set[str], owner: Any, where: str, known: Mapping[str, Any]
+) -> OptimizerStateError:
     import torch
 
     return OptimizerStateError(
-        f"compatshim.optim: the saved {type(optimizer).__name__} state lacks param-group "
-        f"key(s) {sorted(missing)} ({where}) and no torch release is known to have added "
-        f"them (running torch {torch.__version__}; known: {sorted(OLD_BEHAVIOUR)})"
+        f"compatshim.optim: the saved {type(owner).__name__} state lacks key(s) "
+        f"{sorted(missing)} (at {where or 'its top level'}) and no torch release is known to "
+        f"have added them (running torch {torch.__version__}; known: {sorted(known)})"
+    )
+
+
+def _fix_keys(
+    saved: Mapping[str, Any],
+    running: Any,
+    known: Mapping[str, Any],
+    where: str,
+    owner: Any,
+) -> tuple[dict[str, Any], list[str]]:
+    """``saved`` holding exactly the keys of ``known`` that ``running`` (the keys the running
+    release has) holds: a lacking one gets ``known``'s value, an extra one is dropped; a
+    lacking key ``known`` does not name is refused. Also returns the filled keys' paths."""
+    expected = set(running)
+    missing = expected - set(saved)
+    unknown = missing - set(known)
+    if unknown:
+        raise _refuse(unknown, owner, where, known)
+    fixed = {k: v for k, v in saved.items() if k in expected or k not in known}
+    fixed.update({key: known[key] for key in sorted(missing)})
+    return fixed, [_path(where, key) for key in sorted(missing)]
+
+
+def _fix_scheduler(
+    saved: Any, running: Mapping[str, Any], where: str, owner: Any
+) -> tuple[dict[str, Any], list[str]]:
+    """A scheduler's saved state against the running one's, nested schedulers too."""
+    if not isinstance(saved, Mapping):
+        raise OptimizerStateError(
+            f"compatshim.optim: the saved {type(owner).__name__} state at "
+            f"{where or 'its top level'} is {short(saved)}, not a scheduler's state (a dict)"
+        )
+    fixed, filled = _fix_keys(saved, running, SCHEDULER_KEYS, where, owner)
+    want = running.get(_NESTED)
+    if isinstance(want, list):
+        inner = fixed.get(_NESTED)
+        if not isinstance(inner, list) or len(inner) != len(want):
+            raise OptimizerStateError(
+                f"compatshim.optim: {_path(where, _NESTED)} holds "
+                f"{len(inner) if isinstance(inner, list) else short(inner)} saved scheduler "
+                f"state(s); the running {type(owner).__name__} nests {len(want)}"
+            )
+        fixed[_NESTED] = []
+        for i, (one, live) in enumerate(zip(inner, want)):
+            done, more = _fix_scheduler(one, live, _path(where, f"{_NESTED}.{i}"), owner)
+            fixed[_NESTED].append(done)
+            filled += more
+    return fixed, filled
+
+
+def _is_scaler(obj: Any) -> bool:
+    """Whether ``obj`` is a torch.amp (or torch.cuda.amp) GradScaler."""
+    return any(
+        cls.__name__ == "GradScaler" and cls.__module__.startswith(("torch.amp", "torch.cuda.amp"))
+        for cls in type(obj).__mro__
     )
 
 
 def _check_optimizer(optimizer: Any, name: str = "optimizer") -> None:
-    if not isinstance(getattr(optimizer, "defaults", None), Mapping):
+    if not (_is_optimizer(optimizer) or _is_scheduler(optimizer) or _is_scaler(optimizer)):
         raise TypeError(
             f"{name}: expected a torch.optim.Optimizer (its defaults name the param-group "
-            f"keys), got {short(optimizer)}"
+            f"keys), a torch.optim.lr_scheduler scheduler or a GradScaler, got {short(optimizer)}"
+        )
+
+
+def _check_owned(state_dict: Any, owner: Any, name: str = "state_dict") -> None:
+    """``state_dict`` as ``owner``'s kind holds it: param groups for an optimizer, a mapping
+    for a scheduler or GradScaler."""
+    if _is_optimizer(owner):
+        _check_state_dict(state_dict, name)
+    elif not isinstance(state_dict, Mapping):
+        raise TypeError(
+            f"{name}: expected the {type(owner).__name__}'s state dict (a mapping, as its "
+            f"state_dict() returns), got {short(state_dict)}"
         )
 
 
@@ -94,32 +185,23 @@ def _check_state_dict(state_dict: Any, name: str = "state_dict") -> None:
         raise ValueError(f"{name}: a flattened state dict has string keys, got {short(odd)}")
 
 
-def _fix_group(group: Mapping[str, Any], optimizer: Any, where: str) -> dict[str, Any]:
-    expected = set(optimizer.defaults)
-    missing = expected - set(group)
-    unknown = missing - set(OLD_BEHAVIOUR)
-    if unknown:
-        raise _refuse(unknown, optimizer, where)
+def _fix_optimizer(
+    state_dict: Mapping[str, Any], optimizer: Any, prefix: str
+) -> tuple[dict[str, Any], list[str]]:
+    """Param groups (nested or DCP-flattened) as ``optimizer``'s release has them."""
     name = _class_name(optimizer)
-    fixed = {k: v for k, v in group.items() if k in expected or k not in OLD_BEHAVIOUR}
-    fixed.update({key: old_value(name, key) for key in sorted(missing)})
-    return fixed
-
-
-def adapt_state_dict(state_dict: Mapping[str, Any], optimizer: Any) -> dict[str, Any]:
-    """``state_dict`` (nested or DCP-flattened), param groups as ``optimizer``'s release has them.
-
-    The input is left unchanged; state tensors are shared, not copied.
-    """
-    _check_state_dict(state_dict)
-    _check_optimizer(optimizer)
+    known = {key: old_value(name, key) for key in OLD_BEHAVIOUR}
+    filled: list[str] = []
     groups = state_dict.get(_GROUPS)
     if isinstance(groups, list):  # nested: optimizer.state_dict() or get_state_dict's default
         adapted = dict(state_dict)
-        adapted[_GROUPS] = [
-            _fix_group(group, optimizer, f"param group {i}") for i, group in enumerate(groups)
-        ]
-        return adapted
+        adapted[_GROUPS] = []
+        for i, group in enumerate(groups):
+            where = _path(prefix, f"{_GROUPS}.{i}")
+            fixed, more = _fix_keys(group, optimizer.defaults, known, where, optimizer)
+            adapted[_GROUPS].append(fixed)
+            filled += more
+        return adapted, filled
     # flattened: "param_groups.<param fqn>.<key>" per parameter
     by_fqn: dict[str, dict[str, Any]] = {}
     rest: dict[str, Any] = {}
@@ -131,22 +213,58 @@ def adapt_state_dict(state_dict: Mapping[str, Any], optimizer: Any) -> dict[str,
         else:
             rest[flat_key] = value
     for fqn, group in by_fqn.items():
-        for key, value in _fix_group(group, optimizer, f"parameter {fqn!r}").items():
-            rest[f"{_GROUPS}.{fqn}.{key}"] = value
-    return rest
+        where = _path(prefix, f"{_GROUPS}.{fqn}")
+        fixed, more = _fix_keys(group, optimizer.defaults, known, where, optimizer)
+        rest.update({f"{_GROUPS}.{fqn}.{key}": value for key, value in fixed.items()})
+        filled += more
+    return rest, filled
 
 
-def _group_paths(prefix: str, optim_sd: dict[str, Any]) -> list[tuple[dict[str, Any], str, str]]:
-    """(container, key, DCP path) of every param-group entry, nested or flattened."""
+def _adapt(
+    state_dict: Mapping[str, Any], owner: Any, prefix: str
+) -> tuple[dict[str, Any], list[str]]:
+    """``owner``'s saved state as its release has it, and the paths of the keys filled."""
+    if _is_optimizer(owner):
+        return _fix_optimizer(state_dict, owner, prefix)
+    if _is_scheduler(owner):
+        return _fix_scheduler(state_dict, owner.state_dict(), prefix, owner)
+    # any other state (a GradScaler's): no key is known to differ; a lacking one is refused
+    return _fix_keys(state_dict, owner.state_dict(), {}, prefix, owner)
+
+
+def adapt_state_dict(state_dict: Mapping[str, Any], optimizer: Any) -> dict[str, Any]:
+    """``state_dict`` as ``optimizer``'s release has it: an optimizer's (nested or
+    DCP-flattened param groups), or, where ``optimizer`` is an LR scheduler, the
+    scheduler's (nested schedulers too); any other stateful's is checked, not changed.
+
+    A key a newer or older release lacks gets the value a state without it stands for
+    (``compatshim.optim.keys``); any other lacking key raises ``OptimizerStateError``
+    naming it. The input is left unchanged; state tensors are shared, not copied.
+    """
+    _check_optimizer(optimizer)
+    _check_owned(state_dict, optimizer)
+    return _adapt(state_dict, optimizer, "")[0]
+
+
+def _known_paths(top: str, value: Any, owner: Any) -> list[tuple[dict[str, Any], str, str]]:
+    """(container, key, DCP path) of every key in ``owner``'s template that some torch releases
+    have and others lack: param-group keys of an optimizer (nested or flattened), scheduler
+    keys of a scheduler and of each scheduler it nests."""
     found: list[tuple[dict[str, Any], str, str]] = []
-    groups = optim_sd.get(_GROUPS)
-    if isinstance(groups, list):
-        for i, group in enumerate(groups):
-            found += [(group, key, f"{prefix}.{_GROUPS}.{i}.{key}") for key in group]
-    else:
-        found += [
-            (optim_sd, key, f"{prefix}.{key}") for key in optim_sd if key.startswith(f"{_GROUPS}.")
-        ]
+    if _is_optimizer(owner):
+        groups = value.get(_GROUPS)
+        if isinstance(groups, list):
+            for i, group in enumerate(groups):
+                found += [(group, key, f"{top}.{_GROUPS}.{i}.{key}") for key in group]
+        else:
+            found += [
+                (value, key, f"{top}.{key}") for key in value if key.startswith(f"{_GROUPS}.")
+            ]
+        return [hit for hit in found if hit[1].rpartition(".")[2] in OLD_BEHAVIOUR]
+    if _is_scheduler(owner) and isinstance(value, dict):
+        found += [(value, key, f"{top}.{key}") for key in value if key in SCHEDULER_KEYS]
+        for i, inner in enumerate(value.get(_NESTED) or []):
+            found += _known_paths(f"{top}.{_NESTED}.{i}", inner, owner)
     return found
 
 
@@ -155,6 +273,55 @@ def _absent(path: str, saved: set[str]) -> bool:
     (torch 2.2 saves ``param_groups`` as one item; 2.3+ key by key)."""
     parts = path.split(".")
     return not any(".".join(parts[:i]) in saved for i in range(1, len(parts) + 1))
+
+
+def _whole_items(
+    state_dict: dict[str, Any], tops: Mapping[str, Any], saved: set[str]
+) -> list[tuple[Any, Any, str]]:
+    """(container, key, DCP path) of each dict or list under ``tops`` that the checkpoint
+    holds as one item while the running torch plans its entries one by one (torch 2.2 saved
+    every dict or list without tensors whole; 2.4 asks for its keys, and 2.5+ falls back to
+    the old keys only when the whole template was saved so)."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    found: list[tuple[Any, Any, str]] = []
+
+    def walk(container: Any, key: Any, path: str, planned: set[str]) -> None:
+        value = container[key]
+        if not isinstance(value, (dict, list)) or path in planned:
+            return
+        if path in saved:
+            found.append((container, key, path))
+            return
+        for inner in value if isinstance(value, dict) else range(len(value)):
+            walk(value, inner, f"{path}.{inner}", planned)
+
+    for top in tops:
+        walk(state_dict, top, top, set(flatten_state_dict({top: state_dict[top]})[0]))
+    return found
+
+
+class _Slot:
+    """A top-level item DCP reads whole, handed to ``dcp.load`` as a Stateful: torch 2.2's
+    ``dcp.load`` reads a top-level non-Stateful item into a copy of the state dict and drops
+    it (a scheduler saved under 2.2 and resumed there kept its fresh state)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def state_dict(self) -> Any:
+        return self.value
+
+    def load_state_dict(self, value: Any) -> None:
+        self.value = value
+
+
+def _one_item_tops(state_dict: dict[str, Any], tops: Mapping[str, Any]) -> list[str]:
+    """The tops the running torch plans as one item (a dict or list without tensors on
+    torch 2.2, or one :func:`_whole_items` made a leaf)."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    return [top for top in tops if list(flatten_state_dict({top: state_dict[top]})[0]) == [top]]
 
 
 def load_dcp(
@@ -166,15 +333,22 @@ def load_dcp(
     planner: Any = None,
     process_group: Any = None,
 ) -> tuple[str, ...]:
-    """``torch.distributed.checkpoint.load`` in place, across torch releases' optimizer keys.
+    """``torch.distributed.checkpoint.load`` in place, across torch releases' optimizer,
+    LR-scheduler and GradScaler state.
 
-    ``optimizers`` maps a top-level key of ``state_dict`` (``"optim"``) to the
-    optimizer whose ``get_state_dict`` output it holds. Param-group keys a
-    newer torch added and the checkpoint lacks are kept out of the load plan
-    and filled with the value the saving release behaved as; returns their
-    DCP paths (empty when the checkpoint needed nothing). Any other key the
-    checkpoint lacks fails as ``dcp.load`` fails, naming it. Under torch 2.2, whose
-    ``dcp.load`` takes no ``checkpoint_id``, the folder is read through a
+    ``optimizers`` maps a top-level key of ``state_dict`` to the object whose state it
+    holds: an optimizer (``"optim"``: its ``get_state_dict`` output, nested or
+    flattened), an LR scheduler (``"sched"``: its ``state_dict()``; SequentialLR and
+    ChainedScheduler with the schedulers they nest) or a GradScaler. A key some
+    releases have and others lack (``compatshim.optim.keys``) that the checkpoint
+    lacks is kept out of the load plan; an item the checkpoint holds whole (torch
+    2.2) is asked for as one item where the running torch would ask for its keys;
+    then each state is brought to the running release by :func:`adapt_state_dict`.
+    Returns the DCP path of every key filled, with the value ``compatshim.optim.keys``
+    gives it (empty when the checkpoint needed nothing). Any other key the checkpoint
+    lacks fails as ``dcp.load`` fails, or as ``OptimizerStateError``, naming it (the
+    template's entries are then put back; tensors DCP loaded stay loaded). Under torch
+    2.2, whose ``dcp.load`` takes no ``checkpoint_id``, the folder is read through a
     ``FileSystemReader`` of it, and ``dcp.load`` needs a process group (one rank will do).
     """
     _check_load_arguments(state_dict, optimizers, checkpoint_id, storage_reader)
@@ -185,22 +359,18 @@ def load_dcp(
 
     reader = storage_reader or FileSystemReader(checkpoint_id)
     saved = set(reader.read_metadata().state_dict_metadata)
-    filled: list[str] = []
-    for top in optimizers:
-        for container, key, path in _group_paths(top, state_dict[top]):
+    left_out: list[tuple[dict[str, Any], str, Any]] = []
+    for top, owner in optimizers.items():
+        for container, key, path in _known_paths(top, state_dict[top], owner):
             # any other missing key is left in the plan: DCP's own error names it
-            if _absent(path, saved) and key.rpartition(".")[2] in OLD_BEHAVIOUR:
-                del container[key]
-                filled.append(path)
-    # torch 2.2/2.3 saved a nested optimizer's param_groups list as one item; 2.4 plans it key
-    # by key and misses them all (2.5+ retries with the old keys): ask for the one item
-    whole = {
-        top: state_dict[top][_GROUPS]
-        for top in optimizers
-        if isinstance(state_dict[top].get(_GROUPS), list) and f"{top}.{_GROUPS}" in saved
-    }
-    for top in whole:
-        state_dict[top][_GROUPS] = None  # a leaf: DCP reads the saved list in its place
+            if _absent(path, saved):
+                left_out.append((container, key, container.pop(key)))
+    whole = [(c, k, path, c[k]) for c, k, path in _whole_items(state_dict, optimizers, saved)]
+    for container, key, _, _ in whole:
+        container[key] = None  # a leaf: DCP reads the saved item in its place
+    template = {top: state_dict[top] for top in optimizers}
+    for top in _one_item_tops(state_dict, optimizers):
+        state_dict[top] = _Slot(state_dict[top])
     # torch 2.2's load has no checkpoint_id (the reader, made from it above, names the folder)
     where = {}
     if checkpoint_id is not None and "checkpoint_id" in inspect.signature(load).parameters:
@@ -209,18 +379,27 @@ def load_dcp(
         load(
             state_dict, storage_reader=reader, planner=planner, process_group=process_group, **where
         )
-        unread = [top for top in whole if not isinstance(state_dict[top][_GROUPS], list)]
+        for top, value in state_dict.items():
+            if isinstance(value, _Slot):
+                state_dict[top] = value.value
+        unread = [path for container, key, path, _ in whole if container[key] is None]
         if unread:
             raise OptimizerStateError(
-                f"compatshim.optim: {unread[0]}.{_GROUPS} was not read from the checkpoint"
+                f"compatshim.optim: {unread[0]} was not read from the checkpoint"
             )
+        filled: list[str] = []
+        adapted: dict[str, Any] = {}
+        for top, owner in optimizers.items():
+            adapted[top], more = _adapt(state_dict[top], owner, top)
+            filled += more
     except BaseException:
-        for top, groups in whole.items():  # the caller's template as it was
-            if not isinstance(state_dict[top][_GROUPS], list):
-                state_dict[top][_GROUPS] = groups
+        state_dict.update(template)  # the caller's template as it was
+        for container, key, _, value in whole:
+            container[key] = value
+        for container, key, value in left_out:
+            container[key] = value
         raise
-    for top, optimizer in optimizers.items():
-        state_dict[top] = adapt_state_dict(state_dict[top], optimizer)
+    state_dict.update(adapted)
     return tuple(filled)
 
 
@@ -246,11 +425,11 @@ def _check_load_arguments(
             )
         if not isinstance(state_dict[top], dict):
             raise TypeError(
-                f"state_dict[{short(top)}]: expected the optimizer's state dict (a dict), "
-                f"got {short(state_dict[top])}"
+                f"state_dict[{short(top)}]: expected the optimizer's (or scheduler's, "
+                f"GradScaler's) state dict (a dict), got {short(state_dict[top])}"
             )
-        _check_state_dict(state_dict[top], f"state_dict[{short(top)}]")
         _check_optimizer(optimizer, f"optimizers[{short(top)}]")
+        _check_owned(state_dict[top], optimizer, f"state_dict[{short(top)}]")
     if checkpoint_id is None and storage_reader is None:
         raise ValueError(
             "checkpoint_id: pass the checkpoint folder (or storage_reader=) to read from"

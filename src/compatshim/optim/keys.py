@@ -11,6 +11,21 @@ Measured with each optimizer's ``param_groups[0]`` on torch 2.1.2, 2.4.1 and
 A release that lacked a key behaved as the key's "off" value: no capturable or
 differentiable graph, no fused or forced foreach kernel, minimising, and weight
 decay coupled into the gradient, except AdamW, which was always decoupled.
+
+LR schedulers save their whole ``__dict__``; measured with every scheduler in
+``tests/dcpresume/sched_job.py`` (LambdaLR, StepLR, SequentialLR, ChainedScheduler
+and their inner ones) on torch 2.2.2, 2.4.1, 2.8.0, 2.11.0 and 2.15.0, two keys
+differ, and only between 2.4.1 and 2.8.0:
+
+- ``_is_initial`` (2.8+, on every scheduler whose constructor stepped it: not on a
+  SequentialLR's or ChainedScheduler's own state). torch sets it True only while
+  the constructor's first step runs and back to False when that step ends, so
+  every state a scheduler can hand to ``state_dict()`` holds False; a release
+  without the key stepped a restored scheduler as a non-initial step, which is
+  what False means.
+- ``verbose`` (up to 2.4.1 at least, gone in 2.8.0): whether ``step()`` printed
+  the new learning rate. A release without the key never prints, and a scheduler
+  built with the default (``verbose="deprecated"``) holds False.
 """
 
 from __future__ import annotations
@@ -30,6 +45,10 @@ OLD_BEHAVIOUR: dict[str, Any] = {
 OLD_BEHAVIOUR_BY_CLASS: dict[str, dict[str, Any]] = {
     "AdamW": {"decoupled_weight_decay": True},
 }
+
+
+# LR-scheduler state keys some releases have and others lack -> what a state without them means
+SCHEDULER_KEYS: dict[str, Any] = {"_is_initial": False, "verbose": False}
 
 
 def old_value(optimizer_class: str, key: str) -> Any:
