@@ -12,8 +12,8 @@ imports no framework; torch is imported on first use.
 from __future__ import annotations
 
 from .desync.consistency import check_module_consistency
+from .desync.desync_report import DesyncError
 from .desync.doctor import doctor_rows
-from .desync.report import DesyncError
 from .desync.sync import sync_point
 from .desync.watchdog import watchdog
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import compatshim.dist
-from compatshim.desync import consistency, doctor, report, sync, watchdog
+from compatshim.desync import consistency, desync_report, doctor, sync, watchdog
 from compatshim.dist import DesyncError
 
 # pickle.dumps(DesyncError("compatshim.dist.DesyncError: ranks are out of step at sync point
@@ -35,14 +35,14 @@ def test_the_public_names_are_the_desync_objects() -> None:
     assert compatshim.dist.sync_point is sync.sync_point
     assert compatshim.dist.check_module_consistency is consistency.check_module_consistency
     assert compatshim.dist.watchdog is watchdog.watchdog
-    assert compatshim.dist.DesyncError is report.DesyncError
+    assert compatshim.dist.DesyncError is desync_report.DesyncError
     assert compatshim.dist.doctor_rows is doctor.doctor_rows
 
 
 def test_desync_error_keeps_its_public_name_in_tracebacks_and_pickles() -> None:
     assert DesyncError.__module__ == "compatshim.dist"
     assert DesyncError.__qualname__ == "DesyncError"
-    error = DesyncError(report.HEADLINE + "ranks are out of step at sync point #1")
+    error = DesyncError(desync_report.HEADLINE + "ranks are out of step at sync point #1")
     data = pickle.dumps(error)
     assert b"compatshim.dist" in data and b"compatshim.desync" not in data
     again = pickle.loads(data)

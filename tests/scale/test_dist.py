@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 
 import compatshim.dist as cdist  # noqa: E402
 from compatshim.desync._records import Arrival, ExitRecord, Heartbeat, Keys, Seen  # noqa: E402
-from compatshim.desync.report import rank_list  # noqa: E402
+from compatshim.desync.desync_report import rank_list  # noqa: E402
 from tests.scale.worlds import fake_world, run_threaded  # noqa: E402
 
 STRAGGLER, ODD = 31, 5
@@ -175,7 +175,7 @@ def test_rank_list_writes_runs_as_ranges(ranks: list[int], text: str) -> None:
 
 def test_report_groups_alike_ranks_and_shows_their_ages_as_a_range() -> None:
     from compatshim.desync._liveness import RankState
-    from compatshim.desync.report import GROUP_ABOVE, build_report
+    from compatshim.desync.desync_report import GROUP_ABOVE, build_report
 
     now = time.time()
     site = [("train.py", 120, "train_step")]

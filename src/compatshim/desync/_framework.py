@@ -34,8 +34,8 @@ from ._stuck import StuckCalls
 from ._trail import TRAIL, Crumb
 from ._watch import Watch
 from .consistency import first_difference, module_summary
+from .desync_report import build_report
 from .monitor import get_monitor
-from .report import build_report
 from .sync import meet as _meet
 
 __all__ = [

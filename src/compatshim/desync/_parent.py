@@ -12,7 +12,7 @@ import os
 from ._sites import format_site
 from ._trail import TRAIL
 from ._watch import Watch
-from .report import titled
+from .desync_report import titled
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from ._liveness import RankState
 from ._records import Keys, StackDump
 from ._store import Meeting
 from ._watch import Watch
-from .report import build_report
+from .desync_report import build_report
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ._sites import format_site
 from ._trail import TRAIL
-from .report import titled
+from .desync_report import titled
 
 RETRY_EVERY = 1.0  # seconds between store attempts once it has failed
 GIVE_UP_AFTER = 3.0  # seconds of failures, while blocked, before this rank ends

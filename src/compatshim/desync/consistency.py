@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._text import short
-from .report import rank_list
+from .desync_report import rank_list
 from .sync import meet
 
 Entry = list[Any]  # [kind, name, shape, dtype, requires_grad]

@@ -25,8 +25,8 @@ from ._records import Arrival, DesyncNotice, Heartbeat, Keys, Seen
 from ._sites import user_frames
 from ._store import Meeting, default_meeting
 from ._trail import TRAIL
+from .desync_report import DesyncError, build_report, rank_list
 from .monitor import ensure_monitor
-from .report import DesyncError, build_report, rank_list
 
 Compare = Callable[[dict[int, Any]], list[str]]
 

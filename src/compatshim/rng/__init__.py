@@ -30,8 +30,8 @@ from .capture import capture
 from .doctor import doctor_rows
 from .errors import RNGStateError, RNGStateWarning
 from .files import load, read, save
-from .report import RestoreReport
 from .restore import restore
+from .restore_report import RestoreReport
 
 __all__ = [
     "RNGStateError",

@@ -20,8 +20,8 @@ from .capture import capture, distributed_position
 from .errors import RNGStateError
 from .formats import merge_ranks, to_file
 from .plan import DevicePolicy, WorldSizePolicy
-from .report import RestoreReport
 from .restore import restore
+from .restore_report import RestoreReport
 from .state import is_state, make_file
 
 PathLike = Union[str, "os.PathLike[str]"]

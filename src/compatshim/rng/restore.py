@@ -13,7 +13,7 @@ from .capture import GENERATOR_LOCK, distributed_position
 from .derive import derived_cuda, derived_parts, derived_seed, material_digest
 from .errors import RNGStateError, RNGStateWarning
 from .plan import DevicePolicy, WorldSizePolicy, plan_devices, plan_rank
-from .report import RestoreReport
+from .restore_report import RestoreReport
 from .state import FILE_FORMAT, STATE_FORMAT, Parts, is_file, is_state, parse_file, parse_state
 
 
