@@ -172,6 +172,8 @@ try:
     result["ok"] = True
 except BaseException as exc:  # DCP raises CheckpointException, a BaseException
     result.update(ok=False, type=type(exc).__name__, error=str(exc)[-3000:])
+    result["compatshim_error"] = isinstance(exc, compatshim.checkpoint.CheckpointError)
+    result["exception"] = isinstance(exc, Exception)
 row = [s for s in compatshim.status() if s.name == "torch-dcp-safe-metadata"][0]
 result.update(defect=row.defect, fixed=row.fixed)
 print("RESULT " + json.dumps(result))

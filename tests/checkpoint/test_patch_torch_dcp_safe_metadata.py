@@ -144,6 +144,11 @@ def test_hardened_refuses_a_poisoned_non_tensor_item(tmp_path: Path) -> None:
     result = _run(tmp_path, "load_item", tmp_path / "bad")
     assert not marker.exists()
     assert not result["ok"] and "system refused" in result["error"], result
+    # issue 38 item 7: the item's key and its data file are named, and the error DCP raises
+    # (torch's CheckpointException, a BaseException) is compatshim's too
+    assert "DCP item 'extra' in " in result["error"] and ".distcp" in result["error"], result
+    assert result["type"] == "CheckpointException", result
+    assert result["compatshim_error"] and result["exception"], result
 
 
 def test_dcp_to_torch_save_refuses_a_poisoned_metadata_and_converts_a_genuine_one(

@@ -47,6 +47,16 @@ The fix
     each item: torch's file view seeks from the end the wrong way and reads past
     its slice (torch 2.1 to 2.15).
 
+    Two more targets make a refused item say where it is and let it be caught as
+    compatshim's error: ``default_planner``'s ``DefaultLoadPlanner.load_bytes`` (where a
+    non-tensor item is ``torch.load``-ed) names the item's key and its ``.distcp`` file (the
+    file from the view above, on this thread); ``utils``' ``CheckpointException`` (which
+    ``_DistWrapper`` raises with every rank's failures) becomes a subclass that, where every
+    failure is compatshim's refusal, is also an
+    :class:`~compatshim.checkpoint.UnsafeCheckpointError`: ``except CheckpointException``
+    still catches it, and so do ``except compatshim.checkpoint.CheckpointError`` and
+    ``except Exception`` (torch's own is a ``BaseException``).
+
 Confirmed
     Right after the fix by :func:`confirm` (the stand-in is in place); end to
     end by the probe when ``status()`` or the doctor asks.
@@ -57,7 +67,9 @@ The revert
 
 from __future__ import annotations
 
+import functools
 import io
+import threading
 
 from ._safe_pickle import SafePickle
 
@@ -69,6 +81,9 @@ if TYPE_CHECKING:
     from .._engine.patching import Patcher
 
 _NAME = "torch-dcp-safe-metadata"
+_PLANNER = "torch.distributed.checkpoint.default_planner"
+_UTILS = "torch.distributed.checkpoint.utils"
+_reading = threading.local()  # the data file DCP's reader is slicing on this thread
 
 
 def _read(file: Any, **_: Any) -> Any:
@@ -122,17 +137,111 @@ def _runs_any_global(reader: type) -> bool:
 
 
 def probe(module: ModuleType) -> bool:
-    """Hardened mode only: True while a reader of this module unpickles any global."""
+    """Hardened mode only: True while a reader of this module unpickles any global; for the
+    planner and utils modules, while their refusals are torch's alone (not yet wrapped)."""
     from .. import _settings
 
     if not _settings.safe_load():
         return False
+    if module.__name__ == _PLANNER:
+        return _planner_real(module) is not None
+    if module.__name__ == _UTILS:
+        found = vars(module).get("CheckpointException")
+        return isinstance(found, type) and not getattr(found, "_compatshim", False)
     return any(_runs_any_global(reader) for reader in _readers(module))
 
 
 def confirm(module: ModuleType) -> bool:
-    """The stand-in is the module's ``pickle`` (the probe would load compatshim's loader)."""
+    """The stand-in is in place (the probe would load compatshim's loader)."""
+    if module.__name__ == _PLANNER:
+        planner = vars(module).get("DefaultLoadPlanner")
+        return getattr(vars(planner).get("load_bytes"), "_compatshim", False)
+    if module.__name__ == _UTILS:
+        return getattr(vars(module).get("CheckpointException"), "_compatshim", False)
     return isinstance(vars(module).get("pickle"), SafePickle)
+
+
+def _planner_real(module: ModuleType) -> Any:
+    planner = vars(module).get("DefaultLoadPlanner")
+    found = vars(planner).get("load_bytes") if isinstance(planner, type) else None
+    return None if found is None or getattr(found, "_compatshim", False) else found
+
+
+def _naming_items(real: Any) -> Any:
+    """``load_bytes`` whose refusal names the item's key and its data file."""
+
+    @functools.wraps(real)
+    def load_bytes(self: Any, read_item: Any, value: Any) -> Any:
+        from ..checkpoint.errors import UnsafeCheckpointError
+
+        try:
+            return real(self, read_item, value)
+        except UnsafeCheckpointError as exc:
+            fqn = getattr(getattr(read_item, "dest_index", None), "fqn", None)
+            where = f"DCP item {fqn!r}" if isinstance(fqn, str) else "a DCP item"
+            file = getattr(_reading, "file", None)
+            if isinstance(file, str):
+                where += f" in {file}"
+            raise type(exc)(f"{where}: {exc}", exc.refused) from None
+
+    load_bytes._compatshim = True  # type: ignore[attr-defined]
+    return load_bytes
+
+
+def _catchable(real: type) -> type:
+    """torch's ``CheckpointException``, made as one that is also compatshim's refusal where
+    every rank's failure is one (see the module docstring); anything else is torch's."""
+    from ..checkpoint.errors import UnsafeCheckpointError
+
+    def refusal(failure: Any) -> bool:
+        first = failure[0] if isinstance(failure, tuple) and failure else failure
+        return isinstance(first, UnsafeCheckpointError)
+
+    class CheckpointException(real):  # type: ignore[valid-type,misc]
+        _compatshim = True
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            failures = args[1] if len(args) > 1 else kwargs.get("failures")
+            if (
+                cls is CheckpointException
+                and isinstance(failures, dict)
+                and failures
+                and all(map(refusal, failures.values()))
+            ):
+                cls = Refused
+            return real.__new__(cls, *args, **kwargs)
+
+        def __reduce__(self) -> Any:  # ranks exchange it: rebuilt as the receiver's utils makes it
+            # (msg, failures) explicitly: Refused's args are UnsafeCheckpointError's (msg,)
+            return _rebuilt, (self.args[0] if self.args else "", self.failures)
+
+    class Refused(CheckpointException, UnsafeCheckpointError):  # type: ignore[misc]
+        @property
+        def refused(self) -> tuple[str, ...]:
+            failures = getattr(self, "failures", {}) or {}
+            names: list[str] = []
+            for failure in failures.values():
+                first = failure[0] if isinstance(failure, tuple) else failure
+                names.extend(getattr(first, "refused", ()))
+            return tuple(dict.fromkeys(names))
+
+        @refused.setter
+        def refused(self, value: Any) -> None:
+            pass  # UnsafeCheckpointError's __init__ is not run: torch's builds the object
+
+    for made in (CheckpointException, Refused):  # tracebacks read torch's name
+        made.__module__, made.__qualname__ = real.__module__, real.__qualname__
+        made.__name__ = real.__name__
+    return CheckpointException
+
+
+def _rebuilt(*args: Any) -> Any:
+    """A ``CheckpointException`` from another rank, made by this process's DCP ``utils`` (the
+    subclass where this patch is armed, torch's own where not), so ``_DistWrapper``'s
+    ``isinstance`` checks hold on every rank."""
+    from torch.distributed.checkpoint import utils
+
+    return utils.CheckpointException(*args)
 
 
 class _Slice(io.RawIOBase):
@@ -179,12 +288,25 @@ class _Slice(io.RawIOBase):
 
 
 def _file_slice(file: Any, offset: int, length: int) -> Any:
-    """DCP's ``_create_file_view``, made exact (see :class:`_Slice`; buffered for small reads)."""
+    """DCP's ``_create_file_view``, made exact (see :class:`_Slice`; buffered for small reads);
+    the file's name is kept for a refusal of the item read from it (``_naming_items``)."""
+    name = getattr(file, "name", None)
+    _reading.file = name if isinstance(name, str) else None
     return io.BufferedReader(_Slice(file, offset, length))
 
 
 def apply(module: ModuleType, patcher: Patcher) -> None:
     import pickle
+
+    if module.__name__ == _PLANNER:
+        real = _planner_real(module)
+        if real is None:
+            raise LookupError(f"{_PLANNER}.DefaultLoadPlanner.load_bytes: layout not known")
+        patcher.setattr(vars(module)["DefaultLoadPlanner"], "load_bytes", _naming_items(real))
+        return
+    if module.__name__ == _UTILS:
+        patcher.setattr(module, "CheckpointException", _catchable(module.CheckpointException))
+        return
 
     current = vars(module).get("pickle")
     if current is not pickle:
