@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,11 @@ def one_rank_group(store: Path) -> Iterator[None]:
     try:
         yield
     finally:
+        # torch 2.2's ProcessGroupGloo destructor joins its worker holding the GIL while the
+        # worker may still wait for the GIL to free the last collective's tensors (seen hung
+        # in the test suite under load): let the worker finish first
+        dist.barrier()
+        time.sleep(0.2)
         dist.destroy_process_group()
 
 

@@ -112,10 +112,11 @@ def _refused_by_torch(release: str, load: Any, *, plain: bool = False) -> bool:
     return True
 
 
-@pytest.fixture()
-def group(tmp_path: Path) -> Iterator[None]:
-    """The one-rank gloo group torch 2.2's ``dcp.load`` needs (nothing on 2.3+)."""
-    with one_rank_group(tmp_path / "store"):
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The one-rank gloo group torch 2.2's ``dcp.load`` needs (nothing on 2.3+), one per
+    module: each teardown is a chance for 2.2's gloo deadlock (see ``one_rank_group``)."""
+    with one_rank_group(tmp_path_factory.mktemp("group") / "store"):
         yield
 
 
