@@ -5,14 +5,28 @@ Importing this package is cheap: it imports no framework and no adapter until us
 
 from __future__ import annotations
 
+from ._engine import registry as _registry
+from ._engine import versions as _versions
 from ._engine.registry import install, status, uninstall
 
 __version__ = "0.1.0"  # the one version source: hatch reads it for pyproject.toml
+_versions.running["compatshim"] = __version__  # ourselves, installed or not
+
+
+def _catalogue() -> tuple[Patch, ...]:
+    from .patches import CATALOGUE
+
+    return CATALOGUE
+
+
+_registry.catalogue = _catalogue  # the engine imports nothing above itself: it is told
+
 __all__ = [
     "Finding",
     "__version__",
     "checkpoint",
     "clone_module",
+    "data",
     "dist",
     "ema",
     "find_unpicklable",
@@ -29,11 +43,13 @@ if TYPE_CHECKING:
     from typing import Any
 
     from . import checkpoint as checkpoint
+    from . import data as data
     from . import dist as dist
     from . import ema as ema
     from . import master as master
     from . import optim as optim
     from . import rng as rng
+    from ._engine.patch import Patch
     from .cloning import clone_module
     from .pickling import Finding, find_unpicklable
 
@@ -42,7 +58,7 @@ _LAZY = {
     "find_unpicklable": ("compatshim.pickling", "find_unpicklable"),
     "Finding": ("compatshim.pickling", "Finding"),
 }
-_SUBMODULES = {"checkpoint", "dist", "ema", "master", "optim", "rng"}
+_SUBMODULES = {"checkpoint", "data", "dist", "ema", "master", "optim", "rng"}
 
 
 def __getattr__(name: str) -> Any:

@@ -103,15 +103,23 @@ _states: dict[str, _State] = {}
 _loaded = False
 
 
+def _no_catalogue() -> tuple[Patch, ...]:
+    return ()
+
+
+#: the built-in patches, read on first use: ``compatshim/__init__.py`` points this at
+#: ``compatshim.patches.CATALOGUE`` (the engine imports nothing above itself)
+catalogue: Callable[[], Iterable[Patch]] = _no_catalogue
+
+
 # -- the catalogue -----------------------------------------------------------------------------
 def _load() -> dict[str, _State]:
     """Every catalogue patch as a state (a table of declarations: nothing else is imported)."""
     global _loaded
     if not _loaded:
-        from ..patches import CATALOGUE
-
+        patches = catalogue()
         with _lock:
-            for patch in CATALOGUE:
+            for patch in patches:
                 _states.setdefault(patch.name, _State(patch))
             _loaded = True
     return _states

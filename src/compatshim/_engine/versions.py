@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from .._records import Position
 
 _cache: dict[str, str | None] = {}
+#: versions of running copies, by normalised name: ``compatshim/__init__.py`` puts its own
+#: ``__version__`` here, which wins over whatever metadata is installed (a source checkout)
+running: dict[str, str] = {}
 
 
 def _normalise(name: str) -> str:
@@ -74,11 +77,10 @@ def installed_version(distribution: str) -> str | None:
         import sys
 
         return ".".join(map(str, sys.version_info[:3]))
+    own = running.get(_normalise(distribution))
+    if own is not None:
+        return own
     if distribution not in _cache:
-        if _normalise(distribution) == "compatshim":  # ourselves, installed or not
-            from .. import __version__
-
-            return __version__
         version = _from_dist_info(distribution)
         if version is None:  # egg-info, zipped or unusual layouts
             version = _from_metadata(distribution)
