@@ -1,0 +1,468 @@
+"""compatshim.data: where the data left off, saved with a checkpoint and resumed at any world size.
+
+- :func:`position` - a plain dict (ints, bools, strings; the same on every rank) saying which
+  epoch a ``DataLoader`` is in and how much of it has been consumed.
+- :func:`resume` - the rest of that epoch, as an iterator of batches; its samples are never
+  loaded for the batches skipped (the sampler's indices are walked, not the dataset).
+- :class:`Resumed`, :class:`DataPositionError`.
+
+Guarantee. At the saving world size and batch size, the resumed iterator yields the batches
+the uninterrupted one would have yielded: the same samples in the same order. At another
+world size or per-rank batch size (a ``DistributedSampler`` only), the epoch's samples not
+yet consumed are dealt to the new ranks as ``DistributedSampler`` deals an epoch (rank ``r``
+takes every ``M``-th from ``r``): no sample of the epoch is repeated or skipped, except that
+when their number is not a multiple of ``M`` and ``even=True`` (the default: every rank gets
+as many batches, as DDP needs), up to ``M - 1`` are repeated (the sampler's
+``drop_last=False``) or left out (``drop_last=True``), as ``DistributedSampler`` itself does;
+:attr:`Resumed.repeated` and :attr:`Resumed.dropped` name them. ``even=False`` deals each
+exactly once (ranks then differ by at most one sample).
+
+RNG. :func:`resume` builds the loader's iterator itself and leaves torch's default generator
+and the loader's ``generator`` as they were: ``DataLoader.__iter__`` draws the workers' base
+seed from one of them, so ``iter(loader)`` after ``compatshim.rng.load`` moved the restored
+stream on (the first resumed step's dropout differed from the uninterrupted run's). With
+:func:`resume`, calling it before or after ``compatshim.rng.load`` gives the same streams.
+Randomness inside DataLoader workers (augmentations drawn in ``Dataset.__getitem__`` with
+``num_workers > 0``) is not reproduced: the workers' generators are seeded anew.
+
+Not covered: an ``IterableDataset`` and samplers that draw their order from a generator when
+the epoch starts (``RandomSampler``, ``DataLoader(shuffle=True)``, ``SubsetRandomSampler``,
+``WeightedRandomSampler``): their order cannot be replayed from a position, so both functions
+refuse them (use ``DistributedSampler(shuffle=True, seed=...)``, which also runs on one
+process with ``num_replicas=1, rank=0``). torchdata's ``StatefulDataLoader`` is not tested.
+
+Importing this module imports no framework; torch is imported on first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import weakref
+from typing import Any, Iterator, Mapping, Sequence
+
+from ._text import short
+
+__all__ = ["DataPositionError", "Resumed", "position", "resume"]
+
+FORMAT = "compatshim.data.position"
+VERSION = 1
+_RANDOM_SAMPLERS = ("RandomSampler", "SubsetRandomSampler", "WeightedRandomSampler")
+
+
+class DataPositionError(ValueError):
+    """A position that cannot be saved or resumed as asked; nothing was changed."""
+
+
+class _Pass:
+    """A pass that :func:`resume` started (kept per loader, weakly): what :func:`position` adds.
+
+    Same order: ``skipped`` batches were passed over. Dealt again: ``start`` samples of the
+    epoch's order were consumed before it and ``limit`` more were dealt once each; ``length``
+    is the most batches a rank got (the same on every rank). ``taken`` is advanced by
+    :class:`Resumed`; nothing here refers to the loader, so the loader can be collected.
+    """
+
+    __slots__ = (
+        "batch_size",
+        "epoch",
+        "epoch_length",
+        "length",
+        "limit",
+        "same_order",
+        "skipped",
+        "start",
+        "taken",
+        "world_size",
+    )
+
+    def __init__(self, epoch: int, *, same_order: bool, skipped: int = 0) -> None:
+        self.epoch = epoch
+        self.same_order = same_order
+        self.skipped = skipped
+        self.start = self.limit = self.epoch_length = self.length = 0
+        self.world_size = self.batch_size = 1
+        self.taken = 0
+
+
+_PASSES: weakref.WeakKeyDictionary[Any, _Pass] = weakref.WeakKeyDictionary()
+
+
+class Resumed(Iterator[Any]):
+    """The rest of an epoch: iterate it as the ``DataLoader``'s own iterator.
+
+    ``same_order``: True when it continues the sampler's own order (the uninterrupted run's
+    batches); ``skipped``: this rank's batches passed over without loading them;
+    ``repeated`` / ``dropped``: dataset indices served twice or left out so that every rank
+    gets as many samples (``even=True`` at another world size; empty otherwise).
+    """
+
+    def __init__(
+        self,
+        iterator: Any,
+        record: _Pass,
+        *,
+        same_order: bool,
+        skipped: int,
+        repeated: Sequence[int] = (),
+        dropped: Sequence[int] = (),
+    ) -> None:
+        self.iterator = iterator
+        self.epoch = record.epoch
+        self.same_order = same_order
+        self.skipped = skipped
+        self.repeated = tuple(repeated)
+        self.dropped = tuple(dropped)
+        self._record = record
+
+    def __next__(self) -> Any:
+        batch = next(self.iterator)
+        self._record.taken += 1
+        return batch
+
+    def __len__(self) -> int:
+        return len(self.iterator)
+
+
+def _count(value: Any, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise DataPositionError(f"{name} must be an int >= 0, got {short(value)}")
+    return value
+
+
+class _Layout:
+    """What decides a loader's order: its sampler, batch size and world size."""
+
+    def __init__(self, loader: Any) -> None:
+        import torch.utils.data as data
+
+        if isinstance(loader.dataset, data.IterableDataset):
+            raise DataPositionError(
+                "loader: an IterableDataset has no sampler to walk; its position is the "
+                "dataset's own state (torchdata's StatefulDataLoader keeps it)"
+            )
+        batcher = loader.batch_sampler
+        self.batcher = batcher
+        if batcher is None:  # batch_size=None: each item is one sample
+            self.sampler, self.batch_size, self.drop_last = loader.sampler, 1, False
+        elif type(batcher).__iter__ is data.BatchSampler.__iter__:
+            self.sampler = batcher.sampler
+            self.batch_size, self.drop_last = int(batcher.batch_size), bool(batcher.drop_last)
+        else:  # a batch sampler of the user's: replayed as it is, never re-dealt
+            self.sampler, self.batch_size, self.drop_last = batcher, 0, False
+        for kind in (self.sampler, batcher):
+            if type(kind).__name__ in _RANDOM_SAMPLERS or isinstance(
+                kind, (data.RandomSampler, data.SubsetRandomSampler, data.WeightedRandomSampler)
+            ):
+                raise DataPositionError(
+                    f"loader: its {type(kind).__name__} draws its order from a generator when "
+                    "the epoch starts, so the order cannot be replayed from a position; use "
+                    "DistributedSampler(dataset, shuffle=True, seed=...) (num_replicas=1, "
+                    "rank=0 on one process)"
+                )
+        self.kind = f"{type(self.sampler).__module__}.{type(self.sampler).__qualname__}"
+        self.distributed = (
+            isinstance(self.sampler, data.DistributedSampler)
+            and type(self.sampler).__iter__ is data.DistributedSampler.__iter__
+            and self.batch_size > 0
+        )
+        self.length = len(loader.dataset)
+        if self.distributed:
+            self.world_size, self.rank = int(self.sampler.num_replicas), int(self.sampler.rank)
+        else:
+            import torch.distributed as dist
+
+            initialised = dist.is_available() and dist.is_initialized()
+            self.world_size = int(dist.get_world_size()) if initialised else 1
+            self.rank = int(dist.get_rank()) if initialised else 0
+
+    def epoch_length(self) -> int:
+        """The samples one epoch holds once, as the sampler deals it (``DistributedSampler``)."""
+        sampler = self.sampler
+        return int(sampler.total_size) if sampler.drop_last else self.length
+
+    def set_epoch(self, epoch: int) -> None:
+        for owner in (self.sampler, self.batcher):
+            if hasattr(owner, "set_epoch"):
+                owner.set_epoch(epoch)
+
+
+def _native_consumed(layout: _Layout, batches: int, pass_length: int) -> int:
+    """Samples of the epoch a pass in the sampler's own order consumed: a prefix of its order."""
+    if batches >= pass_length:
+        return layout.epoch_length()
+    return min(layout.world_size * batches * layout.batch_size, layout.epoch_length())
+
+
+def position(loader: Any, *, epoch: int, batches: int) -> dict[str, Any]:
+    """Where ``loader`` is: ``batches`` taken from it in this pass of ``epoch``.
+
+    ``batches`` counts the batches this rank has taken since ``iter(loader)`` or, in a pass
+    that :func:`resume` returned, since that call (compatshim adds what it skipped). The
+    result holds ints, bools and strings only, the same on every rank: keep it in a DCP
+    state dict or any checkpoint. Raises :class:`DataPositionError` for a loader whose
+    order cannot be replayed, or an epoch the sampler is not in.
+    """
+    epoch, batches = _count(epoch, "epoch"), _count(batches, "batches")
+    layout = _Layout(loader)
+    state: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "epoch": epoch,
+        "batches": batches,
+        "sampler": layout.kind,
+        "dataset_length": layout.length,
+        "world_size": layout.world_size,
+        "batch_size": layout.batch_size,
+        "drop_last": layout.drop_last,
+        "same_order": True,
+        "seed": None,
+        "shuffle": None,
+        "sampler_drop_last": None,
+        "epoch_length": None,
+        "consumed": None,
+    }
+    sampler_epoch = getattr(layout.sampler, "epoch", epoch)
+    if layout.distributed and sampler_epoch != epoch:
+        raise DataPositionError(
+            f"epoch={epoch}, but the DistributedSampler is in epoch {short(sampler_epoch)} "
+            "(sampler.set_epoch(epoch) not called?): the position must name the epoch whose "
+            "order the loader used"
+        )
+    record = _PASSES.get(loader)
+    if record is not None and record.epoch == epoch:  # a pass that resume() started
+        if batches != record.taken:
+            raise DataPositionError(
+                f"batches={batches}, but {record.taken} batches were taken from the iterator "
+                f"compatshim.data.resume returned for epoch {epoch}: count the batches of "
+                "this pass, not of the whole epoch"
+            )
+        if record.same_order:
+            state["batches"] = record.skipped + batches
+        else:
+            state["same_order"] = False
+    elif batches > len(loader):
+        raise DataPositionError(f"batches={batches}, but the loader has only {len(loader)}")
+    if not layout.distributed:
+        return state
+    sampler = layout.sampler
+    state.update(
+        seed=int(sampler.seed),
+        shuffle=bool(sampler.shuffle),
+        sampler_drop_last=bool(sampler.drop_last),
+    )
+    if state["same_order"]:
+        state["epoch_length"] = layout.epoch_length()
+        state["consumed"] = _native_consumed(layout, state["batches"], len(loader))
+        return state
+    assert record is not None  # a pass dealt again: its share of the epoch is a prefix too
+    if batches >= record.length:
+        consumed = record.epoch_length
+    else:
+        taken = record.world_size * batches * record.batch_size
+        consumed = record.start + min(taken, record.limit)
+    state.update(
+        world_size=record.world_size,
+        batch_size=record.batch_size,
+        epoch_length=record.epoch_length,
+        consumed=consumed,
+    )
+    return state
+
+
+# name -> (type, None allowed): None only for what a DistributedSampler alone has
+_FIELDS: dict[str, tuple[type, bool]] = {
+    "epoch": (int, False),
+    "batches": (int, False),
+    "sampler": (str, False),
+    "dataset_length": (int, False),
+    "world_size": (int, False),
+    "batch_size": (int, False),
+    "drop_last": (bool, False),
+    "same_order": (bool, False),
+    "seed": (int, True),
+    "shuffle": (bool, True),
+    "sampler_drop_last": (bool, True),
+    "epoch_length": (int, True),
+    "consumed": (int, True),
+}
+
+
+def _checked(state: Any) -> Mapping[str, Any]:
+    """``state`` if it is a position (typed, counts >= 0); compared by type first, so a
+    tensor or another object from a checkpoint never decides a comparison."""
+    if not isinstance(state, Mapping) or type(state.get("format")) is not str:
+        raise DataPositionError(
+            "state: expected a dict from compatshim.data.position, got "
+            + (short(state) if not isinstance(state, Mapping) else "a dict without its format")
+        )
+    if state["format"] != FORMAT:
+        raise DataPositionError(f"state: format {short(state['format'])} is not {FORMAT!r}")
+    if type(state.get("version")) is not int or state["version"] != VERSION:
+        raise DataPositionError(f"state: version {short(state.get('version'))} is not {VERSION}")
+    for name, (kind, optional) in _FIELDS.items():
+        value = state.get(name)
+        if value is None and optional:
+            continue
+        if type(value) is not kind or (kind is int and value < 0):
+            what = "an int >= 0" if kind is int else kind.__name__
+            raise DataPositionError(f"state[{name!r}]: expected {what}, got {short(value)}")
+    return state
+
+
+def _deal(
+    remaining: list[int], world_size: int, rank: int, even: bool, drop_last: bool
+) -> tuple[list[int], list[int], list[int]]:
+    """This rank's share of ``remaining``, dealt as DistributedSampler deals an epoch.
+
+    Returns (share, repeated, dropped).
+    """
+    repeated: list[int] = []
+    dropped: list[int] = []
+    extra = len(remaining) % world_size
+    if even and extra and drop_last:
+        dropped = remaining[len(remaining) - extra :]
+        remaining = remaining[: len(remaining) - extra]
+    elif even and extra:
+        need = world_size - extra
+        repeated = (remaining * math.ceil(need / len(remaining)))[:need]
+        remaining = remaining + repeated
+    return remaining[rank::world_size], repeated, dropped
+
+
+def _batches(indices: list[int], batch_size: int, drop_last: bool) -> list[list[int]]:
+    full = len(indices) // batch_size * batch_size
+    end = full if drop_last else len(indices)
+    return [indices[i : i + batch_size] for i in range(0, end, batch_size)]
+
+
+class _LoaderView:
+    """The loader as its iterator reads it, with this pass's indices; the loader is unchanged."""
+
+    def __init__(self, loader: Any, index_sampler: list[Any]) -> None:
+        self._compatshim_loader = loader
+        self._index_sampler = index_sampler
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._compatshim_loader, name)
+
+
+@contextlib.contextmanager
+def _generators_kept(loader: Any) -> Iterator[None]:
+    """Put torch's default generator and ``loader.generator`` back as they were on leaving.
+
+    ``_BaseDataLoaderIter.__init__`` draws the workers' base seed from one of them.
+    """
+    import torch
+
+    default = torch.get_rng_state()
+    own = loader.generator
+    own_state = own.get_state() if own is not None else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(default)
+        if own is not None:
+            own.set_state(own_state)
+
+
+def _iterator(loader: Any, index_sampler: list[Any]) -> Any:
+    """``loader``'s own iterator class over ``index_sampler`` (call under _generators_kept)."""
+    return type(loader)._get_iterator(_LoaderView(loader, index_sampler))
+
+
+def resume(loader: Any, state: Mapping[str, Any], *, even: bool = True) -> Resumed:
+    """The rest of ``state``'s epoch from ``loader``, built for this rank and world size.
+
+    Sets the sampler's epoch. Same world size, batch size and sampler as at the save: the
+    sampler's own order continues after the ``batches`` already taken (their samples are not
+    loaded). Otherwise (a ``DistributedSampler`` at both ends, same seed and shuffle) the
+    epoch's samples not yet consumed are dealt to the ranks now present; ``even`` as in the
+    module's guarantee. Draws from no generator, so it may come before or after
+    ``compatshim.rng.load``.
+    """
+    import torch.utils.data as data
+
+    saved = _checked(state)
+    layout = _Layout(loader)
+    epoch = int(saved["epoch"])
+    if saved["dataset_length"] != layout.length:
+        raise DataPositionError(
+            f"loader: its dataset has {layout.length} samples, the position's "
+            f"{saved['dataset_length']}: an epoch of another dataset cannot be resumed"
+        )
+    layout.set_epoch(epoch)
+    same = (
+        saved["same_order"]
+        and saved["sampler"] == layout.kind
+        and (saved["world_size"], saved["batch_size"], saved["drop_last"])
+        == (layout.world_size, layout.batch_size, layout.drop_last)
+    )
+    if same and layout.distributed:
+        sampler = layout.sampler
+        same = (saved["seed"], saved["shuffle"], saved["sampler_drop_last"]) == (
+            sampler.seed,
+            sampler.shuffle,
+            sampler.drop_last,
+        )
+    if same:
+        skip = int(saved["batches"])
+        with _generators_kept(loader):  # a sampler of the user's may draw too
+            own = list(itertools.islice(iter(loader._index_sampler), skip, None))
+            iterator = _iterator(loader, own)
+        record = _Pass(epoch, same_order=True, skipped=skip)
+        resumed = Resumed(iterator, record, same_order=True, skipped=skip)
+        _PASSES[loader] = record
+        return resumed
+    if not (layout.distributed and isinstance(saved.get("consumed"), int)):
+        raise DataPositionError(
+            f"loader: saved with {saved['sampler']} at world size {saved['world_size']}, batch "
+            f"size {saved['batch_size']}; here {layout.kind} at world size {layout.world_size}, "
+            f"batch size {layout.batch_size}: only a DistributedSampler's epoch (with torch's "
+            "BatchSampler) is dealt again at another world size or batch size"
+        )
+    sampler = layout.sampler
+    if (saved["seed"], saved["shuffle"]) != (sampler.seed, sampler.shuffle):
+        raise DataPositionError(
+            f"loader: its DistributedSampler has seed={sampler.seed}, shuffle={sampler.shuffle}; "
+            f"the position's seed={short(saved['seed'])}, shuffle={short(saved['shuffle'])}: "
+            "the epoch's order would differ"
+        )
+    epoch_length, consumed = saved["epoch_length"], saved["consumed"]
+    if not isinstance(epoch_length, int) or not 0 <= consumed <= epoch_length <= layout.length:
+        raise DataPositionError(
+            f"state: consumed={short(consumed)}, epoch_length={short(epoch_length)} do not fit "
+            f"a dataset of {layout.length} samples"
+        )
+    order = data.DistributedSampler(
+        loader.dataset, num_replicas=1, rank=0, shuffle=sampler.shuffle, seed=sampler.seed
+    )
+    order.set_epoch(epoch)  # the epoch's order once, without padding: torch's own shuffle
+    remaining = list(order)[consumed:epoch_length]
+    share, repeated, dropped = _deal(
+        remaining, layout.world_size, layout.rank, even, bool(sampler.drop_last)
+    )
+    batches = _batches(share, layout.batch_size, layout.drop_last)
+    indices: list[Any] = batches if loader.batch_sampler is not None else share
+    record = _Pass(epoch, same_order=False)
+    record.start, record.limit = consumed, len(remaining) - len(dropped)
+    record.epoch_length, record.world_size, record.batch_size = (
+        epoch_length,
+        layout.world_size,
+        layout.batch_size,
+    )
+    most = math.ceil((record.limit + len(repeated)) / layout.world_size)  # rank 0's share
+    record.length = most // layout.batch_size if layout.drop_last else -(-most // layout.batch_size)
+    with _generators_kept(loader):
+        iterator = _iterator(loader, indices)
+    resumed = Resumed(
+        iterator,
+        record,
+        same_order=False,
+        skipped=0,
+        repeated=repeated,
+        dropped=dropped,
+    )
+    _PASSES[loader] = record
+    return resumed

@@ -1,0 +1,319 @@
+"""compatshim.data on one process: a real DataLoader + DistributedSampler per simulated rank.
+
+DistributedSampler takes ``num_replicas`` and ``rank`` explicitly, so every rank's order at
+any world size is built here without a process group; the gloo ranks' run (model, dropout,
+compatshim.rng) is tests/core/test_data_position_dist.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.utils.data import (  # noqa: E402
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    TensorDataset,
+)
+
+import compatshim.data as cd  # noqa: E402
+from compatshim.data import DataPositionError  # noqa: E402
+
+EPOCH = 3
+
+
+def loader(
+    length: int,
+    world_size: int,
+    rank: int,
+    batch_size: int | None = 3,
+    *,
+    sampler_drop_last: bool = False,
+    drop_last: bool = False,
+    seed: int = 7,
+    epoch: int = EPOCH,
+    **kwargs: Any,
+) -> DataLoader[Any]:
+    data = TensorDataset(torch.arange(length))
+    sampler = DistributedSampler(
+        data, num_replicas=world_size, rank=rank, seed=seed, drop_last=sampler_drop_last
+    )
+    sampler.set_epoch(epoch)
+    return DataLoader(data, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **kwargs)
+
+
+def samples(batches: Any) -> list[int]:
+    """Dataset indices of an iterable of batches (a batch is a 1-tuple of a tensor)."""
+    return [int(i) for batch in batches for i in batch[0].reshape(-1).tolist()]
+
+
+def first(load: DataLoader[Any], count: int) -> list[int]:
+    return samples(itertools.islice(iter(load), count))
+
+
+def epoch_order(length: int, seed: int = 7, epoch: int = EPOCH) -> list[int]:
+    once = DistributedSampler(TensorDataset(torch.arange(length)), 1, 0, seed=seed)
+    once.set_epoch(epoch)
+    return list(once)
+
+
+def saved(
+    length: int, world_size: int, batches: int, **kw: Any
+) -> tuple[dict[str, Any], list[int]]:
+    """Every rank at ``world_size`` takes ``batches``: (the position, the samples consumed)."""
+    states, consumed = [], []
+    for rank in range(world_size):
+        load = loader(length, world_size, rank, **kw)
+        consumed += first(load, batches)
+        states.append(cd.position(load, epoch=EPOCH, batches=batches))
+    assert all(state == states[0] for state in states)  # one copy serves every rank (DCP)
+    return states[0], consumed
+
+
+# -- the same world size: the same samples in the same order ---------------------------------
+
+
+@pytest.mark.parametrize("length", [23, 24, 36])
+@pytest.mark.parametrize("batches", [0, 1, 3, 4])
+def test_same_world_size_continues_the_samplers_own_batches(length: int, batches: int) -> None:
+    state, _ = saved(length, 2, batches)
+    for rank in range(2):
+        uninterrupted = [b[0].tolist() for b in loader(length, 2, rank)]
+        resumed = cd.resume(loader(length, 2, rank, epoch=0), state)  # resume sets the epoch
+        assert [b[0].tolist() for b in resumed] == uninterrupted[batches:]
+        assert resumed.same_order and resumed.skipped == batches
+        assert resumed.repeated == resumed.dropped == ()
+
+
+def test_skipped_batches_are_never_loaded() -> None:
+    class Counting(TensorDataset):
+        loads: list[int] = []
+
+        def __getitem__(self, index: int) -> Any:
+            self.loads.append(index)
+            return super().__getitem__(index)
+
+    data = Counting(torch.arange(40))
+    sampler = DistributedSampler(data, num_replicas=2, rank=1, seed=3)
+    load = DataLoader(data, batch_size=4, sampler=sampler)
+    state = {**cd.position(load, epoch=0, batches=0), "batches": 3}
+    resumed = cd.resume(load, state)
+    assert Counting.loads == []
+    rest = samples(resumed)
+    assert sorted(Counting.loads) == sorted(rest) and len(rest) == 20 - 12
+
+
+def test_a_sequential_loader_resumes_on_one_process() -> None:
+    load = DataLoader(TensorDataset(torch.arange(10)), batch_size=4)
+    state = cd.position(load, epoch=0, batches=1)
+    assert state["consumed"] is None  # not a DistributedSampler: it replays, never re-deals
+    assert samples(cd.resume(load, state)) == list(range(4, 10))
+
+
+# -- another world size: no sample of the epoch repeated or skipped --------------------------
+
+
+def dealt(
+    length: int, saved_at: int, resumed_at: int, batch: int, taken: int, even: bool, **kw: Any
+) -> tuple[list[int], list[int], list[Any]]:
+    state, consumed = saved(length, saved_at, taken, batch_size=batch, **kw)
+    resumed = [
+        cd.resume(loader(length, resumed_at, rank, batch_size=batch, **kw), state, even=even)
+        for rank in range(resumed_at)
+    ]
+    return consumed, [i for r in resumed for i in samples(r)], resumed
+
+
+@pytest.mark.parametrize("length", [23, 24, 37])
+@pytest.mark.parametrize(("saved_at", "resumed_at"), [(2, 1), (2, 3), (3, 2), (1, 4), (4, 3)])
+@pytest.mark.parametrize("sampler_drop_last", [False, True])
+def test_another_world_size_serves_the_rest_of_the_epoch_once(
+    length: int, saved_at: int, resumed_at: int, sampler_drop_last: bool
+) -> None:
+    epoch = epoch_order(length)
+    if sampler_drop_last:
+        epoch = epoch[: length // saved_at * saved_at]
+    for taken in (0, 1, 2):
+        consumed, rest, resumed = dealt(
+            length, saved_at, resumed_at, 2, taken, False, sampler_drop_last=sampler_drop_last
+        )
+        assert Counter(consumed) + Counter(rest) == Counter(epoch), (taken, consumed, rest)
+        assert all(not r.same_order and r.repeated == r.dropped == () for r in resumed)
+        consumed, rest, resumed = dealt(
+            length, saved_at, resumed_at, 2, taken, True, sampler_drop_last=sampler_drop_last
+        )
+        repeated, dropped = Counter(resumed[0].repeated), Counter(resumed[0].dropped)
+        assert Counter(consumed) + Counter(rest) == Counter(epoch) + repeated - dropped
+        assert len(resumed[0].repeated) + len(resumed[0].dropped) < resumed_at
+        assert (dropped and sampler_drop_last) or not dropped
+        assert len({len(r) for r in resumed}) == 1  # every rank as many batches (DDP's lockstep)
+
+
+def test_another_per_rank_batch_size_is_dealt_too() -> None:
+    state, consumed = saved(36, 2, 2, batch_size=3)
+    rest = [samples(cd.resume(loader(36, 3, r, batch_size=2), state)) for r in range(3)]
+    assert sorted(consumed + [i for part in rest for i in part]) == list(range(36))
+
+
+def test_a_loader_without_batches_is_dealt_sample_by_sample() -> None:
+    state, consumed = saved(22, 2, 3, batch_size=None)
+    assert len(consumed) == 6
+    rest = [samples(cd.resume(loader(22, 4, r, batch_size=None), state)) for r in range(4)]
+    assert sorted(consumed + [i for part in rest for i in part]) == list(range(22))
+
+
+def test_a_resumed_pass_saved_again_composes() -> None:
+    """2 ranks take 2 batches; 3 ranks resume and take 1; 2 ranks finish the epoch.
+
+    40 samples: 28 left for 3 ranks and 19 for 2, so ``even=False`` (each exactly once)."""
+    state, consumed = saved(40, 2, 2)
+    middle_states = []
+    for rank in range(3):
+        load = loader(40, 3, rank)
+        resumed = cd.resume(load, state, even=False)
+        consumed += samples(itertools.islice(resumed, 1))
+        with pytest.raises(DataPositionError, match="batches=3, but 1 batches were taken"):
+            cd.position(load, epoch=EPOCH, batches=3)  # counted over the epoch: refused
+        middle_states.append(cd.position(load, epoch=EPOCH, batches=1))
+    assert all(s == middle_states[0] for s in middle_states)
+    assert middle_states[0]["consumed"] == 12 + 9 and not middle_states[0]["same_order"]
+    for rank in range(2):
+        consumed += samples(cd.resume(loader(40, 2, rank), middle_states[0], even=False))
+    assert sorted(consumed) == list(range(40))
+
+
+def test_a_same_order_pass_saved_again_counts_the_skipped_batches() -> None:
+    state, _ = saved(30, 2, 2)
+    load = loader(30, 2, 0)
+    resumed = cd.resume(load, state)
+    next(resumed)
+    assert cd.position(load, epoch=EPOCH, batches=1) == {**state, "batches": 3, "consumed": 18}
+
+
+def test_a_finished_pass_resumes_as_finished() -> None:
+    state, _ = saved(23, 2, 4, batch_size=3, drop_last=True)  # 12 each: 4 full batches
+    assert state["consumed"] == 23  # the pass ended: what its drop_last left out stays out
+    assert [len(cd.resume(loader(23, 3, r, drop_last=True), state)) for r in range(3)] == [0] * 3
+
+
+# -- generators: resume draws from none ------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_leaves_every_generator_as_it_was(workers: int) -> None:
+    own = torch.Generator().manual_seed(11)
+    kw = {"num_workers": workers, "generator": own}
+    state, _ = saved(24, 2, 1, **kw)
+    before, own_before = torch.get_rng_state(), own.get_state()
+    resumed = cd.resume(loader(24, 2, 0, **kw), state)
+    assert torch.equal(torch.get_rng_state(), before) and torch.equal(own.get_state(), own_before)
+    assert samples(resumed) == first(loader(24, 2, 0), 4)[3:]
+    # what it replaces: building the iterator draws the workers' base seed
+    iter(loader(24, 2, 0, num_workers=workers))
+    assert not torch.equal(torch.get_rng_state(), before)
+
+
+# -- refusals: typed, naming the argument and the cause --------------------------------------
+
+
+def test_a_random_sampler_is_refused() -> None:
+    shuffled = DataLoader(TensorDataset(torch.arange(8)), batch_size=2, shuffle=True)
+    with pytest.raises(DataPositionError, match="loader: its RandomSampler draws its order"):
+        cd.position(shuffled, epoch=0, batches=1)
+    state = cd.position(
+        DataLoader(TensorDataset(torch.arange(8)), batch_size=2), epoch=0, batches=1
+    )
+    with pytest.raises(DataPositionError, match="RandomSampler"):
+        cd.resume(shuffled, state)
+
+
+def test_an_iterable_dataset_is_refused() -> None:
+    class Stream(IterableDataset[int]):
+        def __iter__(self) -> Any:
+            return iter(range(4))
+
+    with pytest.raises(DataPositionError, match="loader: an IterableDataset"):
+        cd.position(DataLoader(Stream()), epoch=0, batches=0)
+
+
+def test_an_epoch_the_sampler_is_not_in_is_refused() -> None:
+    with pytest.raises(
+        DataPositionError, match=r"epoch=2, but the DistributedSampler is in epoch 3"
+    ):
+        cd.position(loader(10, 2, 0), epoch=2, batches=0)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"seed": 8}, "seed=8, shuffle=True; the position's seed=7"),
+        ({"length": 11}, "its dataset has 11 samples, the position's 10"),
+    ],
+)
+def test_another_epoch_order_is_refused(change: dict[str, Any], match: str) -> None:
+    state, _ = saved(10, 2, 1)
+    length = change.pop("length", 10)
+    with pytest.raises(DataPositionError, match=match):
+        cd.resume(loader(length, 3, 0, **change), state)
+
+
+def test_a_replay_only_sampler_at_another_world_size_is_refused() -> None:
+    state = cd.position(
+        DataLoader(TensorDataset(torch.arange(10)), batch_size=2), epoch=0, batches=1
+    )
+    with pytest.raises(DataPositionError, match="only a DistributedSampler's epoch"):
+        cd.resume(loader(10, 2, 0, batch_size=2), state)
+
+
+@pytest.mark.parametrize(
+    ("state", "match"),
+    [
+        ({"format": "other"}, "state: format 'other' is not 'compatshim.data.position'"),
+        ({"format": torch.zeros(2)}, "state: expected a dict .* without its format"),
+        ({"format": "compatshim.data.position", "version": 2}, "state: version 2 is not 1"),
+        ([1, 2], "state: expected a dict from compatshim.data.position, got a list"),
+        ("bad", "got 'bad'"),
+    ],
+)
+def test_a_state_of_another_kind_is_refused(state: Any, match: str) -> None:
+    with pytest.raises(DataPositionError, match=match):
+        cd.resume(loader(10, 2, 0), state)
+
+
+@pytest.mark.parametrize(("field", "value"), [("batches", True), ("epoch", -1), ("epoch", "3")])
+def test_a_state_with_a_bad_field_is_refused(field: str, value: Any) -> None:
+    state, _ = saved(10, 2, 1)
+    with pytest.raises(DataPositionError, match=rf"state\['{field}'\]"):
+        cd.resume(loader(10, 2, 0), {**state, field: value})
+
+
+@pytest.mark.parametrize(
+    ("consumed", "match"),
+    [
+        (11, "state: consumed=11, epoch_length=10 do not fit a dataset of 10 samples"),
+        (-1, r"state\['consumed'\]: expected an int >= 0, got -1"),
+        (True, r"state\['consumed'\]: expected an int >= 0, got True"),
+    ],
+)
+def test_a_state_that_does_not_fit_the_dataset_is_refused(consumed: Any, match: str) -> None:
+    state, _ = saved(10, 2, 1)
+    with pytest.raises(DataPositionError, match=match):
+        cd.resume(loader(10, 3, 0), {**state, "consumed": consumed})
+
+
+@pytest.mark.parametrize(("epoch", "batches"), [(-1, 0), (0, -2), (0, 1.0), (True, 0)])
+def test_position_refuses_bad_counts(epoch: Any, batches: Any) -> None:
+    with pytest.raises(DataPositionError, match="must be an int >= 0"):
+        cd.position(loader(10, 2, 0), epoch=epoch, batches=batches)
+
+
+def test_more_batches_than_the_loader_has_is_refused() -> None:
+    with pytest.raises(DataPositionError, match="batches=3, but the loader has only 2"):
+        cd.position(loader(10, 2, 0), epoch=EPOCH, batches=3)
