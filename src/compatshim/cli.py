@@ -1,4 +1,6 @@
-"""Command line: ``compatshim doctor``, ``inspect`` and ``scan`` (also ``python -m compatshim``).
+"""Command line: ``compatshim doctor``, ``inspect``, ``scan``, ``dcp-downgrade``, ``resume-check``.
+
+Also ``python -m compatshim``.
 
 Like any Unix tool, a command whose reader goes away (``compatshim inspect FILE |
 head -1``) ends quietly: no ``BrokenPipeError`` traceback, nothing more written,
@@ -50,11 +52,17 @@ def _quiet_stdout() -> None:
 
 
 def _run(argv: Sequence[str] | None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["matrix"]:  # its own parser: all after `--` goes to pytest as it is
+        from .matrix_cli import main as matrix_main
+
+        return matrix_main(argv[1:])
     from . import __version__
 
     parser = argparse.ArgumentParser(prog="compatshim", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"compatshim {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("matrix", help="your tests on each pinned framework set (docs/matrix.md)")
     doctor = commands.add_parser(
         "doctor",
         help="installed frameworks; each known breakage: present, fixable, in force here",
@@ -87,7 +95,34 @@ def _run(argv: Sequence[str] | None) -> int:
     )
     scan.add_argument("paths", nargs="+", metavar="PATH", help="files and folders")
     scan.add_argument("--json", action="store_true", help="machine-readable output")
+    downgrade = commands.add_parser(
+        "dcp-downgrade",
+        help="a DCP folder rewritten for an older torch (a new folder; exit 1: refused)",
+    )
+    downgrade.add_argument("src", help="the DCP checkpoint folder (never changed)")
+    downgrade.add_argument("dst", help="the new folder (must not exist, or be empty)")
+    downgrade.add_argument("--torch", required=True, help="the release that will read it: 2.8")
+    downgrade.add_argument("--copy", action="store_true", help="copy data files, not hard-link")
+    resume = commands.add_parser(
+        "resume-check",
+        help="dry run of a DCP resume: what loads, is filled, missing, refused (exit 1: fails)",
+    )
+    resume.add_argument("folder", help="the DCP checkpoint folder")
+    resume.add_argument(
+        "--state", required=True, help="module:function returning the state dict to load into"
+    )
+    resume.add_argument(
+        "--not-hardened", action="store_true", help="do not count hardened-mode refusals"
+    )
     args = parser.parse_args(argv)
+    if args.command == "dcp-downgrade":
+        from .checkpoint._downgrade import main as downgrade_main
+
+        return downgrade_main(args.src, args.dst, args.torch, link=not args.copy)
+    if args.command == "resume-check":
+        from .checkpoint._resume_plan import main as resume_main
+
+        return resume_main(args.folder, args.state, hardened=not args.not_hardened)
     if args.command == "inspect":
         from .checkpoint.report import main as inspect_main
 

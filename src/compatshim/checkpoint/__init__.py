@@ -34,20 +34,27 @@ __all__ = [
     "Allowed",
     "CheckpointError",
     "CheckpointInfo",
+    "DowngradeError",
+    "DowngradeReport",
+    "ResumePlan",
     "UnsafeCheckpointError",
     "allow",
     "allowed",
     "disallow",
     "doctor_rows",
+    "downgrade_dcp",
     "inspect",
     "load",
+    "plan_resume",
 ]
 
 log = logging.getLogger("compatshim.checkpoint")
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ._downgrade import DowngradeError, DowngradeReport
     from ._inspect import CheckpointInfo
+    from ._resume_plan import ResumePlan
     from .process_allow import Allowed
 
 
@@ -134,11 +141,38 @@ def inspect(f: Any) -> CheckpointInfo:
     return run(f)
 
 
+def downgrade_dcp(src: Any, dst: Any, *, torch: str, link: bool = True) -> DowngradeReport:
+    """Write ``dst``: the DCP folder ``src`` rewritten for torch release ``torch`` ("2.8"),
+    or raise DowngradeError naming what that release cannot represent (``_downgrade``)."""
+    from ._downgrade import downgrade_dcp as run
+
+    return run(src, dst, torch=torch, link=link)
+
+
+def plan_resume(
+    folder: Any, state_dict: Any, optimizers: Any = None, *, hardened: bool = True
+) -> ResumePlan:
+    """The dry run of a DCP resume of ``folder`` into ``state_dict`` (or a function building
+    it): what loads, what ``compatshim.optim.load_dcp`` fills, what is missing or refused
+    (``_resume_plan``); ``.ok`` is False where the resume would fail. Reads no tensor data."""
+    from ._resume_plan import plan_resume as run
+
+    return run(folder, state_dict, optimizers, hardened=hardened)
+
+
 def __getattr__(name: str) -> Any:
     if name == "CheckpointInfo":
         from ._inspect import CheckpointInfo
 
         return CheckpointInfo
+    if name in ("DowngradeError", "DowngradeReport"):
+        from . import _downgrade
+
+        return getattr(_downgrade, name)
+    if name == "ResumePlan":
+        from ._resume_plan import ResumePlan
+
+        return ResumePlan
     if name == "Allowed":
         from .process_allow import Allowed
 

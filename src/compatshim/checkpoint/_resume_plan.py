@@ -1,0 +1,227 @@
+"""A dry run of a DCP resume, before any rank starts: ``plan_resume(folder, state_dict)``.
+
+It reads what ``dcp.load`` would plan from: the folder's ``.metadata`` (read as plain
+records, ``_dcp_records``: it also says whether the running torch can read it) and the
+template the script will load into, flattened by the running torch's own
+``flatten_state_dict``, as DCP flattens it. Each template entry is then one of:
+
+- loads: saved, same kind, same global shape;
+- filled: missing, but a key ``compatshim.optim.load_dcp`` fills (``compatshim.optim.keys``,
+  under a top that ``optimizers`` names), with the value it gives it;
+- whole: held by the checkpoint as one item (torch 2.2), which ``load_dcp`` asks for as saved;
+- missing, mismatched (a tensor against a non-tensor, another shape): the resume fails;
+- refused: a non-tensor item whose pickle hardened mode would refuse (each item's bytes
+  are inspected, never run: they are small, and no tensor data is read).
+
+Checkpoint entries nothing asks for are listed as unused (DCP ignores them).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .._text import names, short
+from ._dcp_records import Folder, read_folder, running_torch_reads
+from .errors import CheckpointError, UnsafeCheckpointError
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """What a ``dcp.load`` of ``folder`` into the template would do, entry by entry."""
+
+    folder: str
+    loads: tuple[str, ...]
+    filled: tuple[tuple[str, Any], ...]  # (DCP path, the value load_dcp gives it)
+    whole: tuple[str, ...]
+    missing: tuple[str, ...]
+    mismatched: tuple[str, ...]  # "path: why"
+    refused: tuple[str, ...]  # "path: why" (hardened mode)
+    unreadable: tuple[str, ...]  # why the running torch cannot read the .metadata
+    unused: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Whether the resume would succeed (through ``compatshim.optim.load_dcp`` where
+        anything is filled or read whole)."""
+        return not (self.missing or self.mismatched or self.refused or self.unreadable)
+
+    def text(self) -> str:
+        lines = [f"{self.folder}: {'resumes' if self.ok else 'WOULD FAIL'}"]
+        for why in self.unreadable:
+            lines.append(f"  cannot read .metadata: {why} (compatshim dcp-downgrade rewrites it)")
+        lines.append(f"  loads as is: {len(self.loads)}")
+        lines += [f"  filled by compatshim.optim.load_dcp: {p} = {v!r}" for p, v in self.filled]
+        lines += [f"  read whole by compatshim.optim.load_dcp: {p}" for p in self.whole]
+        lines += [f"  MISSING from the checkpoint: {p}" for p in self.missing]
+        lines += [f"  MISMATCHED: {p}" for p in self.mismatched]
+        lines += [f"  REFUSED by hardened mode: {p}" for p in self.refused]
+        if self.unused:
+            lines.append(f"  in the checkpoint, not asked for: {names(list(self.unused), 10)}")
+        return "\n".join(lines)
+
+
+def plan_resume(
+    folder: Any,
+    state_dict: dict[str, Any] | Callable[[], Any],
+    optimizers: Any = None,
+    *,
+    hardened: bool = True,
+) -> ResumePlan:
+    """The dry run of ``dcp.load(state_dict, checkpoint_id=folder)`` (through
+    ``compatshim.optim.load_dcp(state_dict, optimizers, ...)`` where ``optimizers`` is given).
+
+    ``state_dict``: the template, or a function returning it (or ``(template,
+    optimizers)``). Top-level Stateful objects are asked for their ``state_dict()``, as
+    DCP does. ``hardened``: check non-tensor items as hardened mode would load them.
+    A ``.metadata`` hardened mode refuses is reported as refused, not raised.
+    """
+    if callable(state_dict) and not isinstance(state_dict, dict):
+        built = state_dict()
+        state_dict, optimizers = built if isinstance(built, tuple) else (built, optimizers)
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"state_dict: expected a dict (or a function returning one), got "
+                        f"{short(state_dict)}")  # fmt: skip
+    path = os.fspath(folder)
+    try:
+        saved = read_folder(path)
+    except UnsafeCheckpointError as exc:
+        return ResumePlan(path, (), (), (), (), (), (f".metadata: {exc}",), (), ())
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    template = {
+        k: v.state_dict() if _stateful(v) else v for k, v in state_dict.items()
+    }  # fmt: skip
+    flat, _ = flatten_state_dict(template)
+    owners = dict(optimizers or {})
+    loads, whole, missing, mismatched, refused = [], [], [], [], []
+    filled: list[tuple[str, Any]] = []
+    asked = set()
+    for fqn, value in flat.items():
+        if fqn in saved.entries:
+            asked.add(fqn)
+            why = _mismatch(saved, fqn, value)
+            if why:
+                mismatched.append(f"{fqn}: {why}")
+                continue
+            loads.append(fqn)
+            if hardened and saved.entries[fqn] is None:
+                refusal = _refusal(saved, fqn)
+                if refusal:
+                    refused.append(f"{fqn}: {refusal}")
+            continue
+        prefix = _whole_prefix(fqn, saved)
+        top = fqn.split(".", 1)[0]
+        fill = _fill(fqn, owners.get(top)) if top in owners else None
+        if prefix is not None and top in owners:
+            if prefix not in asked:
+                whole.append(prefix)
+            asked.add(prefix)
+        elif fill is not None:
+            filled.append(fill)
+        else:
+            missing.append(fqn)
+    unused = tuple(k for k in saved.entries if k not in asked)
+    return ResumePlan(
+        path, tuple(loads), tuple(filled), tuple(whole), tuple(missing), tuple(mismatched),
+        tuple(refused), tuple(running_torch_reads(saved)), unused,
+    )  # fmt: skip
+
+
+def _stateful(value: Any) -> bool:
+    return (
+        not isinstance(value, dict)
+        and callable(getattr(value, "state_dict", None))
+        and (callable(getattr(value, "load_state_dict", None)))
+    )
+
+
+def _mismatch(saved: Folder, fqn: str, value: Any) -> str:
+    import torch
+
+    entry = saved.entries[fqn]
+    is_tensor = isinstance(value, torch.Tensor)
+    if entry is None:
+        return "saved a non-tensor item, the template holds a tensor" if is_tensor else ""
+    if not is_tensor:
+        return f"saved a tensor, the template holds {type(value).__name__}"
+    shape = tuple(value.shape)
+    if shape != entry.size:
+        return f"saved shape {entry.size}, the template's {shape}"
+    return ""
+
+
+def _whole_prefix(fqn: str, saved: Folder) -> str | None:
+    """The non-tensor item that holds ``fqn`` whole (torch 2.2's one-item layout), if any."""
+    parts = fqn.split(".")
+    for depth in range(1, len(parts)):
+        prefix = ".".join(parts[:depth])
+        if prefix in saved.entries and saved.entries[prefix] is None:
+            return prefix
+    return None
+
+
+def _fill(fqn: str, owner: Any) -> tuple[str, Any] | None:
+    """(path, value) where ``compatshim.optim.load_dcp`` fills ``fqn`` for ``owner``: a
+    param-group key of an optimizer, or a scheduler key (``compatshim.optim.keys``)."""
+    from ..optim.keys import OLD_BEHAVIOUR, SCHEDULER_KEYS, old_value
+
+    key = fqn.rpartition(".")[2]
+    scheduler = any(c.__module__ == "torch.optim.lr_scheduler" for c in type(owner).__mro__)
+    if scheduler and key in SCHEDULER_KEYS:
+        return fqn, SCHEDULER_KEYS[key]
+    if not scheduler and ".param_groups." in fqn and key in OLD_BEHAVIOUR:
+        base = next(
+            (c.__name__ for c in type(owner).__mro__ if c.__module__.startswith("torch.optim")),
+            type(owner).__name__,
+        )
+        return fqn, old_value(base, key)
+    return None
+
+
+def _refusal(saved: Folder, fqn: str) -> str:
+    """Why hardened mode would refuse the non-tensor item ``fqn`` (empty: it loads)."""
+    from . import inspect
+
+    storage = next((s for s in saved.storage if s.index["fqn"] == fqn), None)
+    if storage is None:
+        return "no storage_data entry says where it is"
+    info = storage.info
+    if info.get("transform_descriptors"):
+        return ""  # transformed bytes: read through the transform at load, not checked here
+    with open(os.path.join(saved.path, info["relative_path"]), "rb") as file:
+        file.seek(info["offset"])
+        data = file.read(info["length"])
+    try:
+        found = inspect(io.BytesIO(data))
+    except CheckpointError as exc:
+        return str(exc)
+    if found.loadable:
+        return ""
+    return f"names {names(list(found.unknown) + list(found.refusals), 5)}"
+
+
+def main(folder: str, state: str, hardened: bool) -> int:
+    """``compatshim resume-check``: 0 the resume would succeed, 1 it would fail, 2 unreadable.
+
+    ``state``: ``module:function``, a function returning the template (or
+    ``(template, optimizers)``); the current folder is searched first, as ``python -m`` does.
+    """
+    import importlib
+    import sys
+
+    module, _, function = state.partition(":")
+    if not module or not function:
+        print("compatshim resume-check: --state must be module:function", file=sys.stderr)
+        return 2
+    sys.path.insert(0, os.getcwd())
+    try:
+        build = getattr(importlib.import_module(module), function)
+        plan = plan_resume(folder, build, hardened=hardened)
+    except (CheckpointError, OSError, ImportError, AttributeError) as exc:
+        print(f"compatshim resume-check: {exc}", file=sys.stderr)
+        return 2
+    print(plan.text())
+    return 0 if plan.ok else 1
