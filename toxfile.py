@@ -42,7 +42,6 @@ import logging
 import os
 import re
 import shutil
-from itertools import takewhile
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -58,64 +57,41 @@ if TYPE_CHECKING:
 
 MATRIX_LABEL = "matrix"
 ALSO_IN_MATRIX = ("lint",)  # envs of tox.ini's own that the matrix runs too
-NOT_MATRIX = "bench"  # matrix/bench*.txt: pins of the bench envs defined in tox.ini
 PYTHON_SUFFIX = re.compile(r"-([23]\.\d+)$")  # tox reads `-2.6` as "Python 2.6"
 PYENV_RELEASE = re.compile(r"^3\.(\d+)\.(\d+)$")  # CPython releases only: no -dev, t, envs
 LINK_DIR = Path(__file__).resolve().parent / ".tox" / ".pyenv-pythons"
-NOTE = re.compile(r"[\w.-]+: ")  # "omegaconf: ..." in a pin file's comment: a note of its own
 RUN_COMMANDS = {"legacy", "le", "run", "r", "run-parallel", "p", "exec", "e", "devenv", "d"}
 
 
-def _load_pythons() -> ModuleType:
-    """matrix/pythons.py, the one owner of how 3.14/3.15 are installed (a script, not a package)."""
-    path = Path(__file__).resolve().parent / "matrix" / "pythons.py"
-    spec = importlib.util.spec_from_file_location("compatshim_matrix_pythons", path)
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-pythons = _load_pythons()
+HERE = Path(__file__).resolve().parent
+# matrix/pythons.py: the one owner of how 3.14/3.15 are installed (a script, not a package)
+pythons = _load("compatshim_matrix_pythons", HERE / "matrix" / "pythons.py")
+# compatshim's matrix command: the one reader of the pin folder (tox's interpreter need not
+# have compatshim installed: loaded by path, it imports only the standard library)
+pin_files = _load("compatshim_matrix_cli", HERE / "src" / "compatshim" / "matrix_cli.py")
+describe = pin_files.describe
 
 
 def matrix_envs(folder: Path) -> list[str]:
-    """One env per ``<env>.txt`` in ``folder`` (sorted), ``bench*.txt`` left out."""
-    envs = []
-    for pins in sorted(folder.glob("*.txt"), key=lambda path: path.stem):
-        if pins.name.startswith(NOT_MATRIX):
-            continue
-        clash = PYTHON_SUFFIX.search(pins.stem)
+    """One env per pin set in ``folder`` (``<env>.txt``, sorted; ``bench*.txt`` left out)."""
+    envs: list[str] = pin_files.pin_sets(folder)
+    for env in envs:
+        clash = PYTHON_SUFFIX.search(env)
         if clash:
-            fixed = pins.stem[: clash.start()] + clash[1]
+            fixed = env[: clash.start()] + clash[1]
             raise HandledError(
-                f"{pins}: tox reads a name ending in '-{clash[1]}' as Python {clash[1]}; "
-                f"rename it {fixed}.txt"
+                f"{folder / env}.txt: tox reads a name ending in '-{clash[1]}' as Python "
+                f"{clash[1]}; rename it {fixed}.txt"
             )
-        envs.append(pins.stem)
     return envs
-
-
-def describe(pins: Path) -> str:
-    """The first sentence of the pin file's opening comment (it ends at ``. `` or ``;`` outside
-    brackets; a line that opens with ``name:`` starts another note, not the sentence)."""
-    lines = pins.read_text(encoding="utf-8").splitlines()
-    comment = [line.lstrip("#").strip() for line in takewhile(lambda x: x.startswith("#"), lines)]
-    text = ""
-    for line in comment:
-        if not line or (text and NOTE.match(line)):
-            break
-        text = f"{text} {line}".strip()
-        depth, end = 0, None
-        for at, char in enumerate(text):
-            depth += (char in "([") - (char in ")]")
-            if depth == 0 and (char == ";" or text.startswith(". ", at) or text[at:] == "."):
-                end = at
-                break
-        if end is not None:
-            text = text[:end]
-            break
-    return text.rstrip(",:") or f"the pins in matrix/{pins.name}"
 
 
 @impl

@@ -45,7 +45,8 @@ def _envs(root: Path, *selection: str) -> list[str]:
 
 def _copy(tmp_path: Path) -> Path:
     """What tox needs to list the envs: tox.ini, toxfile.py and matrix/."""
-    for name in ("tox.ini", "toxfile.py"):
+    for name in ("tox.ini", "toxfile.py", "src/compatshim/matrix_cli.py"):  # toxfile loads the last
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tmp_path / name)
     shutil.copytree(ROOT / "matrix", tmp_path / "matrix")
     return tmp_path
