@@ -124,11 +124,11 @@ def _run(argv: Sequence[str] | None) -> int:
 
         return resume_main(args.folder, args.state, hardened=not args.not_hardened)
     if args.command == "inspect":
-        from .checkpoint.report import main as inspect_main
+        from .checkpoint.inspect_cli import main as inspect_main
 
         return inspect_main(args.file, as_json=args.json)
     if args.command == "scan":
-        from .checkpoint.report import scan_main
+        from .checkpoint.inspect_cli import scan_main
 
         return scan_main(args.paths, as_json=args.json)
     from . import doctor as doctor_module

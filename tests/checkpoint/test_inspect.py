@@ -216,7 +216,7 @@ def test_error_messages_are_escaped(tmp_path: Path) -> None:
 
 
 def test_printable_is_bounded_and_unambiguous() -> None:
-    from compatshim.checkpoint.report import printable
+    from compatshim.checkpoint.inspect_cli import printable
 
     assert printable("plain.name") == "plain.name"
     assert printable("a\\x1b") == "a\\\\x1b"  # a literal backslash cannot pose as an escape
@@ -233,7 +233,7 @@ def test_printable_is_bounded_and_unambiguous() -> None:
 def test_printable_never_lets_a_control_through(text: str, limit: int) -> None:
     import unicodedata
 
-    from compatshim.checkpoint.report import printable
+    from compatshim.checkpoint.inspect_cli import printable
 
     shown = printable(text, limit)
     assert all(
@@ -435,7 +435,7 @@ def test_every_line_inspect_prints_allows_the_global(
     assert _agree(path) and load(path) == {"box": Box(3)}
     (allowed,) = [g for g in inspect(path).globals if g.name == use.name]
     assert allowed.covered and allowed.allowed_by == "compatshim.checkpoint.allow (the test)"
-    from compatshim.checkpoint.report import render
+    from compatshim.checkpoint.inspect_cli import render
 
     shown = render(inspect(path))  # the CLI's text, in this process (code entries live here)
     assert "Box x1: allowed process-wide by compatshim.checkpoint.allow (the test)" in shown
@@ -667,7 +667,7 @@ def _many_globals(count: int, *extra: tuple[str, str]) -> bytes:
 _MEASURED = """
 import json, sys, time
 from compatshim.checkpoint import inspect
-from compatshim.checkpoint.report import render
+from compatshim.checkpoint.inspect_cli import render
 start = time.perf_counter()
 info = inspect(sys.argv[1])
 out = json.dumps(info.as_dict(), indent=1) if sys.argv[2] == "json" else render(info)

@@ -194,7 +194,7 @@ def test_the_exit_codes_are_documented() -> None:
 def test_progress_goes_to_stderr_only_when_long(four: dict[str, Path]) -> None:
     import io
 
-    from compatshim.checkpoint.report import Progress
+    from compatshim.checkpoint.inspect_cli import Progress
 
     quiet = io.StringIO()
     progress = Progress(3, quiet)
