@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import enum
+import re
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -19,8 +21,8 @@ def test_every_entry_is_well_formed() -> None:
         assert isinstance(entry, Entry)
         assert entry.kind in KINDS, entry
         assert entry.reason and len(entry.reason) < 160, entry
-        assert entry.qualname not in seen, entry  # the index is by qualname
-        seen.add(entry.qualname)
+        assert entry.key not in seen, entry  # the index is by canonical key
+        seen.add(entry.key)
 
 
 def test_every_callable_entry_has_a_checked_handler() -> None:
@@ -108,3 +110,70 @@ def test_allowed_enum_returns_the_member_and_never_sets_state(tmp_path) -> None:
     with pytest.raises(UnsafeCheckpointError, match="BUILD"):
         load(path, allow=[Colour])
     assert not hasattr(Colour.RED, "_may_")
+
+
+def test_every_row_is_the_one_judge_reaches() -> None:
+    """A row judge never consults is dead: each row, asked for under its own spelling (split
+    at its last dot, as a pickle writes it), must be the entry of judge's verdict. Rows
+    under a non-canonical spelling (``numpy.core.*``, ``__builtin__.*``) fail here."""
+    from compatshim.checkpoint import _gate
+
+    dead = []
+    for entry in entries():
+        split = entry.qualname.rpartition(".")[::2]
+        if _gate.judge(*split).entry is not entry:
+            dead.append(entry.qualname)
+    assert not dead, f"rows judge never reaches: {dead}"
+
+
+def test_only_the_canonicalizer_makes_a_key() -> None:
+    """``Key`` is made in ``_names.py`` alone: a ``Key(...)`` or ``cast(Key, ...)`` elsewhere
+    would let a raw spelling index the table again."""
+    import compatshim
+
+    made = re.compile(r"\bKey\(|cast\(\s*[\"']?Key\b")
+    root = Path(compatshim.__file__).parent
+    elsewhere = [
+        f"{path.relative_to(root)}:{number}"
+        for path in sorted(root.rglob("*.py"))
+        if path != root / "checkpoint" / "_names.py"
+        for number, line in enumerate(path.read_text("utf-8").splitlines(), 1)
+        if made.search(line)
+    ]
+    assert not elsewhere
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_mypy_refuses_a_raw_qualname_as_a_key(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The table's key type is ``_names.Key``: strict mypy rejects every way of asking it with
+    a plain ``str`` and accepts the canonicalizer's result."""
+    api = pytest.importorskip("mypy.api")
+    import compatshim
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from compatshim.checkpoint import _gate, allowlist\n"
+        "from compatshim.checkpoint._names import canonical\n"
+        "raw = 'numpy.core.multiarray._reconstruct'\n"
+        "allowlist.row(raw)\n"
+        "allowlist._INDEX[raw]\n"
+        "allowlist._INDEX.get(raw)\n"
+        "_gate._LISTED.get(raw)\n"
+        "allowlist.row(canonical('numpy.core.multiarray', '_reconstruct'))\n"
+    )
+    monkeypatch.setenv("MYPYPATH", str(Path(compatshim.__file__).parent.parent))
+    out, err, _ = api.run(
+        [
+            "--strict",
+            "--follow-imports=silent",
+            "--ignore-missing-imports",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--config-file",
+            "",
+            str(probe),
+        ]
+    )
+    errors = {int(line.split(":")[1]) for line in out.splitlines() if ": error:" in line}
+    assert errors == {4, 5, 6, 7}, out + err

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from . import process_allow
-from ._names import RESOLVER, UNRESOLVED, canonical, parse
+from ._names import RESOLVER, UNRESOLVED, Key, canonical, parse
 from .allowlist import Entry, candidate_modules, row
 from .deny import REFUSAL as DENIED_REFUSAL
 from .deny import denied_global, denied_object
@@ -39,7 +39,7 @@ GETATTR_ONLY = (
 _MISSING = object()
 # the allowlist's verdicts: they depend on nothing but the installed releases, which
 # _engine.versions reads once per process
-_LISTED: dict[str, Verdict] = {}
+_LISTED: dict[Key, Verdict] = {}
 
 
 class Allow:
@@ -95,7 +95,7 @@ class Allow:
 class Verdict:
     """What :func:`judge` decided about one global."""
 
-    name: str  # the canonical key
+    name: Key  # the canonical key
     entry: Entry | None = None  # the allowlist row covering it, whether or not it applies
     member: str | None = None  # an enum member named as one global: the member
     source: str | None = None  # ALLOWLIST, CALL or a process-wide entry's source; None: refused

@@ -4,15 +4,16 @@ A pickle may name one global several ways (``numpy.core.multiarray`` and numpy 2
 ``numpy._core.multiarray``; ``__builtin__`` in Python 2 pickles), and a caller may split a
 dotted name anywhere (``("module", "Class.method")``). :func:`canonical` gives each global
 one key, so the allowlist, ``allow=``, the process-wide sources and the deny list are all
-asked about the same string (``_gate.judge``). :func:`parse` is the one reader of allow
-entries, whatever their source: ``allow=``, ``compatshim.checkpoint.allow``,
-``COMPATSHIM_ALLOW``, the allow file and entry points.
+asked about the same string (``_gate.judge``); that key is typed :data:`Key`, which only
+:func:`canonical` makes, so the allowlist cannot be indexed by a spelling judge never asks
+about. :func:`parse` is the one reader of allow entries, whatever their source: ``allow=``,
+``compatshim.checkpoint.allow``, ``COMPATSHIM_ALLOW``, the allow file and entry points.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NewType
 
 from .. import _settings
 from .._text import short
@@ -24,19 +25,24 @@ _QUALNAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
 _RESOLVER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*")
 
 
-def canonical(module: str, name: str) -> str:
+Key = NewType("Key", str)
+"""A global's canonical name (pypa/packaging's ``NormalizedName`` pattern): built only by
+:func:`canonical` / :func:`canonical_name`, so mypy refuses a raw qualname where one is due."""
+
+
+def canonical(module: str, name: str) -> Key:
     """The one key of the global ``module.name``: numpy's core under numpy 2's name,
     ``__builtin__`` as ``builtins``. Any split of a dotted name gives the same key; linear
     in the name (a file may name a 1 MiB module)."""
     return canonical_name(f"{module}.{name}")
 
 
-def canonical_name(qualname: str) -> str:
+def canonical_name(qualname: str) -> Key:
     """:func:`canonical` of a dotted name already joined."""
     for old, new in _ALIASES:
         if qualname.startswith(old):
-            return new + qualname[len(old) :]
-    return qualname
+            return Key(new + qualname[len(old) :])
+    return Key(qualname)
 
 
 # module prefixes one global is pickled under, to the spelling judged (numpy 2 renamed
