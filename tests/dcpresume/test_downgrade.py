@@ -1,0 +1,243 @@
+"""A DCP folder written by a newer torch, rewritten for an older one (issue 39 item 3).
+
+torch 2.3-2.13 cannot read a 2.15 ``.metadata`` ("too many values to unpack":
+``TensorProperties.strides``), nor 2.2 any 2.3+ one (``_MEM_FORMAT_ENCODING``).
+``compatshim.checkpoint.downgrade_dcp`` writes a new folder the older release reads
+with its plain ``dcp.load``. Checked three ways: the committed 2.15 fixtures rewritten
+for the running torch and loaded here; a folder saved now by the newest tox env's
+interpreter, rewritten, and loaded by every older env's interpreter (where the envs
+sit beside this one, or under ``DCPRESUME_TOX_DIR``); and crafted folders for each
+refusal.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch.distributed.checkpoint.state_dict")  # torch >= 2.2
+
+import torch.distributed.checkpoint as dcp  # noqa: E402
+
+from compatshim.checkpoint import (  # noqa: E402
+    DowngradeError,
+    UnsafeCheckpointError,
+    downgrade_dcp,
+)
+from compatshim.checkpoint._dcp_records import Folder, read_folder  # noqa: E402
+from compatshim.checkpoint._downgrade import RELEASES, _emit, _Pickler  # noqa: E402
+from compatshim.checkpoint.errors import CheckpointError  # noqa: E402
+from compatshim.cli import main as cli  # noqa: E402
+from tests.dcpresume.optim_job import dcp_kwargs, one_rank_group  # noqa: E402
+from tests.dcpresume.test_optim_releases import RUNNING, _refused_by_torch  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "tests" / "dcpresume" / "fixtures" / "torch2.15.0" / "adamw"
+HERE = ".".join(map(str, RUNNING[:2]))
+
+
+@pytest.fixture()
+def group(tmp_path: Path) -> Any:
+    with one_rank_group(tmp_path / "store"):
+        yield
+
+
+def _model_equal(folder: Path, want: dict[str, Any]) -> None:
+    state = {"model": {k: torch.zeros_like(v) for k, v in want["model"].items()}}
+    dcp.load(state, **dcp_kwargs(folder))
+    for key, value in want["model"].items():
+        assert torch.equal(state["model"][key], value), key
+
+
+@pytest.mark.usefixtures("group")
+@pytest.mark.parametrize("form", ["dcp-nested", "dcp-flat"])
+def test_a_2_15_fixture_rewritten_for_this_torch_loads_with_plain_dcp(
+    tmp_path: Path, form: str
+) -> None:
+    src = FIXTURE / form
+    want = torch.load(FIXTURE / "plain.pt", weights_only=True)
+    before = (src / ".metadata").read_bytes()
+    refused = _refused_by_torch("2.15.0", lambda: _model_equal(src, want), plain=True)
+    report = downgrade_dcp(src, tmp_path / "old", torch=HERE)
+    _model_equal(tmp_path / "old", want)
+    assert (src / ".metadata").read_bytes() == before, "the input folder is never changed"
+    for name in report.files:  # hard links: no data read or copied
+        assert os.path.samefile(src / name, tmp_path / "old" / name)
+    if refused:  # the rewrite says what it dropped
+        assert any("strides" in c or "TensorProperties" in c for c in report.changes)
+
+
+def _interpreters() -> list[tuple[tuple[int, ...], str]]:
+    """(torch release, python) of each dcpresume tox env beside this one."""
+    where = os.environ.get("DCPRESUME_TOX_DIR") or str(Path(sys.executable).parents[2])
+    found = []
+    for python in sorted(Path(where).glob("dcpresume-torch*/bin/python")):
+        out = subprocess.run(
+            [str(python), "-c", "import torch; print(torch.__version__)"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        if out.returncode == 0:
+            release = tuple(int(p) for p in out.stdout.strip().split("+")[0].split(".")[:2])
+            found.append((release, str(python)))
+    return sorted(found)
+
+
+def _job(python: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [python, "-m", "tests.dcpresume.downgrade_job", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+
+
+def test_saved_by_the_newest_env_loaded_by_every_older_one(tmp_path: Path) -> None:
+    """dtypes, a transposed and a channels_last tensor, nested dicts and a non-tensor item,
+    saved by torch 2.15, read by 2.2/2.8/2.11 with plain ``dcp.load`` after the rewrite."""
+    envs = _interpreters()
+    if len(envs) < 2 or envs[-1][0] < (2, 14):
+        pytest.skip("needs a dcpresume tox env with torch 2.14+ and an older one beside it "
+                    "(or DCPRESUME_TOX_DIR naming their folder)")  # fmt: skip
+    python = envs[-1][1]
+    saved = tmp_path / "new"
+    out = _job(python, "save", str(saved))
+    assert out.returncode == 0, out.stderr[-2000:]
+    for release, older in envs[:-1]:
+        name = ".".join(map(str, release))
+        plain = _job(older, "load", str(saved))  # torch's own reader fails first
+        assert plain.returncode != 0
+        # 2.9-2.11 say only "metadata is None" (compatshim's torch-dcp-metadata-error says why)
+        whys = ("too many values to unpack", "_MEM_FORMAT_ENCODING", "metadata is None")
+        assert any(why in plain.stderr for why in whys), plain.stderr[-2000:]
+        dst = tmp_path / f"for{name}"
+        report = downgrade_dcp(saved, dst, torch=name)
+        (tmp_path / f"for{name}.pt").write_bytes((tmp_path / "new.pt").read_bytes())
+        out = _job(older, "load", str(dst))
+        assert out.returncode == 0, f"torch {name}: {out.stderr[-3000:]}"
+        assert "tensors equal" in out.stdout
+        if release < (2, 3):
+            first = f"torch {name} asks for meta as one item"
+            assert any(n.startswith(first) for n in report.notes), report.notes
+
+
+# ------------------------------------------------------------------ crafted folders
+
+
+def _craft(folder: Path, records: Folder, row: int = -1) -> Path:
+    """``records`` written as a ``.metadata`` of ``RELEASES[row]``'s format, data files linked."""
+    folder.mkdir()
+    data, _ = _emit(records, RELEASES[row])
+    (folder / ".metadata").write_bytes(data)
+    for storage in records.storage:
+        name = storage.info["relative_path"]
+        if not (folder / name).exists() and (Path(records.path) / name).exists():
+            os.link(Path(records.path) / name, folder / name)
+    return folder
+
+
+def test_a_dtype_the_older_release_lacks_is_refused_by_name(tmp_path: Path) -> None:
+    records = read_folder(FIXTURE / "dcp-nested")
+    tensor = records.entries["model.0.weight"]
+    assert tensor is not None
+    tensor.dtype = "uint16"  # torch 2.3+
+    src = _craft(tmp_path / "src", records)
+    with pytest.raises(DowngradeError, match=r"uint16 \(model\.0\.weight\).*torch 2\.2"):
+        downgrade_dcp(src, tmp_path / "old", torch="2.2")
+    assert not (tmp_path / "old").exists(), "nothing is written when refused"
+    downgrade_dcp(src, tmp_path / "ok", torch="2.8")
+    assert read_folder(tmp_path / "ok").entries["model.0.weight"].dtype == "uint16"  # type: ignore[union-attr]
+
+
+def test_transformed_data_is_refused_before_2_8_and_kept_after(tmp_path: Path) -> None:
+    records = read_folder(FIXTURE / "dcp-nested")
+    records.storage[0].info["transform_descriptors"] = ["stream.zstd"]
+    fqn = records.storage[0].index["fqn"]
+    src = _craft(tmp_path / "src", records)
+    with pytest.raises(DowngradeError, match="transform_descriptors"):
+        downgrade_dcp(src, tmp_path / "old", torch="2.4")
+    downgrade_dcp(src, tmp_path / "new", torch="2.8")
+    kept = [s for s in read_folder(tmp_path / "new").storage if s.index["fqn"] == fqn]
+    assert kept[0].info["transform_descriptors"] == ["stream.zstd"]
+
+
+def _raw(folder: Path, write: Any) -> Path:
+    folder.mkdir()
+    out = _Pickler()
+    write(out)
+    (folder / ".metadata").write_bytes(out.finish())
+    return folder
+
+
+def test_a_poisoned_metadata_runs_nothing_and_writes_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+
+    def poison(out: _Pickler) -> None:
+        out.global_("os.system")
+        out.value((f"touch {marker}",))
+        out.reduce()
+
+    src = _raw(tmp_path / "src", poison)
+    with pytest.raises(UnsafeCheckpointError, match=r"os\.system"):
+        downgrade_dcp(src, tmp_path / "old", torch="2.8")
+    assert not marker.exists() and not (tmp_path / "old").exists()
+    assert cli(["dcp-downgrade", str(src), str(tmp_path / "old"), "--torch", "2.8"]) == 1
+
+
+def test_a_field_no_known_release_has_is_named(tmp_path: Path) -> None:
+    def future(out: _Pickler) -> None:
+        out.obj("torch.distributed.checkpoint.metadata.Metadata")
+        out.plain_dict({"state_dict_metadata": {}, "storage_data": {}, "sharding_plan": 1})
+        out.build()
+
+    src = _raw(tmp_path / "src", future)
+    with pytest.raises(CheckpointError, match=r"\['sharding_plan'\].*no torch release"):
+        downgrade_dcp(src, tmp_path / "old", torch="2.8")
+
+
+def test_a_data_file_outside_the_folder_is_refused(tmp_path: Path) -> None:
+    records = read_folder(FIXTURE / "dcp-nested")
+    records.storage[0].info["relative_path"] = "../elsewhere.distcp"
+    src = _craft(tmp_path / "src", records)
+    with pytest.raises(UnsafeCheckpointError, match="outside the checkpoint folder"):
+        downgrade_dcp(src, tmp_path / "old", torch="2.8")
+
+
+def test_the_new_folder_rules(tmp_path: Path) -> None:
+    src = FIXTURE / "dcp-nested"
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(FileExistsError, match="dst"):
+        downgrade_dcp(src, tmp_path / "full", torch="2.8")
+    with pytest.raises(ValueError, match=r"dst.*is src"):
+        downgrade_dcp(src, src, torch="2.8")
+    with pytest.raises(DowngradeError, match=r"before torch 2\.1"):
+        downgrade_dcp(src, tmp_path / "a", torch="1.13")
+    with pytest.raises(ValueError, match="torch: expected a release"):
+        downgrade_dcp(src, tmp_path / "a", torch="latest")
+    report = downgrade_dcp(src, tmp_path / "copied", torch="2.5.1", link=False)
+    assert report.written_as == "2.4" and not report.linked
+    for name in report.files:
+        assert not os.path.samefile(src / name, tmp_path / "copied" / name)
+    assert cli(["dcp-downgrade", str(src), str(tmp_path / "cli"), "--torch", "2.8"]) == 0
+    assert (tmp_path / "cli" / ".metadata").is_file()
+
+
+def test_the_rewrite_names_only_the_target_releases_classes(tmp_path: Path) -> None:
+    import pickletools
+
+    for target, home in (("2.2", "torch.distributed._shard.sharded_tensor.metadata"),
+                         ("2.8", "torch.distributed.checkpoint.metadata")):  # fmt: skip
+        report = downgrade_dcp(FIXTURE / "dcp-nested", tmp_path / target, torch=target)
+        data = (tmp_path / target / ".metadata").read_bytes()
+        named = {str(arg) for op, arg, _ in pickletools.genops(data) if op.name == "GLOBAL"}
+        assert f"{home} TensorProperties" in named
+        assert all(n.startswith(("torch ", "torch.")) for n in named), named
+        has_meta = "torch.distributed.checkpoint.metadata StorageMeta" in named
+        assert has_meta is (target != "2.2"), named
+        assert any("strides" in c for c in report.changes)

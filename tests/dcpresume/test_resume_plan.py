@@ -1,0 +1,157 @@
+"""The dry run of a DCP resume (issue 39 item 4): ``plan_resume`` and ``compatshim resume-check``.
+
+A folder saved here with DCP alone (no process group) holds a model, a scheduler state
+written without the key the running torch's schedulers have and another release lacks
+(``_is_initial`` from 2.8, ``verbose`` before), a config object hardened mode refuses,
+and a plain int. The template asks for a key the folder lacks, too. The plan must name
+each entry as the real load then does: what ``compatshim.optim.load_dcp`` fills is what
+it returns, and the missing key is what ``dcp.load`` names.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch.distributed.checkpoint.state_dict")  # torch >= 2.2
+
+import torch.distributed.checkpoint as dcp  # noqa: E402
+
+from compatshim.checkpoint import plan_resume  # noqa: E402
+from compatshim.cli import main as cli  # noqa: E402
+from compatshim.optim import load_dcp  # noqa: E402
+from compatshim.optim.keys import SCHEDULER_KEYS  # noqa: E402
+from tests.dcpresume.optim_job import dcp_kwargs, one_rank_group  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+FIXTURE = Path(__file__).parent / "fixtures" / "torch2.15.0" / "adamw" / "dcp-nested"
+
+
+class Config:
+    """A user's object saved in the checkpoint: hardened mode refuses its class."""
+
+    def __init__(self) -> None:
+        self.lr = 0.1
+
+
+def _objects() -> tuple[Any, Any, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=2)
+
+
+def _release_key(sched: Any) -> str:
+    """The scheduler key the running torch has and some other release lacks."""
+    [key] = [k for k in SCHEDULER_KEYS if k in sched.state_dict()]
+    return key
+
+
+@pytest.fixture()
+def folder(tmp_path: Path) -> Path:
+    model, _, sched = _objects()
+    saved_sched = sched.state_dict()
+    saved_sched.pop(_release_key(sched))  # as the other release wrote it
+    state = {"model": model.state_dict(), "sched": saved_sched, "cfg": Config(), "n": 3}
+    path = tmp_path / "ckpt"
+    with one_rank_group(tmp_path / "store"):
+        dcp.save(state, **dcp_kwargs(path, save=True))
+    return path
+
+
+def template() -> tuple[dict[str, Any], dict[str, Any]]:
+    model, _, sched = _objects()
+    state = {"model": model.state_dict(), "sched": sched.state_dict(), "cfg": None, "n": 0,
+             "extra": torch.zeros(2)}  # fmt: skip
+    return state, {"sched": sched}
+
+
+def test_the_plan_names_what_loads_is_filled_missing_and_refused(
+    folder: Path, tmp_path: Path
+) -> None:
+    if "checkpoint_id" not in dcp.load.__code__.co_varnames:
+        pytest.skip("torch 2.2 plans a dict without tensors as one item: the plan does not "
+                    "look inside the saved item for the keys load_dcp fills there")  # fmt: skip
+    state, owners = template()
+    key = _release_key(owners["sched"])
+    plan = plan_resume(folder, state, owners)
+    assert not plan.ok
+    assert plan.missing == ("extra",)
+    assert plan.filled == ((f"sched.{key}", SCHEDULER_KEYS[key]),)
+    assert "model.weight" in plan.loads and "n" in plan.loads
+    assert len(plan.refused) == 1 and plan.refused[0].startswith("cfg: names ")
+    assert "Config" in plan.refused[0]
+    assert not plan.unreadable and not plan.mismatched
+    assert plan_resume(folder, state, owners, hardened=False).refused == ()
+    # the real load agrees: without the missing key and the refused item it resumes, and
+    # load_dcp fills exactly what the plan named
+    state, owners = template()
+    del state["extra"], state["cfg"]
+    assert plan_resume(folder, state, owners).ok
+    with one_rank_group(tmp_path / "store2"):
+        filled = load_dcp(state, owners, **dcp_kwargs(folder))
+    assert filled == (f"sched.{key}",)
+    state, owners = template()
+    with one_rank_group(tmp_path / "store3"), pytest.raises(BaseException, match="extra"):
+        load_dcp({"extra": state["extra"], "sched": state["sched"]}, owners,
+                 **dcp_kwargs(folder))  # fmt: skip
+
+
+def test_a_shape_or_kind_mismatch_fails_the_plan(folder: Path) -> None:
+    state, owners = template()
+    del state["extra"], state["cfg"]
+    state["model"]["weight"] = torch.zeros(4, 4)
+    state["n"] = torch.zeros(1)
+    plan = plan_resume(folder, state, owners)
+    assert not plan.ok
+    assert any(m.startswith("model.weight: saved shape (2, 3)") for m in plan.mismatched)
+    assert any(m.startswith("n: saved a non-tensor item") for m in plan.mismatched)
+
+
+def test_cli_exit_codes(folder: Path, tmp_path: Path, monkeypatch: Any,
+                        capsys: Any) -> None:  # fmt: skip
+    (tmp_path / "resume_state.py").write_text(
+        "from tests.dcpresume.test_resume_plan import template\n"
+        "def full():\n    return template()\n"
+        "def clean():\n"
+        "    state, owners = template()\n"
+        "    del state['extra'], state['cfg']\n"
+        "    return state, owners\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[2]))
+    assert cli(["resume-check", str(folder), "--state", "resume_state:full"]) == 1
+    out = capsys.readouterr().out
+    assert "WOULD FAIL" in out and "MISSING from the checkpoint: extra" in out
+    assert "REFUSED by hardened mode: cfg" in out and "filled by compatshim.optim" in out
+    assert cli(["resume-check", str(folder), "--state", "resume_state:clean"]) == 0
+    assert cli(["resume-check", str(folder), "--state", "nowhere"]) == 2
+    sys.modules.pop("resume_state", None)
+
+
+def test_a_folder_this_torch_cannot_read_is_named_with_the_way_out() -> None:
+    import torch.distributed.checkpoint.metadata as md
+
+    plan = plan_resume(FIXTURE, {"model": {}})
+    if "strides" in md.TensorProperties.__dataclass_fields__:
+        assert not plan.unreadable
+    else:  # torch 2.13 and older
+        assert not plan.ok and any("strides" in why for why in plan.unreadable)
+        assert "compatshim dcp-downgrade" in plan.text()
+
+
+def test_a_poisoned_metadata_is_reported_refused(tmp_path: Path) -> None:
+    from compatshim.checkpoint._downgrade import _Pickler
+
+    out = _Pickler()
+    out.global_("os.system")
+    out.value(("true",))
+    out.reduce()
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / ".metadata").write_bytes(out.finish())
+    plan = plan_resume(tmp_path / "bad", {"model": {}})
+    assert not plan.ok and "os.system" in plan.refused[0]
