@@ -40,6 +40,10 @@ WORKDIR = ".compatshim-matrix"
 STAMP = "compatshim-matrix.json"  # what the environment was made from
 BUILD_FILES = ("pyproject.toml", "setup.cfg", "setup.py")  # a change reinstalls the project
 NO_TESTS = 5  # pytest's exit status when no test ran
+# Not passed on to the tests: a PYTHONPATH would put other releases before the pins; bytecode
+# is written whatever the shell says (as tox.ini does: uv installs none, and each run would
+# otherwise compile torch's imported modules again, seconds per interpreter)
+LEFT_OUT = ("PYTHONPATH", "PYTHONHOME", "PYTHONDONTWRITEBYTECODE")
 
 
 class MatrixError(ValueError):
@@ -262,7 +266,7 @@ def run_env(
         _say(f"{env}: reusing {env_dir}")
     junit = env_dir / "junit.xml"
     junit.unlink(missing_ok=True)
-    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    environ = {k: v for k, v in os.environ.items() if k not in LEFT_OUT}
     environ["VIRTUAL_ENV"] = str(env_dir)
     environ["PATH"] = os.pathsep.join([str(env_python(env_dir).parent), environ.get("PATH", "")])
     command = [str(env_python(env_dir)), "-m", "pytest", f"--junitxml={junit}", *pytest_args]
