@@ -25,7 +25,7 @@ from compatshim.checkpoint import plan_resume  # noqa: E402
 from compatshim.cli import main as cli  # noqa: E402
 from compatshim.optim import load_dcp  # noqa: E402
 from compatshim.optim.keys import SCHEDULER_KEYS  # noqa: E402
-from tests.dcpresume.optim_job import dcp_kwargs, one_rank_group  # noqa: E402
+from tests.dcpresume.optim_job import dcp_kwargs, grouped, one_rank_group  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 FIXTURE = Path(__file__).parent / "fixtures" / "torch2.15.0" / "adamw" / "dcp-nested"
@@ -73,7 +73,7 @@ def template() -> tuple[dict[str, Any], dict[str, Any]]:
 def test_the_plan_names_what_loads_is_filled_missing_and_refused(
     folder: Path, tmp_path: Path
 ) -> None:
-    if "checkpoint_id" not in dcp.load.__code__.co_varnames:
+    if grouped():
         pytest.skip("torch 2.2 plans a dict without tensors as one item: the plan does not "
                     "look inside the saved item for the keys load_dcp fills there")  # fmt: skip
     state, owners = template()
@@ -127,7 +127,8 @@ def test_cli_exit_codes(folder: Path, tmp_path: Path, monkeypatch: Any,
     assert cli(["resume-check", str(folder), "--state", "resume_state:full"]) == 1
     out = capsys.readouterr().out
     assert "WOULD FAIL" in out and "MISSING from the checkpoint: extra" in out
-    assert "REFUSED by hardened mode: cfg" in out and "filled by compatshim.optim" in out
+    assert "REFUSED by hardened mode: cfg" in out
+    assert grouped() or "filled by compatshim.optim" in out  # torch 2.2: see the skip above
     assert cli(["resume-check", str(folder), "--state", "resume_state:clean"]) == 0
     assert cli(["resume-check", str(folder), "--state", "nowhere"]) == 2
     sys.modules.pop("resume_state", None)
