@@ -305,7 +305,8 @@ def _checked(state: Any) -> Mapping[str, Any]:
         value = state.get(name)
         if value is None and optional:
             continue
-        if type(value) is not kind or (kind is int and value < 0):
+        negative = isinstance(value, int) and value < 0
+        if type(value) is not kind or negative:
             what = "an int >= 0" if kind is int else kind.__name__
             raise DataPositionError(f"state[{name!r}]: expected {what}, got {short(value)}")
     return state
@@ -345,6 +346,8 @@ class _LoaderView:
         self._index_sampler = index_sampler
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_compatshim_loader":  # not set yet (a copy or unpickle): no recursion
+            raise AttributeError(name)
         return getattr(self._compatshim_loader, name)
 
 
