@@ -24,7 +24,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-DRAFT = DOCS / "README.draft.md"  # the README's next text; its links read from the root
 
 
 def pages() -> list[Path]:
@@ -34,8 +33,8 @@ def pages() -> list[Path]:
 
 
 def base_of(page: Path) -> Path:
-    """The folder the page's relative links start from (the draft will be the README)."""
-    return ROOT if page == DRAFT else page.parent
+    """The folder the page's relative links start from."""
+    return page.parent
 
 
 class Block(NamedTuple):
