@@ -104,6 +104,8 @@ def test_saved_by_the_newest_env_loaded_by_every_older_one(tmp_path: Path) -> No
     if len(envs) < 2 or envs[-1][0] < (2, 14):
         pytest.skip("needs a dcpresume tox env with torch 2.14+ and an older one beside it "
                     "(or DCPRESUME_TOX_DIR naming their folder)")  # fmt: skip
+    if RUNNING[:2] < envs[-1][0] and "DCPRESUME_TOX_DIR" not in os.environ:
+        pytest.skip("run once, by the newest env (or with DCPRESUME_TOX_DIR set)")
     python = envs[-1][1]
     saved = tmp_path / "new"
     out = _job(python, "save", str(saved))
