@@ -171,23 +171,23 @@ def _fingerprint(pins: Path, python: str, installer: str, install: list[str], pr
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
 
 
-def _base_python(version: str) -> str | None:
-    """An interpreter of ``version`` for ``python -m venv``: this one, else ``python3.X``."""
-    if f"{sys.version_info[0]}.{sys.version_info[1]}" == version:
-        return sys.executable
-    return shutil.which(f"python{version}")
+def _running(version: str) -> bool:
+    """Whether the interpreter running this command is Python ``version`` (then it is the
+    environment's base: it is known to work, where a version search may stop at a shim)."""
+    return f"{sys.version_info[0]}.{sys.version_info[1]}" == version
 
 
 def _make(env_dir: Path, python: str, installer: str, requirements: list[str], log: Path) -> bool:
     """A fresh environment with ``requirements`` installed; False when a step failed."""
     exe = env_python(env_dir)
+    base = sys.executable if _running(python) else None
     if installer == "uv":
         steps = [
-            ["uv", "venv", "--quiet", "--python", python, str(env_dir)],
+            ["uv", "venv", "--quiet", "--python", base or python, str(env_dir)],
             ["uv", "pip", "install", "--python", str(exe), *requirements],
         ]
     else:
-        base = _base_python(python)
+        base = base or shutil.which(f"python{python}")
         if base is None:
             log.write_text(f"no python{python} on PATH (uv finds or fetches it)\n", "utf-8")
             return False

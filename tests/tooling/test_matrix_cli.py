@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,8 @@ def _project(folder: Path, torch_version: str, numpy_version: str) -> Path:
     source = Path(compatshim.__file__).resolve().parent
     (folder / "tests" / "test_user.py").write_text(
         f"""\
+from importlib import metadata
+
 import compatshim
 import numpy
 import pytest
@@ -59,7 +62,8 @@ import userproj
 
 
 def test_pins_hold():
-    assert (torch.__version__, numpy.__version__) == ({torch_version!r}, {numpy_version!r})
+    torch_version = metadata.version("torch")  # the wheel's (torch.__version__ may add +cu128)
+    assert (torch_version, numpy.__version__) == ({torch_version!r}, {numpy_version!r})
     assert compatshim.__file__.startswith({str(source)!r})  # the compatshim that ran the command
 
 
@@ -167,10 +171,11 @@ def test_a_folder_in_the_way_is_never_deleted(
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_runs_the_users_tests_on_the_pins_and_reports_each_outcome(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
-    numpy = pytest.importorskip("numpy")
-    pins = _pins(tmp_path / "pins", torch.__version__, numpy.__version__)
-    project = _project(tmp_path / "proj", torch.__version__, numpy.__version__)
+    pytest.importorskip("torch")
+    pytest.importorskip("numpy")
+    versions = metadata.version("torch"), metadata.version("numpy")  # what the installer saw
+    pins = _pins(tmp_path / "pins", *versions)
+    project = _project(tmp_path / "proj", *versions)
     leak = tmp_path / "leak" / "numpy"  # a PYTHONPATH the user had set must not reach the env
     leak.mkdir(parents=True)
     (leak / "__init__.py").write_text("__version__ = 'leaked'\n", encoding="utf-8")
