@@ -50,6 +50,15 @@ def canonical_name(qualname: str) -> Key:
 _ALIASES = (("numpy.core.", "numpy._core."), ("__builtin__.", "builtins."))
 
 
+def spellings(key: str) -> tuple[str, ...]:
+    """``key`` and the other spellings it stands for (numpy 1.x's ``numpy.core``), for a
+    lookup in the modules imported now (no import)."""
+    for old, new in _ALIASES:
+        if key.startswith(new):
+            return key, old + key[len(new) :]
+    return (key,)
+
+
 class Parsed(NamedTuple):
     """One allow entry: its key (:func:`canonical`, or ``omegaconf-resolver:NAME``), the
     object (:data:`UNRESOLVED` for a string, None for a resolver) and the name as written."""

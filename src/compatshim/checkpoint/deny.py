@@ -33,7 +33,7 @@ import sys
 import types
 from typing import Any, Callable, Mapping
 
-from ._names import canonical_name
+from ._names import canonical_name, spellings
 
 DENIED: dict[str, str] = {
     "os.*": "operating-system calls: run shell commands, execute programs, delete files",
@@ -216,8 +216,11 @@ def denied_global(name: str) -> str | None:
     reason = denied(name)
     if reason is not None:
         return reason
-    found = _lookup(canonical_name(name))
-    return None if found is _MISSING else denied_object(found)
+    for spelling in spellings(canonical_name(name)):  # numpy 1.x: numpy.core is the module
+        found = _lookup(spelling)
+        if found is not _MISSING:
+            return denied_object(found)
+    return None
 
 
 def _callable(obj: Any) -> bool:
