@@ -262,3 +262,41 @@ def test_the_wheel_carries_the_pin_sets_and_finds_them(tmp_path: Path) -> None:
     where = "import compatshim.matrix_cli as m; print(m.default_pins())"
     done = subprocess.run([sys.executable, "-c", where], env=env, capture_output=True, text=True)
     assert Path(done.stdout.strip()) == site / "compatshim" / "_pins", done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_pip_installer_and_a_set_that_cannot_install(tmp_path: Path) -> None:
+    """Without uv (``--installer pip``); a set that cannot be installed fails the run, named."""
+    pytest.importorskip("numpy")
+    numpy_version = metadata.version("numpy")
+    pins = tmp_path / "pins"
+    pins.mkdir()
+    (pins / "np-ok.txt").write_text(f"numpy=={numpy_version}\n", encoding="utf-8")
+    (pins / "np-absent.txt").write_text("numpy==0.0.1\n", encoding="utf-8")  # no such release
+    project = tmp_path / "proj"
+    (project / "tests").mkdir(parents=True)
+    (project / "setup.py").write_text(
+        "from setuptools import setup\nsetup(name='userproj', version='0.1', py_modules=[])\n",
+        encoding="utf-8",
+    )
+    (project / "tests" / "test_np.py").write_text(
+        f"import compatshim, numpy\n\ndef test_pin():\n    assert numpy.__version__ == "
+        f"{numpy_version!r}\n",
+        encoding="utf-8",
+    )
+    argv = [sys.executable, "-m", "compatshim", "matrix", "--pins", str(pins), "--family", "np"]
+    done = subprocess.run(
+        [*argv, "--installer", "pip", "--python", PYTHON, "--", "-p", "no:cacheprovider"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=800,
+    )
+    out = done.stdout + done.stderr
+    assert _row(out, "np-ok")[:6] == ["np-ok", PYTHON, "passed", "1", "0", "0"], out[-3000:]
+    assert _row(out, "np-absent") == ["np-absent", PYTHON, "install", "failed", *"----"]
+    log = project / ".compatshim-matrix" / "np-absent.install.log"
+    assert f"the whole log: {log}" in out and "numpy==0.0.1" in log.read_text(encoding="utf-8")
+    assert done.returncode == 1
+    assert (project / ".compatshim-matrix" / "np-ok" / "pyvenv.cfg").is_file()
