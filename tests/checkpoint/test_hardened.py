@@ -21,16 +21,23 @@ torch = pytest.importorskip("torch")
 TIMEOUT_S = 300
 pytestmark = pytest.mark.timeout(TIMEOUT_S + 60)
 
+
 # The start-up hook: an installed compatshim runs compatshim_auto.pth at interpreter start;
 # from a source tree (PYTHONPATH=src), site.addsitedir runs the same .pth file.
-BOOT = (
-    "import runpy, site, sys\n"
-    "if 'compatshim.auto' not in sys.modules:\n"
-    "    site.addsitedir(sys.argv[1])\n"
-    "sys.argv = sys.argv[2:]\n"
-    "sys.path.insert(0, __import__('os').path.dirname(sys.argv[0]))\n"
-    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
-)
+def boot(hooked: str) -> str:
+    """The child's first lines: run the source tree's .pth unless ``hooked`` (the module the
+    hook imports) shows an installed hook already ran, then the script."""
+    return (
+        "import runpy, site, sys\n"
+        f"if {hooked!r} not in sys.modules:\n"
+        "    site.addsitedir(sys.argv[1])\n"
+        "sys.argv = sys.argv[2:]\n"
+        "sys.path.insert(0, __import__('os').path.dirname(sys.argv[0]))\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+
+
+BOOT = boot("compatshim.auto")
 
 
 def _source_dir() -> str:

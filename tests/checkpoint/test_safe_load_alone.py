@@ -21,25 +21,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tests.checkpoint.test_hardened import Payload, _source_dir, boot  # noqa: E402
+
 TIMEOUT_S = 240
 pytestmark = pytest.mark.timeout(TIMEOUT_S + 60)
 
-# As tests/checkpoint/test_hardened.py's BOOT, keyed on the hook module rather than
-# compatshim.auto (which SAFE_LOAD alone does not import).
-BOOT = (
-    "import runpy, site, sys\n"
-    "if 'compatshim_auto' not in sys.modules:\n"
-    "    site.addsitedir(sys.argv[1])\n"
-    "sys.argv = sys.argv[2:]\n"
-    "sys.path.insert(0, __import__('os').path.dirname(sys.argv[0]))\n"
-    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
-)
-
-
-def _source_dir() -> str:
-    import compatshim
-
-    return str(Path(compatshim.__file__).resolve().parent.parent)
+# test_hardened's start-up, keyed on the hook module rather than compatshim.auto (which
+# SAFE_LOAD alone does not import)
+BOOT = boot("compatshim_auto")
 
 
 def run(script: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
@@ -63,16 +52,6 @@ def result_of(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
             found: dict[str, Any] = json.loads(line[len("RESULT ") :])
             return found
     raise AssertionError(f"no result, exit {done.returncode}:\n{done.stdout}\n{done.stderr}")
-
-
-class Payload:
-    """Pickles as ``os.system("touch MARKER")``: a poisoned checkpoint, never loaded here."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> Any:
-        return (os.system, (f"touch {self.marker}",))
 
 
 LOAD = r"""
