@@ -55,6 +55,9 @@ wo.Unpickler.__init__ = _spy
 
 if sys.argv[2] == "late":  # a reference taken before install() (COMPATSHIM_AUTO=0 here)
     early = torch.load
+    # hardened from here on: set at start-up, COMPATSHIM_SAFE_LOAD alone arms the loading
+    # patches before any reference could be taken (so the child starts without it)
+    __import__("os").environ["COMPATSHIM_SAFE_LOAD"] = "1"
     compatshim.install(include=["torch-load-safe-globals"])
 else:
     early = None
@@ -206,7 +209,9 @@ def test_torch_distributed_streaming_load_cannot_run_code(
 
 
 def test_a_reference_taken_before_install_cannot_run_code(folder: Path) -> None:
-    late = run_child(folder / "child.py", str(folder), "late", COMPATSHIM_AUTO="0")
+    late = run_child(
+        folder / "child.py", str(folder), "late", COMPATSHIM_AUTO="0", COMPATSHIM_SAFE_LOAD="0"
+    )
     for key in ("late_poisoned", "late_poisoned_legacy", "wrapper_poisoned"):
         assert _refused(late[key]), (key, late[key])
     assert "torch.serialization._" in late["late_poisoned"]["message"]

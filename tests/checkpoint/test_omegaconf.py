@@ -356,10 +356,14 @@ def test_a_computed_or_malformed_resolver_name_is_never_an_entry(
     with pytest.raises(UnsafeCheckpointError, match="computed"):
         load(computed)  # refused before any process-wide source is read
     hostile = save(OmegaConf.create({"x": "${eval:1}"}), tmp_path)
-    with pytest.warns(RuntimeWarning, match="COMPATSHIM_ALLOW.*ignored"):
-        refused = pytest.raises(UnsafeCheckpointError, match="'eval'")  # the variable is ignored
-        with refused:
-            load(hostile)
+    # the malformed entry is named and skipped, admitting nothing; the well-formed one beside
+    # it stays in force (issue 38: fail closed for that entry only, not the whole variable)
+    with pytest.warns(RuntimeWarning, match="malformed allow entr.*skipped.*COMPATSHIM_ALLOW"):
+        allowed = [e.qualname for e in ckpt.allowed()]
+    # ("a b" is two entries to the variable, which splits on spaces: "omegaconf-resolver:a"
+    # is well formed, "b" is the malformed one)
+    assert "omegaconf-resolver:eval" in allowed and entry not in allowed
+    load(hostile)  # ${eval:1} is admitted by omegaconf-resolver:eval alone
 
 
 def test_a_computed_resolver_name_stays_refused_whatever_is_allowed(
