@@ -178,8 +178,24 @@ def test_real_checkpoints_are_loadable(tmp_path: Path) -> None:
         files += [str(p) for p in zoo]
     assert len(files) >= 8
     report = json.loads(_cli("scan", *files, "--json").stdout)
-    assert {f["path"]: f["severity"] for f in report["files"]} == {f: LOADABLE for f in files}
-    assert report["exit_code"] == 0
+    expected = {f: LOADABLE if _loads(f) else NEEDS_ALLOW for f in files}
+    assert {f["path"]: f["severity"] for f in report["files"]} == expected
+    # every fixture loads where its torch's classes are known: a newer torch's DCP .metadata
+    # needs an entry under an older torch (its rows apply from their release on), as in load
+    assert sum(v == LOADABLE for v in expected.values()) >= len(files) - 1
+    assert report["exit_code"] == (0 if all(v == LOADABLE for v in expected.values()) else 1)
+
+
+def _loads(path: str) -> bool:
+    """Whether compatshim.checkpoint.load reads ``path`` in this process (the verdict scan
+    must agree with)."""
+    from compatshim import checkpoint
+
+    try:
+        checkpoint.load(path, map_location="cpu")
+    except checkpoint.UnsafeCheckpointError:
+        return False
+    return True
 
 
 def test_the_exit_codes_are_documented() -> None:
