@@ -11,12 +11,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.tooling.test_tox_matrix import _tox
 
 pytest.importorskip("tox", reason="tox is not installed: the env listing cannot be asked")
 
@@ -25,16 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _tox_list(root: Path) -> dict[str, str]:
     """``{env: description}`` as ``tox l`` prints them (free of a tox env's own variables)."""
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("TOX_", "_TOX"))}
-    done = subprocess.run(
-        [sys.executable, "-m", "tox", "l"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    done = _tox(root, "l")
     assert done.returncode == 0, done.stdout + done.stderr
     listed = {}
     for line in done.stdout.splitlines():
