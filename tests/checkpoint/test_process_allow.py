@@ -227,3 +227,53 @@ def test_an_entry_never_replaces_the_allowlists_handling() -> None:
     before = process_allow._entry_points
     assert torch.equal(checkpoint.load(_saved(torch.ones(2))), torch.ones(2))
     assert process_allow._entry_points is before  # no source beyond code was needed
+
+
+@pytest.fixture
+def mixed_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An installed distribution whose two ``compatshim.allow`` entry points each hold one
+    malformed item beside good ones (issue 38: a bad item costs only itself)."""
+    module = "compatshim_test_allow_mixed"
+    (tmp_path / f"{module}.py").write_text(
+        'ENTRIES = ["fractions.Fraction", "not a name!", 42,\n'
+        '           ("decimal.Decimal", "money in its checkpoints")]\n'
+        "def more():\n"
+        '    return ["uuid.UUID", ("omegaconf-resolver:${x}", "computed")]\n'
+    )
+    info = tmp_path / "compatshim_test_allow_mixed-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: compatshim-test-allow-mixed\nVersion: 1.0\n"
+    )
+    (info / "entry_points.txt").write_text(
+        f"[compatshim.allow]\nlisted = {module}:ENTRIES\nmade = {module}:more\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    yield module
+    sys.modules.pop(module, None)
+
+
+def test_a_malformed_item_costs_only_itself_not_its_entry_point(mixed_distribution: str) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = checkpoint.load(
+            _saved([fractions.Fraction(1, 3), decimal.Decimal("1.5"), uuid.UUID(int=7)])
+        )
+    assert loaded == [fractions.Fraction(1, 3), decimal.Decimal("1.5"), uuid.UUID(int=7)]
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    listed = [m for m in messages if f"entry point listed = {mixed_distribution}:ENTRIES" in m]
+    made = [m for m in messages if f"entry point made = {mixed_distribution}:more" in m]
+    assert len(listed) == 1 and len(made) == 1, messages  # one warning per entry point
+    assert "2 malformed allow entries skipped" in listed[0]
+    assert "'not a name!'" in listed[0] and "42" in listed[0], listed[0]
+    assert "stay in force" in listed[0] and "ignored" not in listed[0]
+    assert "1 malformed allow entry skipped" in made[0] and "${x}" in made[0], made[0]
+    assert {e.qualname for e in checkpoint.allowed()} == {
+        "fractions.Fraction",
+        "decimal.Decimal",
+        "uuid.UUID",
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once: the next load that reads them is quiet
+        _refused(torch.nn.Linear)

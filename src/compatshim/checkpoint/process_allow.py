@@ -29,9 +29,10 @@ allowlist nor the call's ``allow=`` admits and the deny list does not name: a
 load that needs none of them never reads the file or the entry points, and a
 string names a module that is imported only when a file needs it. An entry never
 replaces the allowlist's handling of a global it already lists. Entries are read
-by ``_names.parse``, as ``allow=`` is. A malformed entry in the variable or the file is
-warned about once and skipped, admitting nothing, while the entries beside it stay in force;
-a file that cannot be read, or a broken entry point, is warned about once and ignored.
+by ``_names.parse``, as ``allow=`` is. A malformed entry in the variable, the file or an
+entry point's list is warned about once and skipped, admitting nothing, while the entries
+beside it stay in force; a file that cannot be read, or an entry point that cannot be loaded
+or gives no list, is warned about once and ignored.
 Ignoring an entry only makes loading stricter.
 Allowed classes are constructed and functions called with the file's
 arguments, as with ``allow=``: name only globals you trust.
@@ -45,7 +46,7 @@ from typing import Any, Iterable, Iterator
 
 from .. import _settings
 from .._engine import decisions
-from .._text import names
+from .._text import names, short
 from ._names import RESOLVER, UNRESOLVED, Parsed, parse, parse_text
 from .deny import REFUSAL as DENIED_REFUSAL
 from .deny import denied_entry
@@ -287,11 +288,19 @@ def _entry_point_items(value: Any, source: str) -> dict[Key, tuple[Any, Allowed]
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise TypeError(f"expected a list of entries, got {type(value).__name__}")
     found = []
-    for item in value:
+    skipped: list[str] = []
+    for number, item in enumerate(value, 1):
         reason = f"declared by {source}"
         if isinstance(item, tuple) and len(item) == 2 and all(isinstance(i, str) for i in item):
             item, reason = item
-        found.append((parse(item, source, strict=isinstance(item, str)), reason, source))
+        try:
+            entry = parse(item, f"item {number}", strict=isinstance(item, str))
+        except (TypeError, ValueError) as exc:  # as COMPATSHIM_ALLOW: the others stay in force
+            what = "" if isinstance(item, str) else f" ({short(item)})"  # a str's error names it
+            skipped.append(f"{exc}{what}")
+            continue
+        found.append((entry, reason, source))
+    _warn_skipped(source, skipped)
     return _strings(found)
 
 
