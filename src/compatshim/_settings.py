@@ -6,7 +6,8 @@ so a misspelt or malformed value gets the same treatment everywhere: a clear
 single warning where it cannot (start-up, import hooks). The start-up hook
 (``compatshim_auto.py``, run by ``compatshim_auto.pth`` and ``compatshim_auto.start``)
 is the one exception: it runs in every interpreter, before this package is imported,
-and repeats :data:`AUTO`, :data:`SAFE_LOAD` and :func:`truthy` by hand.
+and repeats :data:`AUTO`, :data:`SAFE_LOAD`, :func:`truthy` and the names by hand; where
+it finds a name not declared here, it imports this module, whose import warns about it.
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ def unknown_names() -> list[str]:
 
 def _warn_unknown() -> None:
     """Each unknown ``COMPATSHIM_*`` name, warned once, with the nearest known one. Runs once
-    per process, when this module is imported; difflib is imported only for an unknown name."""
+    per process, when this module is imported (by the start-up hook, in a process that never
+    imports compatshim); difflib is imported only for an unknown name."""
     unknown = unknown_names()
     if not unknown:
         return

@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 import textwrap
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -22,10 +24,14 @@ pytestmark = pytest.mark.timeout(120)
 def _python(
     code: str, action: str = "always", **variables: str
 ) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter without the start-up hook (``-S``: no ``.pth`` runs;
+    the tree, then this interpreter's site-packages, on the path), so the names are checked
+    when ``code`` imports compatshim; the hook's own check is tested below."""
     env = {k: v for k, v in os.environ.items() if k[:11].upper() != "COMPATSHIM_"}
-    env.update(PYTHONPATH=SRC, **variables)
+    paths = dict.fromkeys((SRC, sysconfig.get_path("purelib"), sysconfig.get_path("platlib")))
+    env.update(PYTHONPATH=os.pathsep.join(paths), **variables)
     return subprocess.run(
-        [sys.executable, "-W", action, "-c", textwrap.dedent(code)],
+        [sys.executable, "-S", "-W", action, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
         env=env,
@@ -100,3 +106,123 @@ def test_every_setting_is_known() -> None:
         _settings.ALLOW_FILE,
     }
     assert all(not name.endswith("_") for name in known)
+
+
+# -- the start-up hook: a process that never imports compatshim (issue 38) ----------------------
+@pytest.fixture(scope="module")
+def hooked_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv whose site-packages holds the tree's start-up files as the wheel installs
+    them (``.pth`` and ``.start``) and packaging; ``PYTHONPATH`` (see :func:`_hooked`) puts
+    the tree's hook and package first, so every interpreter it starts runs this tree's hook."""
+    venv = tmp_path_factory.mktemp("hooked") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    for name in ("compatshim_auto.pth", "compatshim_auto.start"):
+        (Path(site) / name).write_bytes((Path(SRC) / name).read_bytes())
+    for file in metadata.files("packaging") or ():  # compatshim's one dependency
+        source = Path(str(file.locate()))
+        if source.is_file() and not str(file).startswith(".."):
+            (Path(site) / str(file)).parent.mkdir(parents=True, exist_ok=True)
+            (Path(site) / str(file)).write_bytes(source.read_bytes())
+    return python
+
+
+def _hooked(
+    python: Path, script: str, *flags: str, **variables: str
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("COMPATSHIM_", "PY"))}
+    env.update(PYTHONPATH=SRC, **variables)
+    return subprocess.run(
+        [str(python), *flags, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=100,
+    )
+
+
+NEVER_IMPORTS = """
+import sys
+print("hook ran:", "compatshim_auto" in sys.modules)
+"""
+
+
+def test_the_hook_warns_a_process_that_never_imports_compatshim(hooked_python: Path) -> None:
+    done = _hooked(hooked_python, NEVER_IMPORTS, COMPATSHIM_AUOT="1")
+    assert done.returncode == 0 and done.stdout.strip() == "hook ran: True", done.stderr
+    assert done.stderr.count("RuntimeWarning") == 1, done.stderr
+    assert (
+        "RuntimeWarning: compatshim: COMPATSHIM_AUOT is not a compatshim setting, ignored; "
+        "did you mean COMPATSHIM_AUTO?" in done.stderr
+    )
+
+
+def test_the_hook_warns_a_lowercase_slip_too_and_still_under_warnings_as_errors(
+    hooked_python: Path,
+) -> None:
+    done = _hooked(hooked_python, NEVER_IMPORTS, "-W", "error", compatshim_safe_load="1")
+    assert done.returncode == 0 and done.stdout.strip() == "hook ran: True", done.stderr
+    assert done.stderr.count("compatshim_safe_load is not a compatshim setting") == 1
+    assert done.stderr.rstrip().endswith("did you mean COMPATSHIM_SAFE_LOAD?"), done.stderr
+
+
+@pytest.mark.parametrize("auto", ["", "1"])
+def test_a_name_the_hook_warned_is_not_warned_again_when_compatshim_is_imported(
+    hooked_python: Path, auto: str
+) -> None:
+    done = _hooked(
+        hooked_python,
+        """
+        import compatshim, compatshim.checkpoint, compatshim.dist, compatshim.rng
+        from compatshim import _settings
+        _settings.unknown_names(), _settings.safe_load()
+        print("IMPORTED")
+        """,
+        "-W",
+        "always",
+        COMPATSHIM_AUTO=auto,
+        COMPATSHIM_DESYNC_TIMEOT="5",
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "IMPORTED", done.stderr
+    assert done.stderr.count("RuntimeWarning") == 1, done.stderr
+    assert "COMPATSHIM_DESYNC_TIMEOT is not a compatshim setting" in done.stderr
+    assert done.stderr.count("did you mean COMPATSHIM_DESYNC_TIMEOUT?") == 1
+
+
+def test_the_hook_is_quiet_and_imports_nothing_for_known_and_test_suite_names(
+    hooked_python: Path,
+) -> None:
+    done = _hooked(
+        hooked_python,
+        """
+        import sys
+        print(sorted(m for m in sys.modules if m.startswith(("compatshim", "difflib"))))
+        """,
+        "-W",
+        "error",
+        COMPATSHIM_DESYNC_TIMEOUT="5",
+        COMPATSHIM_LOG="",
+        COMPATSHIM_ALLOW="fractions.Fraction",
+        COMPATSHIM_ALLOW_FILE="/nonexistent",
+        COMPATSHIM_DISABLE="x",
+        COMPATSHIM_DOCTOR_TIMEOUT="1",
+        COMPATSHIM_AUTO="0",
+        COMPATSHIM_TEST_ANYTHING="1",
+        compatshim_test_lower="1",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['compatshim_auto']", done.stdout
+    assert done.stderr == ""
+
+
+def test_the_hooks_list_of_names_is_the_settings_modules() -> None:
+    """The hook repeats the names by hand (importing compatshim costs milliseconds)."""
+    import compatshim_auto
+
+    assert set(compatshim_auto._KNOWN) == set(_settings._known())
