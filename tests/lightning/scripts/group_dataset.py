@@ -1,7 +1,8 @@
 """A Lightning Trainer run (CPU, 2 ranks, ddp over gloo) whose dataset holds a gloo subgroup.
 
 ``python group_dataset.py <start method>``: the DataLoader has two workers started
-by that method (``forkserver`` is Python 3.14's default on Linux). The dataset is
+by that method (``forkserver`` is Python 3.14's default on Linux; ``default`` names
+none, as users write it). The dataset is
 built in ``train_dataloader()``, after Lightning has set up the process group, and
 keeps a ``dist.new_group`` subgroup. Each rank fits a few steps and prints one
 ``RESULT {json}`` line with what its workers sent.
@@ -36,7 +37,7 @@ class Model(LightningModule):
             GroupDataset(group),
             batch_size=2,
             num_workers=2,
-            multiprocessing_context=self.method,
+            multiprocessing_context=None if self.method == "default" else self.method,
             timeout=300,  # a loaded CI machine: each worker may import torch and Lightning
         )
 
