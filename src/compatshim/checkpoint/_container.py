@@ -1,7 +1,8 @@
 """The format reader ``load`` and ``inspect`` share, so they never judge a file differently.
 
-:func:`read` opens the file and is the one error boundary: only
-:class:`CheckpointError` / :class:`UnsafeCheckpointError` leave it, naming the file.
+:func:`read` opens the file and is the one error boundary (behind the one entry,
+``request.read``): only :class:`CheckpointError` / :class:`UnsafeCheckpointError` leave
+it, naming the file; a refusal carries what was refused, and no advice (its caller's).
 :func:`sniff` tells the container kind from the first bytes.
 
 zip
@@ -42,7 +43,7 @@ from typing import IO, Any, Callable, Literal, NamedTuple, TypeVar
 from .._text import cut, names, short
 from . import _safetensors
 from ._gate import ALLOWLIST, Verdict, judge
-from ._machine import Machine, Source, py2_str_read_as
+from ._machine import Machine, Source
 from ._tensors import REBUILDS
 from .allowlist import STORAGE_DTYPES, lookup, storage_type
 from .errors import CheckpointError, UndecodableTextError, UnsafeCheckpointError, as_well
@@ -64,17 +65,19 @@ def describe_source(f: Any) -> str:
     return str(getattr(f, "name", None) or f"<{type(f).__name__}>")
 
 
-def read(f: Any, reader: Callable[[IO[bytes], str, str | None], T], advice: str = "") -> T:
+def read(
+    f: Any, reader: Callable[[IO[bytes], str, str | None], T], *, name: str | None = None
+) -> T:
     """``reader(file, what, path)`` on the path or seekable binary file ``f``; every error
     but a missing path becomes CheckpointError / UnsafeCheckpointError naming ``what``
-    (``advice`` appended to a refusal)."""
-    what = describe_source(f)
+    (``name``, else the path or the file's ``.name``)."""
+    what = describe_source(f) if name is None else name
     if isinstance(f, (str, os.PathLike)):
         with open(f, "rb") as file:
-            return _guarded(reader, file, what, os.fspath(f), advice)
+            return _guarded(reader, file, what, os.fspath(f))
     if not (hasattr(f, "read") and hasattr(f, "seek") and hasattr(f, "tell")):
         raise TypeError("expected a path or a seekable binary file object")
-    return _guarded(reader, f, what, None, advice)
+    return _guarded(reader, f, what, None)
 
 
 def _guarded(
@@ -82,13 +85,12 @@ def _guarded(
     file: IO[bytes],
     what: str,
     path: str | None,
-    advice: str,
 ) -> T:
     try:
         return reader(file, what, path)
     except UnsafeCheckpointError as exc:  # as_well: a type torch would raise is kept
         unsafe = as_well(UnsafeCheckpointError, type(exc))
-        raise unsafe(_prefixed(str(exc), what) + advice, exc.refused) from None
+        raise unsafe(_prefixed(str(exc), what), exc.refused) from None
     except UndecodableTextError as exc:  # UnicodeDecodeError too: a caller's retry catches it
         raise UndecodableTextError(exc, _prefixed(str(exc), what)) from None
     except CheckpointError as exc:
@@ -499,25 +501,24 @@ class Legacy:
     offsets: dict[str, int]
 
 
-def read_legacy(file: IO[bytes]) -> Legacy:
+def read_legacy(file: IO[bytes], encoding: str = "utf-8") -> Legacy:
     """The rest of a legacy file after its magic number (see the module docstring);
-    leaves the file at the main pickle."""
+    leaves the file at the main pickle. ``encoding``: Python 2 ``str`` in its pickles but
+    the system info and the key list (their own records: ASCII names)."""
     source = Source(file)
-    protocol = ScanMachine(source).run()
+    protocol = ScanMachine(source, encoding=encoding).run()
     if type(protocol) is not int or protocol != LEGACY_PROTOCOL:
         raise CheckpointError(f"legacy torch file with protocol version {short(protocol)}")
-    with py2_str_read_as(None):  # its own record: ASCII names, whatever encoding= asks
-        info = ScanMachine(source).run()
+    info = ScanMachine(source).run()
     if type(info) is not dict or info.get("little_endian") is not True:
         raise CheckpointError(
             "legacy torch file written on a big-endian machine or without system info"
         )
     main = file.tell()
-    scanner = ScanMachine(source, "legacy")
+    scanner = ScanMachine(source, "legacy", encoding)
     scanner.run()
     declared = scanner.found.storages
-    with py2_str_read_as(None):
-        keys = ScanMachine(source).run()
+    keys = ScanMachine(source).run()
     if type(keys) is not list or not all(type(k) is str for k in keys):
         raise CheckpointError("legacy storage key list is malformed")
     if sorted(keys) != sorted(declared) or len(set(keys)) != len(keys):
@@ -590,8 +591,10 @@ class ScanMachine(Machine):
     ``container``: "zip" or "legacy" where storage ids are read (checked by
     :func:`declare_storage`, as ``load`` checks them), None for a plain pickle."""
 
-    def __init__(self, source: Source, container: str | None = None) -> None:
-        super().__init__(source)
+    def __init__(
+        self, source: Source, container: str | None = None, encoding: str = "utf-8"
+    ) -> None:
+        super().__init__(source, encoding)
         self.container = container
         self.found = ScanResult()
         self._symbols: dict[str, Symbol] = {}

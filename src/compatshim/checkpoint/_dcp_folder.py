@@ -13,7 +13,6 @@ from typing import IO, Any
 
 from .._text import short
 from . import _dcp
-from ._container import describe_source, read, sniff
 from ._limits import check_shape, count
 from .errors import CheckpointError, UnsafeCheckpointError
 
@@ -21,23 +20,18 @@ METADATA = ".metadata"
 
 
 def read_metadata(file: IO[bytes], allow: Any = ()) -> Any:
-    """A DCP ``.metadata`` from an open binary file: a pickle, read by ``load``'s machine.
+    """A DCP ``.metadata`` from an open binary file: a pickle, read by ``load``'s machine
+    (``request.read``, ``expect="dcp-metadata"``).
 
     Anything else (a torch zip file, safetensors) is refused: ``pickle.load`` would
-    not read it either. Raises UnsafeCheckpointError naming the refused globals.
+    not read it either; so is a data file outside the folder. Raises
+    UnsafeCheckpointError naming the refused globals.
     """
-    from ._load import ADVICE, Loader
-
-    def reader(source: IO[bytes], what: str, path: str | None) -> Any:
-        if sniff(source) != "pickle":
-            raise CheckpointError(f"{what}: a DCP .metadata is a pickle; this file is not one")
-        return Loader(None, allow, False).read(source, what, path)
+    from .request import Request, read
 
     if not all(hasattr(file, a) for a in ("read", "seek", "tell")):
         raise TypeError("expected a seekable binary file object")
-    metadata = read(file, reader, ADVICE)
-    _refuse_paths_outside(metadata, describe_source(file))
-    return metadata
+    return read(file, Request(allow=allow, expect="dcp-metadata"))
 
 
 def _refuse_paths_outside(metadata: Any, what: str) -> None:

@@ -20,17 +20,19 @@ safetensors
     header checked whole, then the data read or mmapped (``_safetensors``).
 
 Errors are turned into :class:`CheckpointError` naming the file by the format
-reader's boundary (``_container.read``); a refused global is reported with every
-other global the file would also need that the allowlist lacks.
+reader's boundary (``_container.read``), behind the one entry ``request.read``; a
+refused global is reported with every other global the file would also need that the
+allowlist lacks. ``load`` adds its own advice (:data:`ADVICE`) to a refusal.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import os
 import sys
-from typing import IO, Any, Callable, Iterable
+from typing import IO, Any, Callable, Iterable, NamedTuple
 
 from .._text import names, short
 from . import _safetensors, _tensors
@@ -43,7 +45,6 @@ from ._container import (
     ZipDirectory,
     declare_storage,
     plain_text,
-    read,
     read_legacy,
     read_record,
     read_zip_directory,
@@ -54,7 +55,8 @@ from ._gate import Allow, judge
 from ._limits import Budget
 from ._machine import Source
 from ._safe import SafeMachine, check_result
-from .errors import CheckpointError, UnsafeCheckpointError, as_well
+from .errors import CheckpointError, UnsafeCheckpointError, advised, as_well
+from .request import Request, not_pickle, read
 
 log = logging.getLogger("compatshim.checkpoint")
 MAX_NESTED_LOADS = 2
@@ -250,16 +252,32 @@ def _needs_torch(*_: Any) -> Any:
     raise CheckpointError("its tensors need torch, which is not installed")
 
 
-class Loader:
-    """One ``load`` call: the options, and the budget every pickle of the file draws from."""
+class Nested(NamedTuple):
+    """What a pickle inside the file shares with the outer read (``Request.nested``)."""
 
-    def __init__(self, map_location: Any, allow: Iterable[Any], mmap: bool, depth: int = 0):
-        self.map_location = map_location
-        self.restore = restorer(map_location)  # a wrong type is a TypeError before any read
-        self.allow = Allow(allow)  # allow=; the process-wide entries are judge()'s to read
-        self.mmap = mmap
-        self.depth = depth
-        self.budget = Budget(0)
+    allow: Allow
+    budget: Budget
+    depth: int
+
+
+class Loader:
+    """One read (a :class:`Request`): the options, and the budget every pickle of the file
+    draws from. ``Loader(map_location, allow, mmap)`` is the older call shape."""
+
+    def __init__(self, request: Any = None, allow: Iterable[Any] = (), mmap: bool = False):
+        if not isinstance(request, Request):
+            request = Request(request, allow, mmap)
+        self.request = request
+        self.map_location = request.map_location
+        self.restore = restorer(self.map_location)  # a wrong type: TypeError before any read
+        nested = request.nested
+        # allow=; the process-wide entries are judge()'s to read
+        self.allow = Allow(request.allow) if nested is None else nested.allow
+        self.budget = Budget(0) if nested is None else nested.budget
+        self.depth = 0 if nested is None else nested.depth
+        self.mmap = request.mmap
+        self.encoding = request.encoding or "utf-8"
+        self.not_pickle = not_pickle(request.expect)
 
     def read(self, file: IO[bytes], what: str, path: str | None) -> Any:
         here = file.tell()
@@ -269,6 +287,8 @@ class Loader:
 
     def _read(self, file: IO[bytes], what: str, path: str | None) -> Any:
         kind = sniff(file)
+        if self.not_pickle is not None and kind != "pickle":
+            raise CheckpointError(f"{what}: {self.not_pickle}")
         if kind == "zip":
             return self._zip(file, what, path)
         if kind == "safetensors":
@@ -287,7 +307,7 @@ class Loader:
         first = self._run(Source(file), None)
         if type(first) is not int or first != LEGACY_MAGIC:
             return first
-        legacy = read_legacy(file)
+        legacy = read_legacy(file, self.encoding)
         storages = LegacyStorages(file, legacy.found.storages, legacy.offsets, self.restore)
         return self._run(Source(file), storages)
 
@@ -326,6 +346,8 @@ class Loader:
             storages=storages,
             budget=self.budget,
             load_nested=self._nested,
+            encoding=self.encoding,
+            object_arrays=self.request.object_arrays,
         )
         start = source.file.tell()
         try:
@@ -339,10 +361,10 @@ class Loader:
     def _nested(self, data: bytes) -> Any:
         if self.depth >= MAX_NESTED_LOADS:
             raise CheckpointError("storages pickled inside pickled storages, too deep")
-        inner = Loader(self.map_location, (), False, self.depth + 1)
-        inner.allow = self.allow
-        inner.budget = self.budget  # one budget for the whole file, nested pickles included
-        return inner._read(io.BytesIO(data), "<pickled storage>", None)
+        # one allow and one budget for the whole file, nested pickles included
+        nested = Nested(self.allow, self.budget, self.depth + 1)
+        request = dataclasses.replace(self.request, mmap=False, expect="checkpoint", nested=nested)
+        return Loader(request)._read(io.BytesIO(data), "<pickled storage>", None)
 
     def _every_refusal(
         self, source: Source, start: int, first: UnsafeCheckpointError
@@ -350,7 +372,7 @@ class Loader:
         """The first refusal plus every other global the file names that would be refused."""
         source.file.seek(start)
         try:
-            scanner = ScanMachine(source)
+            scanner = ScanMachine(source, encoding=self.encoding)
             scanner.run()
         except Exception:
             return first
@@ -383,4 +405,8 @@ def refusals(found: ScanResult, allow: Allow) -> list[str]:
 
 
 def load(f: Any, map_location: Any = None, *, allow: Iterable[Any] = (), mmap: bool = False) -> Any:
-    return read(f, Loader(map_location, allow, mmap).read, ADVICE)
+    """``checkpoint.load``: :func:`request.read`, a refusal with ``load``'s own advice."""
+    try:
+        return read(f, Request(map_location, allow, mmap))
+    except UnsafeCheckpointError as exc:
+        raise advised(exc, ADVICE) from None

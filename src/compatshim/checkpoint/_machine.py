@@ -34,12 +34,10 @@ from __future__ import annotations
 
 import _compat_pickle
 import codecs
-import contextlib
-import contextvars
 import io
 import struct
 import sys
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any, Callable
 
 from ._limits import BUDGET_FLOOR, BUDGET_PER_BYTE, hash_allowance
 from .errors import CheckpointError, UndecodableTextError, UnsafeCheckpointError
@@ -127,29 +125,16 @@ _NONE = object()
 # what an empty container takes (sys.getsizeof); its items are the file's own opcodes
 _SIZES = {kind: sys.getsizeof(kind()) for kind in (list, dict, set, frozenset, tuple)}
 
-#: How the caller asked for Python 2 ``str`` to be read (``torch.load``'s or ``numpy.load``'s
-#: ``encoding=``, set by :func:`py2_str_read_as` around one load): a text codec, or
-#: "bytes" (kept as bytes), as pickle reads them.
-PY2_STR_ENCODING: contextvars.ContextVar[str] = contextvars.ContextVar(
-    "compatshim_py2_str_encoding", default="utf-8"
-)
 
-
-@contextlib.contextmanager
-def py2_str_read_as(encoding: Any) -> Iterator[None]:
-    """Loads inside read Python 2 ``str`` as ``encoding`` asks: a codec name, ``"bytes"``
-    (kept as bytes), or None (UTF-8). LookupError for an unknown codec, as pickle's."""
+def py2_str_encoding(encoding: Any) -> str:
+    """How Python 2 ``str`` is read for ``encoding=`` (``torch.load``'s, ``numpy.load``'s):
+    a codec's name, ``"bytes"`` (kept as bytes), or None (UTF-8). LookupError for an
+    unknown codec, as pickle's."""
     if encoding is None:
-        encoding = "utf-8"
-    elif not isinstance(encoding, str):
+        return "utf-8"
+    if not isinstance(encoding, str):
         raise LookupError(f"encoding must be a str, not {type(encoding).__name__}")
-    elif encoding != "bytes":
-        encoding = codecs.lookup(encoding).name
-    token = PY2_STR_ENCODING.set(encoding)
-    try:
-        yield
-    finally:
-        PY2_STR_ENCODING.reset(token)
+    return encoding if encoding == "bytes" else codecs.lookup(encoding).name
 
 
 Handler = Callable[["Machine"], None]
@@ -166,8 +151,9 @@ class Machine:
         super().__init_subclass__(**kwargs)
         cls._dispatch = _dispatch_table(cls)
 
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Source, encoding: str = "utf-8") -> None:
         self.source = source
+        self.encoding = encoding  # Python 2 str: see py2_str_encoding
         self.stack: list[Any] = []
         self.metastack: list[list[Any]] = []
         self.memo: dict[int, Any] = {}
@@ -455,9 +441,10 @@ class Machine:
 
     def _py2_text(self, raw: bytes) -> str | bytes:
         """A Python 2 ``str`` (STRING, BINSTRING, SHORT_BINSTRING), read as the caller asked
-        (:data:`PY2_STR_ENCODING`): decoded with a text codec (``bytes.decode`` takes no
-        other, so no codec decompresses), or kept as bytes. Linear in its size either way."""
-        asked = PY2_STR_ENCODING.get()
+        (``encoding``, see :func:`py2_str_encoding`): decoded with a text codec
+        (``bytes.decode`` takes no other, so no codec decompresses), or kept as bytes.
+        Linear in its size either way."""
+        asked = self.encoding
         return raw if asked == "bytes" else self._text(raw, asked)
 
     def _unicode(self, count: int) -> None:

@@ -6,8 +6,9 @@ of simple dtypes are built: no object dtype, no structured dtype, no subclass,
 and the byte count of the data is compared with shape x itemsize before numpy
 sees it, so a few-byte file cannot ask for a huge array.
 
-Object arrays (dtype ``O``) only inside :func:`object_arrays`, which the hardened
-``numpy.load(allow_pickle=True)`` uses (patch ``numpy-load-hardened``): their
+Object arrays (dtype ``O``) only where the read's request admits them
+(``Request.object_arrays``: the hardened ``numpy.load(allow_pickle=True)``, patch
+``numpy-load-hardened``; the machine passes ``objects``): their
 items were read by the same machine (allowlist, budget) and ``check_result``
 walks them; the count of items must equal the shape's. Structured dtypes stay
 refused.
@@ -24,11 +25,10 @@ setter sees it.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
+import functools
 import re
 from importlib import import_module
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from .._text import cut, named, short
 from ._dtypes import BY_NAME
@@ -41,23 +41,12 @@ _DATETIME_UNITS = {b"Y", b"M", b"W", b"D", b"h", b"m", b"s", b"ms", b"us", b"ns"
 _DATETIME_UNITS |= {b"as", b"generic"}
 
 
-_OBJECT_ARRAYS = contextvars.ContextVar("compatshim_numpy_object_arrays", default=False)
 _OBJECT_SPECS = ("O4", "O8")
 
 
-@contextlib.contextmanager
-def object_arrays() -> Iterator[None]:
-    """Admit plain object arrays in the loads this context runs (this thread/task only)."""
-    token = _OBJECT_ARRAYS.set(True)
-    try:
-        yield
-    finally:
-        _OBJECT_ARRAYS.reset(token)
-
-
-def _object_ok(dtype: Any) -> bool:
-    """An object dtype (not structured) where object arrays are admitted."""
-    return _OBJECT_ARRAYS.get() and dtype.kind == "O" and dtype.fields is None
+def _object_ok(dtype: Any, objects: bool) -> bool:
+    """An object dtype (not structured) where object arrays are admitted (``objects``)."""
+    return objects and dtype.kind == "O" and dtype.fields is None
 
 
 def _np() -> Any:
@@ -73,13 +62,15 @@ def _refuse_object(what: str) -> UnsafeCheckpointError:
     )
 
 
-def make_dtype(_: Any, args: tuple[Any, ...], register: Callable[[Any, Any], None]) -> Any:
-    """``numpy.dtype(spec, align, copy)`` for simple specs; BUILD state is checked later."""
+def make_dtype(
+    _: Any, args: tuple[Any, ...], register: Callable[[Any, Any], None], objects: bool = False
+) -> Any:
+    """``numpy.dtype(spec, align, copy)`` for simple specs (object ones where ``objects``);
+    BUILD state is checked later."""
     if not 1 <= len(args) <= 3 or type(args[0]) is not str:
         raise bad("numpy.dtype", args)
     spec = args[0]
-    objects = spec in _OBJECT_SPECS and _OBJECT_ARRAYS.get()
-    if not objects and not _SPEC.fullmatch(spec):
+    if not (objects and spec in _OBJECT_SPECS) and not _SPEC.fullmatch(spec):
         if "O" in spec or "," in spec:
             raise _refuse_object(f"numpy.dtype({short(spec)})")
         raise bad("numpy.dtype", args)
@@ -87,13 +78,13 @@ def make_dtype(_: Any, args: tuple[Any, ...], register: Callable[[Any, Any], Non
     if type(align) is not bool:
         raise bad("numpy.dtype", args)
     made = _np().dtype(spec, align, True)
-    if (made.hasobject or made.fields is not None) and not _object_ok(made):
+    if (made.hasobject or made.fields is not None) and not _object_ok(made, objects):
         raise _refuse_object(f"numpy.dtype({short(spec)})")
-    register(made, set_dtype_state)
+    register(made, _OBJECT_DTYPE_STATE if objects else set_dtype_state)
     return made
 
 
-def set_dtype_state(dtype: Any, state: Any) -> None:
+def set_dtype_state(dtype: Any, state: Any, objects: bool = False) -> None:
     """BUILD on a dtype this loader made: only byte order (and datetime unit) may change."""
     if type(state) is not tuple or len(state) not in (8, 9):
         raise CheckpointError(f"numpy dtype state is {short(state)}, expected an 8/9-tuple")
@@ -112,8 +103,11 @@ def set_dtype_state(dtype: Any, state: Any) -> None:
     ):
         raise CheckpointError(f"numpy dtype state does not describe a simple {dtype.str} dtype")
     dtype.__setstate__(state)
-    if (dtype.hasobject or dtype.fields is not None) and not _object_ok(dtype):
+    if (dtype.hasobject or dtype.fields is not None) and not _object_ok(dtype, objects):
         raise _refuse_object("numpy dtype state")
+
+
+_OBJECT_DTYPE_STATE = functools.partial(set_dtype_state, objects=True)
 
 
 def _datetime_metadata_ok(dtype: Any, metadata: Any) -> bool:
@@ -136,7 +130,7 @@ def _datetime_metadata_ok(dtype: Any, metadata: Any) -> bool:
 
 def _checked_dtype(value: Any, what: str, objects: bool = False) -> Any:
     np = _np()
-    if objects and isinstance(value, np.dtype) and _object_ok(value):
+    if objects and isinstance(value, np.dtype) and _object_ok(value, objects):
         return value
     if not isinstance(value, np.dtype) or value.hasobject or value.fields is not None:
         if isinstance(value, np.dtype):
@@ -169,8 +163,11 @@ def _data_matches(raw: Any, dims: tuple[int, ...], dtype: Any, what: str) -> Non
         )
 
 
-def reconstruct(ndarray: Any, args: tuple[Any, ...], register: Callable[[Any, Any], None]) -> Any:
-    """``_reconstruct(ndarray, (0,), b'b')``: an empty plain array that BUILD then fills."""
+def reconstruct(
+    ndarray: Any, args: tuple[Any, ...], register: Callable[[Any, Any], None], objects: bool = False
+) -> Any:
+    """``_reconstruct(ndarray, (0,), b'b')``: an empty plain array that BUILD then fills
+    (with object items where ``objects``)."""
     np = _np()
     if len(args) != 3 or args[0] is not np.ndarray:
         if args and isinstance(args[0], type):
@@ -183,11 +180,11 @@ def reconstruct(ndarray: Any, args: tuple[Any, ...], register: Callable[[Any, An
     if args[1] != (0,) or type(args[2]) is not bytes or len(args[2]) != 1:
         raise bad("numpy _reconstruct", args)
     made = np.ndarray.__new__(np.ndarray, (0,), "b")
-    register(made, set_array_state)
+    register(made, _OBJECT_ARRAY_STATE if objects else set_array_state)
     return made
 
 
-def set_array_state(array: Any, state: Any) -> None:
+def set_array_state(array: Any, state: Any, objects: bool = False) -> None:
     """BUILD on an array this loader made: (version, shape, dtype, fortran, raw bytes)."""
     if type(state) is tuple and len(state) == 4:
         state = (1, *state)
@@ -195,11 +192,14 @@ def set_array_state(array: Any, state: Any) -> None:
         raise CheckpointError(f"numpy array state is {short(state)}, expected a 5-tuple")
     _, dims, dtype, fortran, raw = state
     dims = check_shape(dims, "numpy array")
-    dtype = _checked_dtype(dtype, "numpy array", objects=True)
+    dtype = _checked_dtype(dtype, "numpy array", objects=objects)
     if type(fortran) is not bool:
         raise CheckpointError("numpy array state: fortran flag is not a bool")
     _data_matches(raw, dims, dtype, "numpy array")
     array.__setstate__((1, dims, dtype, fortran, raw))
+
+
+_OBJECT_ARRAY_STATE = functools.partial(set_array_state, objects=True)
 
 
 def frombuffer(_: Any, args: tuple[Any, ...]) -> Any:

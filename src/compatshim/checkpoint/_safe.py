@@ -76,8 +76,11 @@ class SafeMachine(Machine):
         storages: StorageGetter | None,
         budget: Budget,
         load_nested: Callable[[bytes], Any] | None = None,
+        encoding: str = "utf-8",
+        object_arrays: bool = False,
     ) -> None:
-        super().__init__(source)
+        super().__init__(source, encoding)
+        self.object_arrays = object_arrays  # numpy object dtypes admitted (Request's)
         self.budget = budget
         self.allow = allow
         self.tensors = tensors
@@ -455,10 +458,12 @@ HANDLERS: dict[str, Handler] = {
     "torch._tensor._rebuild_from_type_v2": lambda m, f, a: _tensors.rebuild_from_type_v2(
         m.tensors, a, m._tensor_rebuild
     ),
-    _NUMPY + "_reconstruct": lambda m, f, a: _numpy.reconstruct(f, a, m.register_builder),
+    _NUMPY + "_reconstruct": lambda m, f, a: _numpy.reconstruct(
+        f, a, m.register_builder, m.object_arrays
+    ),
     _NUMPY + "scalar": lambda m, f, a: _numpy.scalar(f, a),
     "numpy._core.numeric._frombuffer": lambda m, f, a: _numpy.frombuffer(f, a),
-    "numpy.dtype": lambda m, f, a: _numpy.make_dtype(f, a, m.register_builder),
+    "numpy.dtype": lambda m, f, a: _numpy.make_dtype(f, a, m.register_builder, m.object_arrays),
     "torch.Size": lambda m, f, a: _tensors.make_size(f, a),
     "torch.device": lambda m, f, a: _tensors.make_device(f, a),
     "copyreg._reconstructor": lambda m, f, a: m._reconstructor(a),
@@ -573,7 +578,7 @@ def _children(node: Any) -> Iterable[Any]:
         return itertools.chain(items, extra.values()) if extra else items
     if type(node) in _CONTAINERS or isinstance(node, collections.deque):
         return node  # type: ignore[no-any-return]
-    if _is_object_array(node):  # numpy.load(allow_pickle=True), hardened (_numpy.object_arrays)
+    if _is_object_array(node):  # numpy.load(allow_pickle=True), hardened (Request.object_arrays)
         return node.flat  # type: ignore[no-any-return]
     extra = getattr(node, "__dict__", None)
     return extra.values() if extra else ()

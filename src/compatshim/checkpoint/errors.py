@@ -22,7 +22,8 @@ class CheckpointError(Exception):
 class UnsafeCheckpointError(CheckpointError, pickle.UnpicklingError):
     """The file needs something compatshim refuses to run; the message names every refusal.
 
-    ``refused`` lists the ``module.name`` globals (or operations) that were refused.
+    ``refused`` lists the ``module.name`` globals (or operations) that were refused: the
+    data a caller words its advice from (:func:`advised`).
     """
 
     def __init__(self, message: str, refused: tuple[str, ...] = ()) -> None:
@@ -49,6 +50,12 @@ class UndecodableTextError(CheckpointError, UnicodeDecodeError):
     def __reduce__(self) -> tuple[object, ...]:
         cause = UnicodeDecodeError(self.encoding, self.object, self.start, self.end, self.reason)
         return type(self), (cause, self.message)
+
+
+def advised(error: UnsafeCheckpointError, advice: str) -> UnsafeCheckpointError:
+    """``error`` (its type, its ``refused``) with ``advice`` after its message: the reader
+    reports what it refused; each caller words what to do about it."""
+    return as_well(UnsafeCheckpointError, type(error))(f"{error}{advice}", error.refused)
 
 
 _E = TypeVar("_E", bound="CheckpointError")

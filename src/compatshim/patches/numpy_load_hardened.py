@@ -32,7 +32,7 @@ The fix
     The ``pickle`` of the reader's module becomes a stand-in whose ``load`` and
     ``loads`` are compatshim's loader (``checkpoint.load``'s machine, allowlist,
     deny list, budget and process-wide allow entries, numpy's names admitted as
-    there) with plain object arrays admitted (``checkpoint._numpy.object_arrays``);
+    there) with plain object arrays admitted (``Request(object_arrays=True)``);
     everything else (``dump``, ``UnpicklingError``...) is the real module. A
     refusal is an :class:`~compatshim.checkpoint.UnsafeCheckpointError` (a
     ``pickle.UnpicklingError``, the type numpy's own ``load`` raises for a pickle
@@ -86,21 +86,12 @@ def _read(file: IO[bytes], *, encoding: str = "ASCII", **_: Any) -> Any:
     """One pickle from ``file``'s position, read by ``checkpoint.load``'s machine (Python 2
     names are mapped as with ``fix_imports=True``; ``errors`` is not used: undecodable text
     is refused)."""
-    from ..checkpoint import CheckpointError
-    from ..checkpoint._container import read, sniff
-    from ..checkpoint._load import Loader
-    from ..checkpoint._machine import py2_str_read_as
-    from ..checkpoint._numpy import object_arrays
+    from ..checkpoint.request import Request, read
 
-    def reader(source: IO[bytes], what: str, path: str | None) -> Any:
-        if sniff(source) != "pickle":
-            raise CheckpointError(f"{what}: not a pickle")
-        return Loader(None, (), False).read(source, what, path)
-
+    request = Request(encoding=encoding, object_arrays=True, expect="pickle")
     if not isinstance(file, _IN_PLACE):
         file = one_pickle(file)
-    with object_arrays(), py2_str_read_as(encoding):
-        return read(file, reader)
+    return read(file, request)
 
 
 #: streams the loader reads in place: seeking to their end (the loader's size, its budget)
@@ -156,7 +147,7 @@ def one_pickle(file: IO[bytes]) -> io.BytesIO:
     chunk); a pickle that does not parse is handed over as read, for the loader to word
     the error.
     """
-    from ..checkpoint._machine import MAX_LINE
+    from ..checkpoint.request import MAX_LINE
 
     kinds = _opcode_kinds()
     start = file.tell()

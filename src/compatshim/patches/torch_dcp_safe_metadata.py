@@ -35,7 +35,8 @@ The fix
     The module's ``pickle`` (which its reader calls ``pickle.load`` on and its
     writer ``pickle.dump``) becomes a stand-in whose ``load`` is compatshim's
     loader, pickles only, with DCP's classes on the allowlist
-    (``compatshim.checkpoint._dcp_folder``); everything else is the real module. A
+    (``compatshim.checkpoint.request``, ``expect="dcp-metadata"``: a pickle whose data
+    files lie inside the folder); everything else is the real module. A
     refusal raises :class:`~compatshim.checkpoint.UnsafeCheckpointError` (a
     ``pickle.UnpicklingError``) naming the refused globals; nothing runs.
     ``torch.distributed.checkpoint`` is never imported by compatshim: the patch
@@ -88,9 +89,9 @@ _reading = threading.local()  # the data file DCP's reader is slicing on this th
 
 def _read(file: Any, **_: Any) -> Any:
     """``pickle.load(file)`` of a ``.metadata``, by compatshim's loader (options ignored)."""
-    from ..checkpoint._dcp_folder import read_metadata
+    from ..checkpoint.request import Request, read
 
-    return read_metadata(file)
+    return read(file, Request(expect="dcp-metadata"))
 
 
 def safe_pickle(real: ModuleType) -> SafePickle:

@@ -114,6 +114,9 @@ The revert
 
 from __future__ import annotations
 
+from ._safe_pickle import how_to_allow as _how_to_allow
+from ._safe_pickle import refused_hardened
+
 TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
 if TYPE_CHECKING:
     from types import ModuleType
@@ -217,10 +220,11 @@ def _record(event: str, detail: str) -> None:
 
 
 def _retry(f: Any, start: int | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Read ``f`` (again) with compatshim's loader; CheckpointError if it cannot."""
-    from ..checkpoint import CheckpointError, load
-    from ..checkpoint._machine import py2_str_read_as
+    """Read ``f`` (again) with compatshim's loader; CheckpointError if it cannot (a refusal
+    without ``checkpoint.load``'s advice: the caller words its own)."""
+    from ..checkpoint import CheckpointError
     from ..checkpoint.errors import as_well
+    from ..checkpoint.request import Request, read
 
     if start is None and not isinstance(f, (str, bytes)) and not hasattr(f, "__fspath__"):
         try:  # torch's own check (_check_seekable): its error's type is torch's
@@ -236,8 +240,10 @@ def _retry(f: Any, start: int | None, args: tuple[Any, ...], kwargs: dict[str, A
     if start is not None:
         f.seek(start)
     map_location = args[1] if len(args) > 1 else kwargs.get("map_location")
-    with py2_str_read_as(kwargs.get("encoding")):
-        return load(f, map_location, allow=_torch_safe_globals(), mmap=_mmap(kwargs))
+    request = Request(
+        map_location, _torch_safe_globals(), _mmap(kwargs), encoding=kwargs.get("encoding")
+    )
+    return read(f, request)
 
 
 def _torch_safe_globals() -> tuple[Any, ...]:
@@ -301,71 +307,6 @@ def _not_listed(registered: Any) -> tuple[Any, ...]:
     return tuple(found)
 
 
-def _plain(exc: BaseException) -> str:
-    """compatshim's refusal less its advice for ``checkpoint.load`` callers (allow=, trusted=)."""
-    from ..checkpoint._load import ADVICE
-
-    text = str(exc)
-    return text[: -len(ADVICE)] if ADVICE and text.endswith(ADVICE) else text
-
-
-def _how_to_allow(refused: tuple[str, ...]) -> str:
-    """Advice for a ``torch.load`` caller; never torch's (its wording sends PyG to unsafe loads)."""
-    import re
-
-    from ..checkpoint.deny import denied
-
-    names = [n for n in refused if re.fullmatch(r"[A-Za-z_][\w.]*\.[A-Za-z_]\w*", n)]
-    risky = [n for n in names if denied(n) is not None]
-    if risky:
-        return (
-            f" The file names {', '.join(risky)}, which can run code or reach the system "
-            "(denied: no allow source can admit it): it may be malicious."
-        )
-    if not names:
-        return ""
-    listed = ", ".join(repr(n) for n in names)
-    return (
-        f" If you trust {', '.join(names)}, allow it for every load in this process: "
-        f'compatshim.checkpoint.allow({listed}, reason="...") in code, or '
-        f"COMPATSHIM_ALLOW={','.join(names)} in its environment."
-    )
-
-
-HARDENED_PROMISE = (
-    "no torch.load in this process runs code from a file, whatever its weights_only argument"
-)
-
-
-def _refused_hardened(
-    why: BaseException, what: str, read_as: str = "", promise: str = HARDENED_PROMISE
-) -> BaseException:
-    """The hardened-mode refusal: ``pickle.UnpicklingError`` (via UnsafeCheckpointError).
-
-    Shared by every hardened reader (``torch.load`` here, DCP's ``.metadata``), so a
-    refusal reads the same wherever it comes from.
-    """
-    from ..checkpoint import UnsafeCheckpointError
-    from ..checkpoint.errors import as_well
-
-    refused = tuple(getattr(why, "refused", ()))
-    text = _plain(why)
-    if not isinstance(why, UnsafeCheckpointError):
-        text = f"{what}: compatshim.checkpoint.load could not read it{read_as} ({text})"
-    return as_well(UnsafeCheckpointError, type(why))(  # torch's type, where it has one
-        f"{text}. COMPATSHIM_SAFE_LOAD=1: {promise}.{_how_to_allow(refused)}",
-        refused,
-    )
-
-
-def seekable(file: Any) -> bool:
-    """Whether a hardened reader can read ``file`` in place (else it buffers the bytes first)."""
-    try:
-        return bool(file.seekable())
-    except Exception:
-        return False
-
-
 def _through_compatshim(
     f: Any,
     start: int | None,
@@ -388,7 +329,7 @@ def _through_compatshim(
             raise
         what = _describe(f)
         refused = tuple(getattr(why, "refused", ()))
-        text = f"{type(why).__name__}: {_plain(why)}"
+        text = f"{type(why).__name__}: {why}"
         # torch's own type too (errors.as_well): a failure torch has as well (a device this
         # machine lacks, out of memory, an invalid sparse tensor), not compatshim's refusal
         failed_as_torch = getattr(type(why), "_kind", None) is not None
@@ -400,7 +341,7 @@ def _through_compatshim(
                     f"{text}; whatever was to be loaded from it is missing, even if the "
                     "caller carries on"
                 )
-            raise _refused_hardened(why, what) from None
+            raise refused_hardened(why, what) from None
         refusal.refused = refused  # type: ignore[attr-defined]
         _lead_with(refusal, f"compatshim.checkpoint.load: {text}.{_how_to_allow(refused)}")
         _warn_refused(
