@@ -1,15 +1,23 @@
 """Hardened ``dcp.load`` (``torch-dcp-safe-metadata`` + hardened ``torch.load``) vs torch's own.
 
-    python bench/bench_dcp_load.py [MiB] [tensors] [--ranks N] [--repeats R]
+    python bench/bench_dcp_load.py [MiB] [tensors] [--ranks N] [--repeats R] [--only PART]
 
-Saves one DCP folder (``MiB`` of float32 tensors in ``tensors`` entries, plus a few
-non-tensor items): from this process, or with ``--ranks N`` from N spawned gloo ranks,
+Part ``readers``: saves one DCP folder (``MiB`` of float32 tensors in ``tensors`` entries,
+plus a few non-tensor items): from this process, or with ``--ranks N`` from N spawned gloo ranks,
 each saving its own 1/N of the tensors with ``dcp.save`` (N ``.distcp`` files plus
 ``.metadata``). Then, in this process and without a process group, loads the whole
 folder into a zeroed state dict alternately with torch's readers and with the hardened
 ones (the same functions ``install()`` puts in place under ``COMPATSHIM_SAFE_LOAD=1``,
 swapped in and out here), checks the loaded state equals the saved one, and prints
 medians and their ratio.
+
+Part ``adapter`` (torch 2.3+; issue 39: "the Stateful adapter adds <= 5% to a DCP load"):
+a training state of a model of ``MiB`` float32 parameters with its AdamW moments (about
+3x ``MiB`` on disk), a warmup+cosine ``SequentialLR`` and a CPU ``GradScaler``, saved with
+``dcp.save``, then loaded into the same template alternately by plain ``dcp.load`` and by
+``compatshim.optim.load_dcp``: the same release (nothing to fill) and a 2.4-style save
+(without ``decoupled_weight_decay`` and ``_is_initial``, which plain ``dcp.load`` can only
+load into a template without them; ``load_dcp`` takes the running template and fills them).
 """
 
 from __future__ import annotations
@@ -99,6 +107,152 @@ def _save_ranks(folder: str, mib: int, count: int, ranks: int, timeout: float = 
                 proc.kill()
 
 
+def _training(mib: int, count: int, seed: int = 0) -> tuple[Any, ...]:
+    """A model of ``mib`` MiB of float32 parameters in ``count`` layers, AdamW stepped once
+    (its moments allocated), a warmup+cosine SequentialLR and a CPU GradScaler."""
+    torch.manual_seed(seed)
+    width = max(int((mib * 2**20 / 4 / count) ** 0.5), 1)
+    model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(count)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler
+    scheduler = sched.SequentialLR(
+        optimizer,
+        [sched.LinearLR(optimizer, 0.1, total_iters=10), sched.CosineAnnealingLR(optimizer, 90)],
+        milestones=[10],
+    )
+    for parameter in model.parameters():
+        parameter.grad = torch.ones_like(parameter)
+    optimizer.step()
+    scheduler.step()
+    return model, optimizer, scheduler, torch.amp.GradScaler("cpu")
+
+
+def _template(model: Any, optimizer: Any, scheduler: Any, scaler: Any) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {
+        "model": model_sd,
+        "optim": optim_sd,
+        "sched": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),
+        "step": 1,
+    }
+
+
+def _as_2_4(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` without the keys torch 2.4.1 did not save (AdamW's ``decoupled_weight_decay``,
+    a scheduler's ``_is_initial``), as a 2.4 save holds it (``verbose`` is left out: the
+    running release has no such key to plan)."""
+    state = dict(state, optim=dict(state["optim"]), sched=dict(state["sched"]))
+    groups = [dict(g) for g in state["optim"]["param_groups"]]
+    for group in groups:
+        group.pop("decoupled_weight_decay", None)
+    state["optim"]["param_groups"] = groups
+    state["sched"].pop("_is_initial", None)
+    inner = [dict(s) for s in state["sched"].get("_schedulers", [])]
+    for one in inner:
+        one.pop("_is_initial", None)
+    state["sched"]["_schedulers"] = inner
+    return state
+
+
+def adapter(mib: int = 96, count: int = 48, repeats: int = 7) -> None:
+    """Plain ``dcp.load`` vs ``compatshim.optim.load_dcp`` of the same folder, interleaved.
+
+    On a shared box the wall-clock medians move by more than 5% between two runs of the same
+    load, so each ``load_dcp`` call also times the ``dcp.load`` it makes (torch's function,
+    wrapped here): the rest of the call is the adapter's own time, measured under the same
+    load as the read it adds to."""
+    import time
+
+    from torch.distributed.checkpoint import state_dict_loader
+
+    from compatshim.optim import load_dcp
+
+    warnings.simplefilter("ignore")
+    model, optimizer, scheduler, scaler = _training(mib, count)
+    saved = _template(model, optimizer, scheduler, scaler)
+    torch_load = state_dict_loader.load
+    inner: list[float] = []
+
+    def timed_load(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return torch_load(*args, **kwargs)
+        finally:
+            inner.append(time.perf_counter() - start)
+
+    def one(case: str, folder: str) -> list[str]:
+        on_disk = saved if case == "same release" else _as_2_4(saved)
+        dcp.save(on_disk, checkpoint_id=folder)
+        fresh = _training(mib, count, seed=1)  # another run's values: the load replaces them
+        plain_state = _template(*fresh)
+        if case != "same release":
+            plain_state = _as_2_4(plain_state)
+        shim_state = _template(*fresh)
+        shim_objects = dict(zip(("optim", "sched", "scaler"), fresh[1:]))
+        filled: tuple[str, ...] = ()
+
+        def plain() -> None:
+            dcp.load(plain_state, checkpoint_id=folder)
+
+        def shim() -> None:
+            nonlocal filled
+            filled = load_dcp(shim_state, shim_objects, checkpoint_id=folder)
+
+        state_dict_loader.load = timed_load
+        try:
+            samples = interleaved({"plain": plain, "shim": shim}, repeats)
+        finally:
+            state_dict_loader.load = torch_load
+        assert len(inner) == len(samples["shim"]) + 1  # + the warm-up call
+        own = [total - read for total, read in zip(samples["shim"], inner[1:])]
+        share = [o / read for o, read in zip(own, inner[1:])]
+        inner.clear()
+        assert all(torch.equal(v, saved["model"][k]) for k, v in shim_state["model"].items()), (
+            "load_dcp's model differs from the saved one"
+        )
+        assert shim_state["sched"]["last_epoch"] == saved["sched"]["last_epoch"]
+        assert bool(filled) == (case != "same release"), filled
+        size = sum(p.stat().st_size for p in Path(folder).iterdir())
+        base, shim_median = median(samples["plain"]), median(samples["shim"])
+        return [
+            f"{case}, {size / 2**20:.0f} MiB, {len(saved['model'])} parameters"
+            + (f" ({len(filled)} keys filled)" if filled else ""),
+            ms(base),
+            ms(shim_median),
+            f"{shim_median / base:.3f}",
+            ms(median(own)),
+            f"**{1 + median(share):.4f}**",
+        ]
+
+    rows = []
+    for case in ("same release", "2.4-style save"):
+        folder = tempfile.mkdtemp(prefix="bench-dcp-adapter-")
+        try:
+            rows.append(one(case, folder))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    print(
+        f"\ntorch {torch.__version__}: model + AdamW + SequentialLR + GradScaler, "
+        f"{repeats} interleaved loads each, medians; loaded state equals saved state"
+    )
+    print(
+        table(
+            [
+                "case",
+                "plain dcp.load",
+                "load_dcp",
+                "wall ratio",
+                "adapter's own time",
+                "load_dcp / its dcp.load",
+            ],
+            rows,
+        )
+    )
+
+
 def main(mib: int = 256, count: int = 64, ranks: int = 1, repeats: int = 7) -> None:
     warnings.simplefilter("ignore")
     folder = tempfile.mkdtemp(prefix="bench-dcp-")
@@ -162,9 +316,16 @@ def main(mib: int = 256, count: int = 64, ranks: int = 1, repeats: int = 7) -> N
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mib", type=int, nargs="?", default=256)
+    parser.add_argument("mib", type=int, nargs="?", help="256 (readers), 96 (adapter)")
     parser.add_argument("tensors", type=int, nargs="?", default=64)
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--only", choices=("readers", "adapter"))
     options = parser.parse_args()
-    main(options.mib, options.tensors, options.ranks, options.repeats)
+    if options.only != "adapter":
+        main(options.mib or 256, options.tensors, options.ranks, options.repeats)
+    if options.only != "readers":
+        if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):  # torch 2.3+
+            adapter(options.mib or 96, 48, options.repeats)
+        else:
+            print(f"\nadapter part skipped: torch {torch.__version__} has no CPU GradScaler")
