@@ -29,7 +29,16 @@ Not covered: an ``IterableDataset`` and samplers that draw their order from a ge
 the epoch starts (``RandomSampler``, ``DataLoader(shuffle=True)``, ``SubsetRandomSampler``,
 ``WeightedRandomSampler``): their order cannot be replayed from a position, so both functions
 refuse them (use ``DistributedSampler(shuffle=True, seed=...)``, which also runs on one
-process with ``num_replicas=1, rank=0``). torchdata's ``StatefulDataLoader`` is not tested.
+process with ``num_replicas=1, rank=0``).
+
+torchdata's ``StatefulDataLoader``: its position also holds ``loader.state_dict()`` (key
+``"stateful"``) and the saving ``rank``. That state is this rank's (its sampler's iterator,
+a ``RandomSampler``'s generator, each worker's dataset state), so save one position per rank.
+At the saving world size and rank, :func:`resume` loads it (``load_state_dict``) and builds the
+iterator without drawing from a generator: the same samples in the same order, ``shuffle=True``
+and ``IterableDataset`` included. At another world size only torch's ``DistributedSampler`` over
+a dataset without state of its own is dealt again, as above; a position of another rank, an
+order only the loader's state replays, or a dataset's own state there is a DataPositionError.
 
 Importing this module imports no framework; torch is imported on first use.
 """
@@ -146,7 +155,10 @@ class _Layout:
         self.batcher = batcher
         if batcher is None:  # batch_size=None: each item is one sample
             self.sampler, self.batch_size, self.drop_last = loader.sampler, 1, False
-        elif type(batcher).__iter__ is data.BatchSampler.__iter__:
+        elif type(batcher).__iter__ is data.BatchSampler.__iter__ or (
+            type(batcher).__module__ == "torchdata.stateful_dataloader.sampler"
+            and type(batcher).__name__ == "BatchSampler"
+        ):  # torchdata's (a StatefulDataLoader's): the same batches, from a savable iterator
             self.sampler = batcher.sampler
             self.batch_size, self.drop_last = int(batcher.batch_size), bool(batcher.drop_last)
         else:  # a batch sampler of the user's: replayed as it is, never re-dealt
@@ -205,17 +217,30 @@ def position(loader: Any, *, epoch: int, batches: int) -> dict[str, Any]:
     order cannot be replayed, or an epoch the sampler is not in.
     """
     epoch, batches = _count(epoch, "epoch"), _count(batches, "batches")
-    layout = _Layout(loader)
-    state: dict[str, Any] = {
+    if _is_torchdata(loader, "stateful_dataloader", "StatefulDataLoader"):
+        return _stateful_position(loader, epoch, batches)
+    return _position(loader, epoch, batches, _PASSES.get(loader))
+
+
+def _fields(
+    epoch: int,
+    batches: int,
+    kind: str,
+    length: int,
+    world_size: int,
+    batch_size: int,
+    drop_last: bool,
+) -> dict[str, Any]:
+    return {
         "format": FORMAT,
         "version": VERSION,
         "epoch": epoch,
         "batches": batches,
-        "sampler": layout.kind,
-        "dataset_length": layout.length,
-        "world_size": layout.world_size,
-        "batch_size": layout.batch_size,
-        "drop_last": layout.drop_last,
+        "sampler": kind,
+        "dataset_length": length,
+        "world_size": world_size,
+        "batch_size": batch_size,
+        "drop_last": drop_last,
         "same_order": True,
         "seed": None,
         "shuffle": None,
@@ -223,6 +248,21 @@ def position(loader: Any, *, epoch: int, batches: int) -> dict[str, Any]:
         "epoch_length": None,
         "consumed": None,
     }
+
+
+def _position(loader: Any, epoch: int, batches: int, record: _Pass | None) -> dict[str, Any]:
+    """The position of a loader whose order a sampler replays; ``record``: the pass that
+    :func:`resume` started, if any."""
+    layout = _Layout(loader)
+    state = _fields(
+        epoch,
+        batches,
+        layout.kind,
+        layout.length,
+        layout.world_size,
+        layout.batch_size,
+        layout.drop_last,
+    )
     sampler_epoch = getattr(layout.sampler, "epoch", epoch)
     if layout.distributed and sampler_epoch != epoch:
         raise DataPositionError(
@@ -230,7 +270,6 @@ def position(loader: Any, *, epoch: int, batches: int) -> dict[str, Any]:
             "(sampler.set_epoch(epoch) not called?): the position must name the epoch whose "
             "order the loader used"
         )
-    record = _PASSES.get(loader)
     if record is not None and record.epoch == epoch:  # a pass that resume() started
         if batches != record.taken:
             raise DataPositionError(
@@ -286,6 +325,8 @@ _FIELDS: dict[str, tuple[type, bool]] = {
     "sampler_drop_last": (bool, True),
     "epoch_length": (int, True),
     "consumed": (int, True),
+    "rank": (int, True),  # a StatefulDataLoader's position only: its state is this rank's
+    "stateful": (dict, True),  # StatefulDataLoader.state_dict()
 }
 
 
@@ -388,6 +429,13 @@ def resume(loader: Any, state: Mapping[str, Any], *, even: bool = True) -> Resum
     import torch.utils.data as data
 
     saved = _checked(state)
+    if saved.get("stateful") is not None and _is_torchdata(
+        loader, "stateful_dataloader", "StatefulDataLoader"
+    ):
+        resumed = _stateful_resume(loader, saved)
+        if resumed is not None:
+            return resumed
+        saved = {**saved, "stateful": None}  # another world size: dealt again below
     layout = _Layout(loader)
     epoch = int(saved["epoch"])
     if saved["dataset_length"] != layout.length:
@@ -469,3 +517,143 @@ def resume(loader: Any, state: Mapping[str, Any], *, even: bool = True) -> Resum
     )
     _PASSES[loader] = record
     return resumed
+
+
+# -- torchdata's StatefulDataLoader: its own state, per rank ------------------------------------
+
+
+def _is_torchdata(obj: Any, module: str, name: str) -> bool:
+    """Whether ``obj`` is (a subclass of) torchdata's ``module.name``, without importing it."""
+    return any(
+        cls.__name__ == name and cls.__module__.startswith(f"torchdata.{module}")
+        for cls in type(obj).__mro__
+    )
+
+
+def _where(loader: Any) -> tuple[_Layout | None, int, int]:
+    """(the layout where a sampler replays the order, else None; world size; rank)."""
+    try:
+        layout = _Layout(loader)
+    except DataPositionError:  # an order only the loader's own state replays
+        import torch.distributed as dist
+
+        initialised = dist.is_available() and dist.is_initialized()
+        world = int(dist.get_world_size()) if initialised else 1
+        return None, world, int(dist.get_rank()) if initialised else 0
+    return layout, layout.world_size, layout.rank
+
+
+def _stateful_position(loader: Any, epoch: int, batches: int) -> dict[str, Any]:
+    """A StatefulDataLoader's position: the fields of :func:`position` (where a sampler
+    replays the order) and ``loader.state_dict()``, which is this rank's (``rank``)."""
+    layout, world, rank = _where(loader)
+    record = _PASSES.get(loader)
+    if record is not None and record.epoch == epoch and not record.same_order:
+        # a pass compatshim dealt again at another world size: the loader's state does not
+        # describe it, the position's fields do
+        return {**_position(loader, epoch, batches, record), "rank": rank, "stateful": None}
+    iterator = loader._iterator
+    yielded = 0 if iterator is None else int(iterator._num_yielded)
+    total = batches
+    if record is not None and record.epoch == epoch and yielded == record.skipped + record.taken:
+        if batches != record.taken:  # a pass resume() started: batches counts from there
+            raise DataPositionError(
+                f"batches={batches}, but {record.taken} batches were taken from the iterator "
+                f"compatshim.data.resume returned for epoch {epoch}: count the batches of "
+                "this pass, not of the whole epoch"
+            )
+        total = record.skipped + batches
+    if yielded != total:
+        raise DataPositionError(
+            f"batches={batches}, but the StatefulDataLoader yielded {yielded} batches in this "
+            "pass: count the batches taken from iter(loader) (or from compatshim.data.resume)"
+        )
+    if layout is not None:
+        state = _position(loader, epoch, total, None)
+    else:
+        dataset = loader.dataset
+        import torch.utils.data as data
+
+        length = 0 if isinstance(dataset, data.IterableDataset) else len(dataset)
+        kind = type(loader.sampler)
+        state = _fields(
+            epoch,
+            total,
+            f"{kind.__module__}.{kind.__qualname__}",
+            length,
+            world,
+            int(loader.batch_size or 0),
+            bool(loader.drop_last),
+        )
+    with _generators_kept(loader):  # before iter(loader), state_dict() builds the iterator
+        own = loader.state_dict()
+    return {**state, "rank": rank, "stateful": own}
+
+
+def _holds_dataset_state(value: Any) -> bool:
+    """Whether a StatefulDataLoader state holds a dataset's (or a dataset iterator's) own
+    state, in the main process or any worker's snapshot."""
+    if isinstance(value, Mapping):
+        for key, inner in value.items():
+            if key in ("dataset_state", "dataset_iter_state") and inner is not None:
+                return True
+            if _holds_dataset_state(inner):
+                return True
+    return False
+
+
+def _stateful_resume(loader: Any, saved: Mapping[str, Any]) -> Resumed | None:
+    """The rest of the pass from the loader's own state at the saving world size and rank;
+    None where compatshim deals the epoch again instead (another world size, torch's
+    DistributedSampler over a dataset without state of its own); else DataPositionError."""
+    import copy
+
+    layout, world, rank = _where(loader)
+    if saved["world_size"] != world:
+        if _holds_dataset_state(saved["stateful"]):
+            raise DataPositionError(
+                f"state: saved at world size {saved['world_size']}, here {world}: the "
+                "StatefulDataLoader's state holds the dataset's own state, which is per rank "
+                "and cannot be dealt to another number of ranks"
+            )
+        if layout is None or not layout.distributed or saved["consumed"] is None:
+            raise DataPositionError(
+                f"state: saved at world size {saved['world_size']}, here {world}: a "
+                "StatefulDataLoader's state is per rank, and its "
+                f"{short(saved['sampler'])} order cannot be dealt to another number of ranks "
+                "(only torch's DistributedSampler, with a BatchSampler, is dealt again)"
+            )
+        return None
+    if saved.get("rank") != rank:
+        raise DataPositionError(
+            f"state: saved by rank {short(saved.get('rank'))} of {world}; this is rank {rank}: "
+            "a StatefulDataLoader's state is per rank (keep each rank's position under its "
+            "own key)"
+        )
+    here = (
+        (layout.kind, layout.batch_size, layout.drop_last)
+        if layout is not None
+        else (
+            f"{type(loader.sampler).__module__}.{type(loader.sampler).__qualname__}",
+            int(loader.batch_size or 0),
+            bool(loader.drop_last),
+        )
+    )
+    there = (saved["sampler"], saved["batch_size"], saved["drop_last"])
+    if here != there:
+        raise DataPositionError(
+            f"loader: {here[0]} with batch size {here[1]}, drop_last={here[2]}; the position's "
+            f"{there[0]} with batch size {there[1]}, drop_last={there[2]}: its state would "
+            "replay another order"
+        )
+    epoch = int(saved["epoch"])
+    for owner in (loader.sampler, loader.batch_sampler):
+        if hasattr(owner, "set_epoch"):
+            owner.set_epoch(epoch)
+    loader.load_state_dict(copy.deepcopy(dict(saved["stateful"])))
+    with _generators_kept(loader):
+        iterator = iter(loader)
+    skipped = int(saved["batches"])
+    record = _Pass(epoch, same_order=True, skipped=skipped)
+    _PASSES[loader] = record
+    return Resumed(iterator, record, same_order=True, skipped=skipped)

@@ -1,0 +1,160 @@
+"""compatshim.data with torchdata's StatefulDataLoader (issue 39 item 2): one process, a real
+StatefulDataLoader per simulated rank (DistributedSampler takes ``num_replicas`` and ``rank``).
+
+A StatefulDataLoader keeps its own per-rank state (``state_dict()``: the sampler's iterator,
+a RandomSampler's generator, each worker's dataset state), so its position holds that state
+and is resumed by ``load_state_dict`` at the saving world size and rank; at another world size
+only a plain ``DistributedSampler`` over a dataset without state of its own is dealt again,
+anything else is refused with ``DataPositionError``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+stateful_dataloader = pytest.importorskip(
+    "torchdata.stateful_dataloader", reason="torchdata (StatefulDataLoader) is not installed"
+)
+
+from torch.utils.data import DistributedSampler, TensorDataset  # noqa: E402
+
+import compatshim.data as cd  # noqa: E402
+from compatshim.data import DataPositionError  # noqa: E402
+
+StatefulDataLoader = stateful_dataloader.StatefulDataLoader
+pytestmark = pytest.mark.timeout(120)
+EPOCH = 2
+
+
+def samples(batches: Any) -> list[int]:
+    return [int(i) for batch in batches for i in batch[0].reshape(-1).tolist()]
+
+
+def shuffled(length: int = 30, workers: int = 0, seed: int = 5) -> Any:
+    """``shuffle=True``: torchdata's own RandomSampler, seeded by the loader's generator."""
+    return StatefulDataLoader(
+        TensorDataset(torch.arange(length)),
+        batch_size=4,
+        shuffle=True,
+        num_workers=workers,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def distributed(length: int, world_size: int, rank: int, batch_size: int = 3) -> Any:
+    data = TensorDataset(torch.arange(length))
+    sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, seed=7)
+    sampler.set_epoch(EPOCH)
+    return StatefulDataLoader(data, batch_size=batch_size, sampler=sampler)
+
+
+def taken(load: Any, count: int) -> tuple[list[list[int]], Any]:
+    """``count`` batches of ``load``'s pass, and its iterator (kept open, as in training)."""
+    it = iter(load)
+    return [b[0].tolist() for b in itertools.islice(it, count)], it
+
+
+# -- the same world size: the same samples in the same order ---------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_shuffled_loader_resumes_its_own_order(workers: int) -> None:
+    """shuffle=True, which a plain DataLoader's position refuses: the loader's state replays it."""
+    uninterrupted = [b[0].tolist() for b in shuffled(workers=workers)]
+    load = shuffled(workers=workers)
+    before, _ = taken(load, 3)
+    state = cd.position(load, epoch=0, batches=3)
+    assert before == uninterrupted[:3]
+    rng = torch.get_rng_state()
+    rest = cd.resume(shuffled(workers=workers, seed=99), state)  # another run's generator
+    assert torch.equal(torch.get_rng_state(), rng)  # building the iterator drew nothing
+    assert [b[0].tolist() for b in rest] == uninterrupted[3:]
+    assert rest.same_order and rest.skipped == 3
+
+
+def test_each_rank_resumes_its_own_state() -> None:
+    for rank in range(2):
+        uninterrupted = [b[0].tolist() for b in distributed(25, 2, rank)]
+        load = distributed(25, 2, rank)
+        taken(load, 2)
+        state = cd.position(load, epoch=EPOCH, batches=2)
+        assert state["rank"] == rank and state["stateful"] is not None
+        rest = cd.resume(distributed(25, 2, rank), state)
+        assert [b[0].tolist() for b in rest] == uninterrupted[2:]
+
+
+def test_a_resumed_pass_saved_again_composes() -> None:
+    uninterrupted = [b[0].tolist() for b in shuffled()]
+    load = shuffled()
+    taken(load, 2)
+    again = shuffled(seed=1)
+    first = cd.resume(again, cd.position(load, epoch=0, batches=2))
+    assert [b[0].tolist() for b in itertools.islice(first, 2)] == uninterrupted[2:4]
+    second = cd.position(again, epoch=0, batches=2)  # the batches taken since resume
+    assert second["batches"] == 4
+    assert [b[0].tolist() for b in cd.resume(shuffled(seed=3), second)] == uninterrupted[4:]
+
+
+def test_a_count_the_loader_did_not_yield_is_refused() -> None:
+    load = shuffled()
+    taken(load, 3)
+    with pytest.raises(DataPositionError, match="batches=2, but the StatefulDataLoader yielded 3"):
+        cd.position(load, epoch=0, batches=2)
+
+
+# -- another rank or world size: per-rank state is never replayed elsewhere -------------------
+
+
+def test_another_ranks_state_is_refused() -> None:
+    load = distributed(25, 2, 0)
+    taken(load, 2)
+    state = cd.position(load, epoch=EPOCH, batches=2)
+    with pytest.raises(DataPositionError, match="saved by rank 0 of 2; this is rank 1"):
+        cd.resume(distributed(25, 2, 1), state)
+
+
+def test_a_shuffled_loader_at_another_world_size_is_refused() -> None:
+    load = shuffled()
+    taken(load, 1)
+    state = {**cd.position(load, epoch=0, batches=1), "world_size": 2}
+    with pytest.raises(DataPositionError, match="per rank"):
+        cd.resume(shuffled(), state)
+
+
+def test_a_distributed_sampler_is_dealt_again_at_another_world_size() -> None:
+    """torch's DistributedSampler over a dataset without state: the plain position's re-deal."""
+    consumed: list[int] = []
+    for rank in range(2):
+        load = distributed(25, 2, rank)
+        before, _ = taken(load, 2)
+        consumed += [i for batch in before for i in batch]
+        state = cd.position(load, epoch=EPOCH, batches=2)
+    rest = [cd.resume(distributed(25, 3, rank), state) for rank in range(3)]
+    assert not any(r.same_order for r in rest)
+    served = [i for r in rest for i in samples(r)]
+    repeated = list(rest[0].repeated)
+    assert sorted(consumed + served) == sorted([*range(25), *repeated])
+
+
+def test_a_stateful_dataset_at_another_world_size_is_refused() -> None:
+    class Counted(TensorDataset):
+        def state_dict(self) -> dict[str, int]:
+            return {"seen": 1}
+
+        def load_state_dict(self, state: dict[str, int]) -> None:
+            pass
+
+    data = Counted(torch.arange(20))
+    sampler = DistributedSampler(data, num_replicas=2, rank=0, seed=7)
+    load = StatefulDataLoader(data, batch_size=2, sampler=sampler)
+    taken(load, 1)
+    state = cd.position(load, epoch=0, batches=1)
+    other = StatefulDataLoader(
+        data, batch_size=2, sampler=DistributedSampler(data, num_replicas=3, rank=0, seed=7)
+    )
+    with pytest.raises(DataPositionError, match="dataset's own state"):
+        cd.resume(other, state)
