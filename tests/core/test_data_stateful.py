@@ -20,7 +20,7 @@ stateful_dataloader = pytest.importorskip(
     "torchdata.stateful_dataloader", reason="torchdata (StatefulDataLoader) is not installed"
 )
 
-from torch.utils.data import DistributedSampler, TensorDataset  # noqa: E402
+from torch.utils.data import DistributedSampler, IterableDataset, TensorDataset  # noqa: E402
 
 import compatshim.data as cd  # noqa: E402
 from compatshim.data import DataPositionError  # noqa: E402
@@ -74,6 +74,34 @@ def test_a_shuffled_loader_resumes_its_own_order(workers: int) -> None:
     assert torch.equal(torch.get_rng_state(), rng)  # building the iterator drew nothing
     assert [b[0].tolist() for b in rest] == uninterrupted[3:]
     assert rest.same_order and rest.skipped == 3
+
+
+class Stream(IterableDataset[Any]):
+    """An IterableDataset that saves where it is: only the loader's state can resume it."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def __iter__(self) -> Any:
+        while self.next < 22:
+            self.next += 1
+            yield (torch.tensor(self.next - 1),)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"next": self.next}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.next = state["next"]
+
+
+def test_an_iterable_dataset_resumes_from_its_own_state() -> None:
+    uninterrupted = [b[0].tolist() for b in StatefulDataLoader(Stream(), batch_size=4)]
+    load = StatefulDataLoader(Stream(), batch_size=4)
+    taken(load, 2)
+    state = cd.position(load, epoch=0, batches=2)
+    rest = cd.resume(StatefulDataLoader(Stream(), batch_size=4), state)
+    assert [b[0].tolist() for b in rest] == uninterrupted[2:]
+    assert samples(rest) == []  # finished
 
 
 def test_each_rank_resumes_its_own_state() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -13,7 +14,7 @@ from .capture import GENERATOR_LOCK, distributed_position
 from .derive import derived_cuda, derived_parts, derived_seed, material_digest
 from .errors import RNGStateError, RNGStateWarning
 from .plan import DevicePolicy, WorldSizePolicy, plan_devices, plan_rank
-from .restore_report import RestoreReport
+from .restore_report import RestoreReport, fingerprint
 from .state import FILE_FORMAT, STATE_FORMAT, Parts, is_file, is_state, parse_file, parse_state
 
 
@@ -267,6 +268,8 @@ def restore(
     )
     apply_plan(plan)
     assert plan.report is not None
+    marks = tuple((label, fingerprint(label)) for label, _ in plan.writes)
+    plan.report = dataclasses.replace(plan.report, fingerprints=marks)
     if warn and plan.report.mismatch:
         warn_at_caller(  # the user's line, through rng.load too
             "compatshim.rng: the saved and current setup differ\n" + plan.report.summary(),

@@ -2,8 +2,31 @@
 
 from __future__ import annotations
 
+import hashlib
 import typing  # noqa: F401  (before @dataclass: see compatshim._records)
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import devices
+
+
+def _feed(digest: Any, value: Any) -> None:
+    if hasattr(value, "cpu") and hasattr(value, "numpy"):  # a torch tensor
+        digest.update(value.cpu().numpy().tobytes())
+    elif hasattr(value, "tobytes"):  # a numpy array
+        digest.update(value.tobytes())
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            _feed(digest, item)
+    else:
+        digest.update(repr(value).encode())
+
+
+def fingerprint(label: str) -> str:
+    """A digest of the generator ``label``'s state now (``devices`` labels)."""
+    digest = hashlib.blake2b(digest_size=16)
+    _feed(digest, devices.accessors(label)[0]())
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -19,6 +42,9 @@ class RestoreReport:
     restore inexact; CUDA ones are seeded from the saved material (the same
     checkpoint always gives the same streams), XPU and MPS ones are left as they
     are. ``exact`` is True only when nothing was derived or skipped.
+
+    ``exact`` describes the restore; :meth:`moved` says whether anything drew from the
+    generators since (call it just before the first resumed step).
     """
 
     source: str
@@ -31,6 +57,8 @@ class RestoreReport:
     skipped: tuple[str, ...]
     notes: tuple[str, ...] = ()
     new: tuple[str, ...] = ()
+    # (label, fingerprint) of each generator set, read back just after the restore
+    fingerprints: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def exact(self) -> bool:
@@ -40,6 +68,14 @@ class RestoreReport:
     def mismatch(self) -> bool:
         """True when world size or devices differ from the save, or streams are not exact."""
         return bool(self.notes) or not self.exact
+
+    def moved(self) -> tuple[str, ...]:
+        """The generators this restore set whose state has changed since: something drew
+        from them (or set them) between the restore and now. Called just before the first
+        resumed step, a name here means that step will not continue the saved stream, e.g.
+        ``torch_cpu`` after ``iter(loader)``, which draws the workers' base seed from it
+        (``compatshim.data.resume`` builds the iterator without drawing)."""
+        return tuple(label for label, mark in self.fingerprints if fingerprint(label) != mark)
 
     def summary(self) -> str:
         origin = f"{self.source} state"
