@@ -182,6 +182,48 @@ def test_buffers_replaced_by_module_to_are_followed() -> None:
     assert _close(ema.bn.running_var, before * DECAY + 9.0 * (1 - DECAY))
 
 
+def test_buffer_slots_written_directly_are_followed_on_both_models() -> None:
+    """``module._buffers[k] = t`` runs no hook (``torch.func.functional_call``, accelerate's
+    ``set_module_tensor_to_device`` write slots so): only the per-call identity check of each
+    paired slot sees it. Pins what a hook-based O(1) check would miss (``guard``'s docstring)."""
+    model, ema = _fresh()
+    cema.update_ema(ema, model, decay=DECAY)
+    model.bn._buffers["running_mean"] = torch.full((5,), 4.0)
+    model.bn._buffers["num_batches_tracked"] = torch.tensor(77)
+    before = ema.bn.running_mean.clone()
+    cema.update_ema(ema, model, decay=DECAY)
+    assert _close(ema.bn.running_mean, before * DECAY + 4.0 * (1 - DECAY))
+    assert int(ema.bn.num_batches_tracked) == 77
+    ema.bn._buffers["running_var"] = torch.full((5,), 2.0)  # the EMA's own slot
+    cema.update_ema(ema, model, decay=DECAY)
+    assert _close(ema.bn.running_var, 2.0 * DECAY + model.bn.running_var * (1 - DECAY))
+
+
+def test_ema_buffers_replaced_by_module_to_are_the_ones_stepped() -> None:
+    """``ema.half().float()`` gives the EMA new buffer tensors: those are stepped, not the
+    orphans the plan held."""
+    model, ema = _fresh()
+    cema.update_ema(ema, model, decay=DECAY)
+    orphan = ema.bn.running_mean
+    ema.half().float()
+    assert ema.bn.running_mean is not orphan
+    with torch.no_grad():
+        model.bn.running_mean.fill_(3.0)
+    before = ema.bn.running_mean.clone()
+    cema.update_ema(ema, model, decay=DECAY)
+    assert _close(ema.bn.running_mean, before * DECAY + 3.0 * (1 - DECAY))
+
+
+def test_buffer_resized_by_a_direct_write_is_an_error_naming_it() -> None:
+    model, ema = _fresh()
+    cema.update_ema(ema, model, decay=DECAY)
+    model.bn._buffers["running_mean"] = torch.zeros(7)
+    before = ema.bn.running_mean.clone()
+    with pytest.raises(cema.EmaMismatchError, match=r"buffer 'bn\.running_mean'.*\(7,\)"):
+        cema.update_ema(ema, model, decay=DECAY)
+    assert torch.equal(ema.bn.running_mean, before)  # nothing stepped
+
+
 def test_steady_state_with_buffers_does_not_walk_the_model() -> None:
     model, ema = _fresh()
     cema.update_ema(ema, model, decay=DECAY)
