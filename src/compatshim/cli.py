@@ -21,11 +21,12 @@ PIPE_CLOSED = 141  # 128 + SIGPIPE (13)
 EXIT_CODES_HELP = """\
 severities and exit codes (docs/inspect.md):
   0  loadable     compatshim.checkpoint.load reads it (a DCP folder: torch's DCP load)
-  1  needs-allow  refused as is for globals compatshim does not cover (named, with
-     refused      the line that allows each), or refused whatever is allowed
-  2  unreadable   damaged, not a checkpoint, a folder without a DCP .metadata
-                  (also: a usage error)
-  3  dangerous    names a denied global (code, files, network): treat it as an attack
+  1  needs-allow  load refuses only globals an allow entry admits (named, with the
+                  line that allows each)
+  2  unreadable   damaged, not a checkpoint, a folder without a DCP .metadata, or
+                  not readable by this install (also: a usage error)
+  3  dangerous    load refuses what nothing can allow (a denied global, a hostile
+                  structure, a budget bomb): treat it as an attack
 --json prints a record on stdout whatever the outcome."""
 
 

@@ -221,6 +221,19 @@ def write_json(path: pathlib.Path, value: Any) -> None:
     path.write_text(json.dumps(value, indent=1, sort_keys=True) + "\n")
 
 
+def bytes_read() -> int:
+    """Bytes this process has read so far (Linux's ``/proc/self/io`` ``rchar``: every read
+    call, page cache or not; a mapped file's pages are not counted); skips the test where
+    that count is not available."""
+    try:
+        text = pathlib.Path("/proc/self/io").read_text()
+    except OSError:
+        import pytest
+
+        pytest.skip("/proc/self/io is not available: no count of the bytes read")
+    return int(text.split("rchar:", 1)[1].split()[0])
+
+
 def peak_rss_mb(code: str, timeout: float = 300, flags: tuple[str, ...] = ()) -> tuple[float, str]:
     """Run ``code`` in a fresh interpreter; (its peak RSS in MB, its stdout)."""
     script = textwrap.dedent(code) + "\nimport resource as _r\n"

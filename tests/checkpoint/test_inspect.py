@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, inspect, load
 from tests.checkpoint.corpus import Scripted
-from tests.checkpoint.helpers import Box
+from tests.checkpoint.helpers import Box, bytes_read
 
 
 @pytest.fixture
@@ -80,16 +80,16 @@ def test_damaged_file_raises_checkpoint_error(tmp_path: Path) -> None:
         inspect(path)
 
 
-def test_inspect_reads_no_tensor_data_and_imports_no_torch(state_dict_file: Path) -> None:
-    code = (
-        "import sys\nfrom compatshim.checkpoint import inspect\n"
-        f"info = inspect({str(state_dict_file)!r})\n"
-        "assert 'torch' not in sys.modules and 'numpy' not in sys.modules\n"
-        "print(info.tensors)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "2"
+def test_inspect_reads_no_tensor_data(tmp_path: Path) -> None:
+    """load's machine gives the verdict with every storage on meta: the file's 16 MB of tensor
+    data are never read (before, inspect read the pickle alone, torch-free)."""
+    path = tmp_path / "big.pt"
+    torch.save({"w": torch.zeros(1 << 22), "args": argparse.Namespace(lr=0.1)}, path)
+    inspect(path)  # what it imports is read once
+    before = bytes_read()
+    info = inspect(path)
+    assert info.loadable and info.tensor_bytes == 16 << 20
+    assert bytes_read() - before < 1 << 20
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -167,7 +167,7 @@ def test_forged_zip_names_and_records_are_escaped(tmp_path: Path) -> None:
         archive.writestr("archive/version", "3" + FORGED[:40])
         archive.writestr("archive/byteorder", "little\u202e")
     done = _cli(str(path))
-    assert done.returncode == 1
+    assert done.returncode == 3  # load refuses the forged byteorder record: dangerous
     _assert_clean(done.stdout)
     assert "archive version 3\\x1b[2K\\x0d" in done.stdout
     outside = tmp_path / "outside.pt"
@@ -175,7 +175,7 @@ def test_forged_zip_names_and_records_are_escaped(tmp_path: Path) -> None:
         archive.writestr("archive/data.pkl", b"\x80\x02}.")
         archive.writestr("evil" + FORGED + "\u202e/x", b"")
     done = _cli(str(outside))
-    assert done.returncode == 1
+    assert done.returncode == 3  # a record outside the archive folder: dangerous
     _assert_clean(done.stdout)
 
 

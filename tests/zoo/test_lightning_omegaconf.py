@@ -278,7 +278,7 @@ def test_inspect_judges_lightning_checkpoints_as_load_does(tmp_path: pathlib.Pat
     info = inspect(doubled)
     assert not info.loadable and info.refusals[-1] in str(refused.value)
     assert "resolves to at most" in info.refusals[-1]
-    for file, code in ((path, 0), (doubled, 1)):
+    for file, code in ((path, 0), (doubled, 3)):  # 3: dangerous, what no allow entry admits
         done = subprocess.run(
             [sys.executable, "-m", "compatshim", "inspect", str(file), "--json"],
             capture_output=True,

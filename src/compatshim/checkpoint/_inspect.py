@@ -1,25 +1,25 @@
-"""``inspect``: what a checkpoint needs and holds, from its headers and pickle alone.
+"""``inspect``: what a checkpoint needs and holds, and what ``load`` does with it.
 
-The file is read by the same format reader as ``load`` (``_container``: the
-same checks of the zip directory, storage ids, legacy layout and safetensors
-header, the same error boundary), and the pickle run symbolically (``_container.ScanMachine``):
-nothing it names is imported or constructed, and no tensor data is read.
-Neither torch nor numpy is imported, which keeps it well under a second for any
-size of file. One exception: omegaconf configs are judged whole only once built
-(interpolations, content shared between containers, what node references expand
-to: ``_omegaconf.Builder.finish``), so a file that names them and passes every
-other check is read by ``load``'s own machine with every storage on ``meta``
-(torch and omegaconf are imported; a zip file's tensor data is not read, a
-legacy-format file's is, as ``load`` reads it), and its refusal is reported.
+Two reads of the file. First the report, torch-free: the same format reader as ``load``
+(``_container``: the same checks of the zip directory, storage ids, legacy layout and
+safetensors header), the pickle run symbolically (``_container.ScanMachine``), every global
+judged by ``load``'s own gate (``_gate.judge``, without a call's ``allow=``): the allowlist,
+the deny list, then the process-wide entries (``compatshim.checkpoint.allow``,
+``COMPATSHIM_ALLOW``, ``COMPATSHIM_ALLOW_FILE``, the ``compatshim.allow`` entry points).
+A file this read finds dangerous (a denied global, a structure ``load`` refuses whatever is
+allowed) is judged here: ``load`` refuses it and nothing can allow it.
 
-Every global is judged by ``load``'s own gate (``_gate.judge``, without a call's
-``allow=``): the allowlist, the deny list, then the process-wide entries
-(``compatshim.checkpoint.allow``, ``COMPATSHIM_ALLOW``, ``COMPATSHIM_ALLOW_FILE``,
-the ``compatshim.allow`` entry points; read only for a global that needs them).
-Names reached through ``builtins.getattr`` are judged by the allowlist alone.
-The one difference: a process-wide string entry is taken at its word (nothing is
-imported here), where ``load`` imports it and refuses a name that does not exist
-or turns out to be denied.
+Then the verdict: ``load``'s own machine reads the file (the same allowlist, deny list and
+budget as ``checkpoint.load``; torch, numpy and omegaconf are imported where the file needs
+them) with every storage on ``meta``, so no tensor data is read (a zip file's storages are
+made on ``meta``, a safetensors file is mapped, never read; a legacy-format file's storages
+are read, as ``load`` reads them, then dropped). What it does is the severity: it loads
+(loadable), it refuses only globals an allow entry admits (needs-allow, each named), it
+refuses anything else (dangerous: a denied object, a budget or structure refusal, what it
+builds being hostile), or the file is no checkpoint it can read (unreadable: raised).
+A DCP folder: its ``.metadata`` as torch reads it hardened, then each non-tensor item of
+its ``.distcp`` files as hardened DCP reads it (``torch.load`` of the item's bytes), each
+by ``load``'s machine; the folder gets the worst severity.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import IO, Any, Iterable, Iterator
 
+from .._settings import SettingError
+from .._text import short
 from . import _dcp_folder, _limits, _omegaconf, _safetensors, process_allow
 from ._container import (
     LEGACY_MAGIC,
@@ -38,6 +40,7 @@ from ._container import (
     ScanResult,
     ZipDirectory,
     describe_source,
+    plain_text,
     read,
     read_legacy,
     read_record,
@@ -48,23 +51,27 @@ from ._dcp_folder import DcpInfo
 from ._dtypes import BY_TORCH
 from ._gate import ALLOWLIST, Verdict, judge
 from ._machine import Source
-from ._names import parse
+from ._names import RESOLVER, parse
 from .allowlist import numpy_core
-from .errors import CheckpointError, UnsafeCheckpointError
+from .errors import CheckpointError, UndecodableTextError, UnsafeCheckpointError
 
 MAX_GLOBALS = 200  # globals a report lists by name; the rest are counted (see _uses)
 
 # What a file is to its user, worst last; ``compatshim inspect``/``scan`` exit with its code
 # (scan: the worst file's, so the highest). docs/inspect.md says what each means.
-LOADABLE, NEEDS_ALLOW, REFUSED, UNREADABLE, DANGEROUS = (
+LOADABLE, NEEDS_ALLOW, UNREADABLE, DANGEROUS = (
     "loadable",  # load (or, for a DCP folder, torch.distributed.checkpoint) reads it
-    "needs-allow",  # refused only for globals compatshim does not cover: named, with the line
-    "refused",  # refused whatever is allowed (TorchScript, a structure load never builds)
+    "needs-allow",  # load refuses only globals an allow entry admits: named, with the line
     "unreadable",  # damaged, not a checkpoint, a folder without .metadata, an OS error
-    "dangerous",  # names a denied global: nothing can allow it; treat the file as an attack
+    "dangerous",  # load refuses what nothing can allow: treat the file as an attack
 )
-SEVERITIES = (LOADABLE, NEEDS_ALLOW, REFUSED, UNREADABLE, DANGEROUS)
-EXIT_CODES = {LOADABLE: 0, NEEDS_ALLOW: 1, REFUSED: 1, UNREADABLE: 2, DANGEROUS: 3}  # 1: as is
+SEVERITIES = (LOADABLE, NEEDS_ALLOW, UNREADABLE, DANGEROUS)
+EXIT_CODES = {LOADABLE: 0, NEEDS_ALLOW: 1, UNREADABLE: 2, DANGEROUS: 3}
+
+
+def worst(*severities: str) -> str:
+    """The severity with the highest exit code."""
+    return max(severities, key=EXIT_CODES.__getitem__)
 
 
 def allow_code(name: str, split: tuple[str, str] | None = None) -> str | None:
@@ -176,6 +183,8 @@ class CheckpointInfo:
     globals_omitted: int = 0
     unknown_omitted: int = 0
     dangerous_omitted: int = 0
+    severity: str = LOADABLE  # what load does with it (the module docstring): SEVERITIES
+    needs_allow: tuple[str, ...] = ()  # what load refused that an allow entry admits
 
     @property
     def unknown(self) -> tuple[str, ...]:
@@ -185,23 +194,13 @@ class CheckpointInfo:
 
     @property
     def loadable(self) -> bool:
-        """Whether ``load`` would accept every global and structure the file names (a DCP
-        folder: whether torch.distributed.checkpoint would, its .metadata read by compatshim)."""
-        return not self.unknown and not self.unknown_omitted and not self.refusals
+        """Whether ``load`` reads it (a DCP folder: torch.distributed.checkpoint, hardened)."""
+        return self.severity == LOADABLE
 
     @property
     def dangerous(self) -> tuple[str, ...]:
         """Listed globals no allow source can admit (denied; ``dangerous_omitted`` more)."""
         return tuple(g.name for g in self.globals if g.dangerous)
-
-    @property
-    def severity(self) -> str:
-        """One of :data:`SEVERITIES`: dangerous if any global is denied, whatever else holds."""
-        if self.dangerous or self.dangerous_omitted:
-            return DANGEROUS
-        if self.refusals:
-            return REFUSED
-        return NEEDS_ALLOW if not self.loadable else LOADABLE
 
     @property
     def loaded_by(self) -> str:
@@ -389,25 +388,125 @@ def _info(
 
 
 def inspect(f: Any) -> CheckpointInfo:
-    """See the module docstring; raises CheckpointError for a damaged or unknown file.
-
-    A torch.distributed.checkpoint folder: its ``.metadata`` as above, then, when
-    loadable, read with ``load``'s machine (torch is imported; no tensor data is read).
-    """
+    """See the module docstring; raises CheckpointError for a file the format reader finds
+    damaged or no checkpoint (unreadable) and OSError for a path it cannot open. A file
+    this install cannot read (:data:`ELSEWHERE`) is reported, unreadable."""
     if _dcp_folder.is_folder(f):
         return _inspect_folder(f)
     if isinstance(f, (str, os.PathLike)) and os.path.isdir(f):
         raise CheckpointError(_not_a_checkpoint_folder(os.fspath(f)))
+    start = None if isinstance(f, (str, os.PathLike)) else f.tell()
     try:
-        return read(f, _read)
-    except UnsafeCheckpointError as exc:
-        uses = tuple(  # what load refused (a storage type that is os.system): judged by name
-            _use(name, 1, judge(*name.rpartition(".")[::2]))
-            for name in exc.refused[:MAX_GLOBALS]
-            if all(part.isidentifier() for part in name.split("."))
-        )
-        info = CheckpointInfo(describe_source(f), "other", (), 0, 0, 0, {}, Writer(), (str(exc),))
-        return replace(info, globals=tuple(u for u in uses if u.dangerous))
+        info = read(f, _headers)
+    except UnsafeCheckpointError as exc:  # the format reader's refusal: load's too
+        return _refused(f, exc)
+    except UndecodableTextError:
+        raise
+    except CheckpointError:  # damage; yet load may refuse the file before it reaches it
+        error = _load(f, start)
+        if isinstance(error, UnsafeCheckpointError):
+            return _refused(f, error)
+        raise
+    if info.severity == DANGEROUS:
+        return info  # load refuses it too, and nothing can allow it
+    read_data = info.container == "legacy" or any(use.entry == SPARSE for use in info.globals)
+    return _judged(info, _load(f, start, info.container == "safetensors", read_data))
+
+
+SPARSE = "torch._utils._rebuild_sparse_tensor"
+"""load checks a sparse tensor's indices against its size: a file holding one is read with
+its tensor data (on meta there is nothing to check)."""
+
+
+def _load(
+    f: Any, start: int | None, safetensors: bool = False, read_data: bool = False
+) -> CheckpointError | None:
+    """What ``checkpoint.load`` raises on ``f`` (None: it loads): every storage on meta, so
+    no tensor data is read, but where ``read_data``: a file holding a sparse tensor
+    (:data:`SPARSE`), and a legacy-format file (load reads its storages whatever the
+    target, and a view of a storage cannot be cut on meta); a safetensors path is mapped by
+    ``load``'s reader, never read."""
+    from ._load import Loader
+
+    if start is not None:
+        f.seek(start)
+    where, mapped = ("cpu" if read_data else "meta"), safetensors and start is None
+    try:
+        read(f, Loader(where, (), mapped).read)
+    except CheckpointError as exc:
+        return exc
+    return None
+
+
+def _allowable(name: str, listed: dict[str, GlobalUse]) -> bool:
+    """Whether an allow entry admits ``name`` (a refused global, or an omegaconf resolver's
+    ``omegaconf-resolver:NAME``): named, not denied, not reached through getattr."""
+    if name.startswith(RESOLVER):
+        try:
+            parse(name, "refused", strict=True)
+        except SettingError:
+            return False  # a resolver whose name the config computes: nothing vouches for it
+        return True
+    use = listed.get(name)
+    if use is not None:
+        return not use.covered and use.dangerous is None
+    module, _, attr = name.rpartition(".")
+    if not module or not all(part.isidentifier() for part in name.split(".")):
+        return False  # an operation or a structure ("BUILD on a dict"), not a global
+    verdict = judge(module, attr)
+    return verdict.dangerous is None and not verdict.admitted
+
+
+ELSEWHERE = ("a newer torch", "has no torch dtype in torch", "which is not installed")
+"""Words of ``load``'s refusals of a file this install cannot read where another one can (a
+newer torch's fields, a dtype this torch lacks, no torch at all): unreadable here, not an
+attack. Any other refusal of what load builds is dangerous."""
+
+
+def severity_of(error: CheckpointError | None, listed: dict[str, GlobalUse]) -> str:
+    """The severity of ``load``'s outcome (``listed``: the report's globals by name): None
+    (it loads), a refusal of globals an allow entry admits (needs-allow), text this install
+    cannot decode or a format it cannot read (:data:`ELSEWHERE`: unreadable), anything else
+    it refuses (dangerous: the format reader passed the file, so what load refuses is what
+    the pickle builds, or asks for)."""
+    if error is None:
+        return LOADABLE
+    if isinstance(error, UndecodableTextError) or (
+        not isinstance(error, UnsafeCheckpointError)
+        and any(words in str(error) for words in ELSEWHERE)
+    ):
+        return UNREADABLE
+    refused = getattr(error, "refused", ())
+    if refused and all(_allowable(name, listed) for name in refused):
+        return NEEDS_ALLOW
+    return DANGEROUS
+
+
+def _judged(info: CheckpointInfo, error: CheckpointError | None) -> CheckpointInfo:
+    """``info`` with the severity of what ``load`` did (``error``: its refusal, None: loads)."""
+    listed = {use.name: use for use in info.globals}
+    severity = severity_of(error, listed)
+    if severity == LOADABLE:
+        return replace(info, severity=LOADABLE, needs_allow=())
+    unknown = [n for n in info.unknown if not listed[n].dangerous]
+    if severity == NEEDS_ALLOW:
+        unknown += getattr(error, "refused", ())
+    refusal = str(error).removeprefix(f"{info.path}: ")
+    return replace(info, severity=severity, needs_allow=tuple(dict.fromkeys(unknown)),
+                   refusals=(*info.refusals, refusal))  # fmt: skip
+
+
+def _refused(f: Any, exc: UnsafeCheckpointError) -> CheckpointInfo:
+    """The report of a file refused before its pickle could be listed (the format reader's
+    refusal, or load's where the file is damaged past it): the denied names, judged."""
+    uses = tuple(  # what load refused (a storage type that is os.system): judged by name
+        _use(name, 1, judge(*name.rpartition(".")[::2]))
+        for name in exc.refused[:MAX_GLOBALS]
+        if all(part.isidentifier() for part in name.split("."))
+    )
+    what = describe_source(f)
+    info = CheckpointInfo(what, "other", (), 0, 0, 0, {}, Writer())
+    return _judged(replace(info, globals=tuple(u for u in uses if u.dangerous)), exc)
 
 
 def _not_a_checkpoint_folder(path: str) -> str:
@@ -425,7 +524,8 @@ def _not_a_checkpoint_folder(path: str) -> str:
 
 def _inspect_folder(folder: Any) -> CheckpointInfo:
     """``inspect`` of a DCP folder: its ``.metadata``'s globals and verdict, then what it
-    lists (FQNs, dtypes, shapes, ranks that wrote it, non-tensor items) when loadable."""
+    lists (FQNs, dtypes, shapes, ranks that wrote it, non-tensor items) and the verdict on
+    each non-tensor item, when the ``.metadata`` loads."""
     path = os.fspath(folder)
     info = inspect(os.path.join(path, _dcp_folder.METADATA))
     world_size, files = _dcp_folder.ranks_on_disk(path)
@@ -436,8 +536,7 @@ def _inspect_folder(folder: Any) -> CheckpointInfo:
     try:
         metadata = _dcp_folder.load_folder_metadata(path)
     except UnsafeCheckpointError as exc:  # damage (CheckpointError) is raised, as for a file
-        refusals = (*info.refusals, str(exc))
-        return replace(info, path=path, container="dcp", dcp=unread, refusals=refusals)
+        return replace(_judged(info, exc), path=path, container="dcp", dcp=unread)
     found, tensors = _dcp_folder.describe(metadata, what)
     dtypes: dict[str, int] = {}
     size = 0
@@ -445,7 +544,7 @@ def _inspect_folder(folder: Any) -> CheckpointInfo:
         dtypes[dtype] = dtypes.get(dtype, 0) + 1
         known = BY_TORCH.get(dtype)  # an unknown dtype counts no bytes, as before
         size += _limits.count(shape, dtype) * (known.torch_bytes if known is not None else 0)
-    return replace(
+    info = replace(
         info,
         path=path,
         container="dcp",
@@ -456,41 +555,111 @@ def _inspect_folder(folder: Any) -> CheckpointInfo:
         named_tensors=tuple(NamedTensor(n, d, s) for n, d, s in tensors),
         dcp=found,
     )
-
-
-def _read(file: IO[bytes], what: str, path: str | None) -> CheckpointInfo:
-    start = file.tell()
-    info = _headers(file, what)
-    if not info.loadable or not any(
-        g.entry in _omegaconf.CLASSES or g.name in _omegaconf.CLASSES for g in info.globals
-    ):
-        return info
-    file.seek(start)
-    return _whole_load(file, what, info)
-
-
-def _whole_load(file: IO[bytes], what: str, info: CheckpointInfo) -> CheckpointInfo:
-    """``info`` with ``load``'s refusal added, if it refuses the file (see the module docstring)."""
-    from ._load import Loader
-
-    try:
-        read(file, Loader("meta", (), False).read)
-    except CheckpointError as exc:
-        return replace(info, refusals=(*info.refusals, str(exc).removeprefix(f"{what}: ")))
+    places = _places(metadata, found.items)
+    for key in found.items:
+        info = _with_item(info, path, key, places.get(key))
     return info
 
 
-def _headers(file: IO[bytes], what: str) -> CheckpointInfo:
+def _places(metadata: Any, items: tuple[str, ...]) -> dict[str, tuple[str, int, int, Any]]:
+    """Where each non-tensor item lies: ``fqn -> (data file, offset, length, transforms)``,
+    from ``storage_data`` (each field checked for the type torch writes)."""
+    from torch.distributed.checkpoint import filesystem
+    from torch.distributed.checkpoint import metadata as md
+
+    wanted = set(items)
+    storage = vars(metadata).get("storage_data")
+    places = {}
+    for index, place in storage.items() if type(storage) is dict else ():
+        if type(index) is not md.MetadataIndex or type(place) is not filesystem._StorageInfo:
+            continue
+        fqn, fields = vars(index).get("fqn"), vars(place)
+        file, offset, length = (fields.get(k) for k in ("relative_path", "offset", "length"))
+        if (
+            type(fqn) is str
+            and fqn in wanted
+            and type(file) is str
+            and type(offset) is int
+            and type(length) is int
+            and offset >= 0
+            and length >= 0
+        ):
+            places[fqn] = (file, offset, length, fields.get("transform_descriptors"))
+    return places
+
+
+def _with_item(
+    info: CheckpointInfo, folder: str, key: str, place: tuple[str, int, int, Any] | None
+) -> CheckpointInfo:
+    """``info`` with the verdict on the non-tensor item ``key``, read as hardened DCP reads
+    it (``torch.load`` of its bytes, by load's machine; tensors on meta): the worst counts."""
+    from ..patches.torch_dcp_safe_metadata import _Slice
+
+    label = f"DCP item {short(key, 200)}"
+    if place is None:
+        return _item_result(info, UNREADABLE, f"{label}: no place in .metadata's storage_data")
+    file, offset, length, transforms = place
+    label += f" in {short(file, 200)}"
+    try:
+        with open(os.path.join(folder, file), "rb") as raw:
+            exact = _Slice(raw, offset, length)  # hardened DCP's exact view of the item
+            vars(exact)["name"] = label  # what messages call it (io.BufferedReader shows it)
+            view: Any = io.BufferedReader(exact)
+            if transforms:  # compressed by a DCP extension: read whole, as torch reads it
+                view = io.BytesIO(_transformed(view, transforms).read())
+                view.name = label
+            item = inspect(view)
+    except (CheckpointError, OSError, ValueError) as exc:
+        return _item_result(info, UNREADABLE, f"{label}: {plain_text(exc)}")
+    if item.loadable:
+        return info
+    listed = {use.name for use in info.globals}
+    uses = tuple(u for u in item.globals if not u.covered and u.name not in listed)
+    if item.refusals:
+        why = "; ".join(r.removeprefix(f"{label}: ") for r in item.refusals)
+    else:
+        denied = item.dangerous
+        why = f"denied: {', '.join(denied)}" if denied else f"allow: {', '.join(item.needs_allow)}"
+    found = _item_result(info, item.severity, f"{label}: {why}")
+    needs = tuple(dict.fromkeys((*info.needs_allow, *item.needs_allow)))
+    return replace(found, globals=(*info.globals, *uses), needs_allow=needs)
+
+
+def _item_result(info: CheckpointInfo, severity: str, refusal: str) -> CheckpointInfo:
+    return replace(info, severity=worst(info.severity, severity),
+                   refusals=(*info.refusals, refusal))  # fmt: skip
+
+
+def _transformed(view: IO[bytes], transforms: Any) -> IO[bytes]:
+    """The item's bytes through the DCP stream extensions its descriptors name (torch's own
+    registry: ``FileSystemReader`` reads an item so)."""
+    from torch.distributed.checkpoint import filesystem
+
+    if not (isinstance(transforms, (list, tuple)) and all(type(t) is str for t in transforms)):
+        raise CheckpointError(f"transform descriptors {short(transforms)} are not strings")
+    made = getattr(filesystem, "_StorageReaderTransforms", None)
+    if made is None:
+        raise CheckpointError(f"this torch reads no DCP transforms ({short(transforms)})")
+    stream: IO[bytes] = made().transform_load_stream(None, transforms, view)
+    return stream
+
+
+def _headers(file: IO[bytes], what: str, path: str | None = None) -> CheckpointInfo:
+    """The report of the first read (torch-free), severity by what it alone can tell."""
     kind = sniff(file)
     if kind == "zip":
-        return _from_zip(file, what)
-    if kind == "pickle":
-        return _from_pickle(file, what)
-    if kind == "safetensors":
-        return _from_safetensors(file, what)
-    if kind == "tar":
+        info = _from_zip(file, what)
+    elif kind == "pickle":
+        info = _from_pickle(file, what)
+    elif kind == "safetensors":
+        info = _from_safetensors(file, what)
+    elif kind == "tar":
         raise CheckpointError(f"{what}: torch's tar format (torch < 0.4) is not supported")
-    raise CheckpointError(f"{what}: neither a torch zip file nor a pickle")
+    else:
+        raise CheckpointError(f"{what}: neither a torch zip file nor a pickle")
+    if info.dangerous or info.dangerous_omitted or info.refusals:
+        return replace(info, severity=DANGEROUS)
+    return info  # what is not covered is for load to refuse (needs-allow, or worse)
 
 
 # ---------------------------------------------------------------- scan: a verdict per path
@@ -520,9 +689,7 @@ class Scanned:
             "exit_code": EXIT_CODES[self.severity],
             "container": None if info is None else info.container,
             "dangerous": [] if info is None else list(info.dangerous),
-            "needs_allow": []
-            if info is None
-            else [n for n in info.unknown if n not in info.dangerous],
+            "needs_allow": [] if info is None else list(info.needs_allow),
             "omitted": 0 if info is None else info.globals_omitted,
             "refusals": [] if info is None else list(info.refusals),
             "error": self.error,

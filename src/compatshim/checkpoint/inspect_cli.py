@@ -1,11 +1,12 @@
 """``compatshim inspect PATH [--json]`` and ``compatshim scan PATH... [--json]``: reports
 and their exit codes (docs/inspect.md).
 
-Each path gets a severity (``_inspect.SEVERITIES``) and the CLI exits with its code (scan:
-the worst path's, the highest): 0 loadable; 1 not loadable as is, yet no attack (needs an
-allow entry, named, or refused whatever is allowed); 2 unreadable (damaged, not a
+Each path gets a severity (``_inspect.SEVERITIES``: what ``load`` does with it) and the CLI
+exits with its code (scan: the worst path's, the highest): 0 loadable; 1 needs-allow (load
+refuses only globals an allow entry admits, each named); 2 unreadable (damaged, not a
 checkpoint, a folder without a DCP .metadata: one reason line on stderr, never a
-traceback; argparse's usage errors exit 2 too); 3 dangerous (names a denied global).
+traceback; argparse's usage errors exit 2 too); 3 dangerous (load refuses what nothing
+can allow: a denied global, a hostile structure, a budget bomb).
 ``--json`` prints a record on stdout whatever the outcome.
 
 Every string that comes from the file (global names, zip record names and
@@ -25,6 +26,7 @@ from typing import IO, Sequence
 from ._inspect import (
     DANGEROUS,
     EXIT_CODES,
+    NEEDS_ALLOW,
     SEVERITIES,
     UNREADABLE,
     CheckpointInfo,
@@ -175,7 +177,10 @@ def render(info: CheckpointInfo) -> str:
         lines.append(f"  REFUSED: {printable(refusal, 2 * MAX_SHOWN)}")
     verdict = f"loadable by {info.loaded_by}" if info.loadable else "NOT loadable as is"
     if info.severity == DANGEROUS:
-        lines.append("  DANGEROUS: it names a denied global (code execution, files, network)")
+        lines.append(
+            "  DANGEROUS: load refuses what no allow entry admits (a denied global, a hostile "
+            "structure, a budget bomb): treat it as an attack"
+        )
     lines.append(f"  -> {verdict}")
     return "\n".join(lines)
 
@@ -204,15 +209,16 @@ def _scan_line(done: Scanned) -> str:
     info, why = done.info, ""
     if info is None:
         why = done.error or ""
+    elif info.severity == NEEDS_ALLOW and not info.dcp:
+        named = info.needs_allow
+        more = len(named) + info.unknown_omitted - 3
+        why = "allow: " + ", ".join(named[:3]) + (f" and {more} more" if more > 0 else "")
+    elif info.refusals:
+        why = info.refusals[-1]  # the deciding one: load's, or a DCP item's (key and file)
     elif info.dangerous or info.dangerous_omitted:
         why = (
             "denied: " + ", ".join(info.dangerous[:3]) + (" ..." if len(info.dangerous) > 3 else "")
         )
-    elif info.refusals:
-        why = info.refusals[0]
-    elif not info.loadable:
-        more = len(info.unknown) + info.unknown_omitted - 3
-        why = "allow: " + ", ".join(info.unknown[:3]) + (f" and {more} more" if more > 0 else "")
     shown = f"{done.severity:<11} {printable(done.path, 1000)}"
     return f"{shown}  ({printable(why)})" if why else shown
 
