@@ -39,10 +39,13 @@ load 6, ``update_ema`` measured 1.20x-1.22x the bare foreach with it and
 stubbed the same way at 120 parameters (three runs each): 1.12x-1.16x with it,
 0.98x-1.00x without.
 
+While ``torch.__future__.set_overwrite_module_params_on_conversion(True)`` is in
+force, ``.to()`` puts new Parameter objects into ``module._parameters`` with no
+hook: the plan is rebuilt on every call then (a flag read per call otherwise).
+
 Not seen (documented): parameters removed or replaced by writing
 ``module._parameters`` directly (torch's hooks do not run; FSDP2 does this and
-is handled by the slow check; ``.to()`` does it under
-``torch.__future__.set_overwrite_module_params_on_conversion(True)``), a
+is handled by the slow check), a
 ``.data`` of another shape that broadcasts onto the EMA's (a (4, 4) weight set
 to a (4,) tensor), and a buffer registered under a new name on a module that
 was already paired (a new submodule is seen).

@@ -112,6 +112,8 @@ class Plan:
     slot_held: list[Tensor] = field(default_factory=list)
     gathers: list[GatherGroup] = field(default_factory=list)
     torch: Any = None
+    # torch.__future__'s flag: while set, ``.to()`` swaps Parameter objects with no hook
+    overwrites: Callable[[], bool] = bool
     below: BelowAutograd | None = None  # set when every foreach tensor is plain (``dispatch``)
 
     def add(self, ema: Tensor, src: Tensor) -> None:
@@ -134,6 +136,7 @@ class Plan:
         """True while nothing the pairing depends on has changed (see ``guard``)."""
         return (
             self.epoch == EPOCH[0]
+            and not self.overwrites()
             and self.model() is model
             and self.optimizer() is optimizer
             and self.sharded == sharded
@@ -367,6 +370,7 @@ def build_plan(
         epoch=registration_epoch(),
         groups=group_signature(optimizer),
         torch=torch,
+        overwrites=torch.__future__.get_overwrite_module_params_on_conversion,
     )
     pairs, plan.watched = walk(ema_model, model, exclude)
     plan.flags = list(map(REQUIRES_GRAD, plan.watched))
