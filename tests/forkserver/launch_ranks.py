@@ -6,8 +6,10 @@ tests.forkserver.launch_ranks torchrun``, ``python -m tests.forkserver.launch_ra
 mp-spawn``). Nothing here calls ``compatshim.install()``: the launcher, the ranks and
 the DataLoader workers are armed by ``COMPATSHIM_AUTO=1`` (the wheel's start-up hook)
 or not at all. Each rank builds a DataLoader with two workers and no start method
-named, so the interpreter's default applies (``forkserver`` on Linux from Python 3.14;
-below 3.14 the rank sets it as the default, which is how 3.14 is emulated there), over
+named, so the rank's default applies: ``forkserver`` on Linux from Python 3.14 (below
+3.14, where it is ``fork``, the rank sets it, which is how 3.14 is emulated there), and
+``spawn`` in an ``mp.spawn`` rank on every Python (a child started by ``spawn`` keeps that
+method as its default), over
 a dataset that keeps a gloo subgroup (``torch-processgroup-copy`` must let it cross into
 the workers), then one whose config holds a lambda (``multiprocessing-pickle-paths``
 must name it). Each rank prints one ``RESULT {json}`` line.
@@ -52,8 +54,8 @@ def _error(exc: BaseException) -> str:
 
 def rank_report(rank: int) -> dict[str, Any]:
     """The DataLoaders of one rank, started by the interpreter's default method."""
-    if sys.version_info < (3, 14):
-        multiprocessing.set_start_method("forkserver", force=True)  # 3.14's default, emulated
+    if multiprocessing.get_start_method() == "fork":  # Linux below 3.14: its default emulated
+        multiprocessing.set_start_method("forkserver", force=True)
     report: dict[str, Any] = {
         "rank": rank,
         "pid": os.getpid(),
