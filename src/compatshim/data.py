@@ -590,6 +590,16 @@ def _stateful_position(loader: Any, epoch: int, batches: int) -> dict[str, Any]:
     return {**state, "rank": rank, "stateful": own}
 
 
+class _Finished(Iterator[Any]):
+    """The rest of a finished pass: nothing (the loader's next ``iter`` starts the next)."""
+
+    def __next__(self) -> Any:
+        raise StopIteration
+
+    def __len__(self) -> int:
+        return 0
+
+
 def _holds_dataset_state(value: Any) -> bool:
     """Whether a StatefulDataLoader state holds a dataset's (or a dataset iterator's) own
     state, in the main process or any worker's snapshot."""
@@ -650,9 +660,14 @@ def _stateful_resume(loader: Any, saved: Mapping[str, Any]) -> Resumed | None:
     for owner in (loader.sampler, loader.batch_sampler):
         if hasattr(owner, "set_epoch"):
             owner.set_epoch(epoch)
-    loader.load_state_dict(copy.deepcopy(dict(saved["stateful"])))
-    with _generators_kept(loader):
-        iterator = iter(loader)
+    own = copy.deepcopy(dict(saved["stateful"]))
+    loader.load_state_dict(own)
+    if own.get("_iterator_finished") is True:
+        # a finished pass: iter(loader) would start the next one under the saved epoch
+        iterator: Any = _Finished()
+    else:
+        with _generators_kept(loader):
+            iterator = iter(loader)
     skipped = int(saved["batches"])
     record = _Pass(epoch, same_order=True, skipped=skipped)
     _PASSES[loader] = record

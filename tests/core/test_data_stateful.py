@@ -127,6 +127,20 @@ def test_a_resumed_pass_saved_again_composes() -> None:
     assert [b[0].tolist() for b in cd.resume(shuffled(seed=3), second)] == uninterrupted[4:]
 
 
+def test_a_finished_pass_resumes_as_finished() -> None:
+    """iter() of a loader holding a finished pass's state starts a new pass; under the saved
+    epoch's DistributedSampler order that would serve the epoch again."""
+    load = distributed(25, 2, 0)
+    everything = [b[0].tolist() for b in load]
+    state = cd.position(load, epoch=EPOCH, batches=len(everything))
+    again = distributed(25, 2, 0)
+    rest = cd.resume(again, state)
+    assert list(rest) == [] and len(rest) == 0
+    again.sampler.set_epoch(EPOCH + 1)
+    load.sampler.set_epoch(EPOCH + 1)
+    assert [b[0].tolist() for b in again] == [b[0].tolist() for b in load]  # the next pass
+
+
 def test_a_count_the_loader_did_not_yield_is_refused() -> None:
     load = shuffled()
     taken(load, 3)

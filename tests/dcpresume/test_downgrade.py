@@ -97,9 +97,10 @@ def _job(python: str, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.timeout(900)  # one interpreter start per env: over 300 s for 5 envs on 2 busy cores
 def test_saved_by_the_newest_env_loaded_by_every_older_one(tmp_path: Path) -> None:
     """dtypes, a transposed and a channels_last tensor, nested dicts and a non-tensor item,
-    saved by torch 2.15, read by 2.2/2.8/2.11 with plain ``dcp.load`` after the rewrite."""
+    saved by torch 2.15, read by 2.2/2.4/2.8/2.11 with plain ``dcp.load`` after the rewrite."""
     envs = _interpreters()
     if len(envs) < 2 or envs[-1][0] < (2, 14):
         pytest.skip("needs a dcpresume tox env with torch 2.14+ and an older one beside it "
