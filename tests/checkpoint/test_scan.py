@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -259,6 +260,16 @@ def test_a_dcp_item_is_read_as_hardened_dcp_reads_it(
     assert report["exit_code"] == 3 and not marker.exists()
     line = _cli("scan", str(tmp_path / "poisoned")).stdout.splitlines()[0]
     assert line.startswith("dangerous") and "DCP item 'extra' in '__0_0.distcp': denied: " in line
+    save(tmp_path / "torn", state())  # an item's bytes overwritten: unreadable, named
+    with open(tmp_path / "torn" / ".metadata", "rb") as file:
+        metadata = pickle.load(file)  # our own file
+    (where,) = [w for index, w in metadata.storage_data.items() if index.fqn == "step"]
+    with open(tmp_path / "torn" / where.relative_path, "r+b") as data:
+        data.seek(where.offset)
+        data.write(b"\xff" * where.length)
+    torn = inspect(tmp_path / "torn")
+    assert torn.severity == UNREADABLE, torn.refusals
+    assert torn.refusals[-1].startswith("DCP item 'step' in '__0_0.distcp': "), torn.refusals
 
 
 def _written_by_a_newer_torch(path: str) -> bool:

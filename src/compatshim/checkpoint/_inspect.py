@@ -400,13 +400,11 @@ def inspect(f: Any) -> CheckpointInfo:
         info = read(f, _headers)
     except UnsafeCheckpointError as exc:  # the format reader's refusal: load's too
         return _refused(f, exc)
-    except UndecodableTextError:
-        raise
     except CheckpointError:  # damage; yet load may refuse the file before it reaches it
         error = _load(f, start)
         if isinstance(error, UnsafeCheckpointError):
             return _refused(f, error)
-        raise
+        raise  # unreadable (load meets the damage too, or, reading less, misses it)
     if info.severity == DANGEROUS:
         return info  # load refuses it too, and nothing can allow it
     read_data = info.container == "legacy" or any(use.entry == SPARSE for use in info.globals)
@@ -610,7 +608,8 @@ def _with_item(
                 view.name = label
             item = inspect(view)
     except (CheckpointError, OSError, ValueError) as exc:
-        return _item_result(info, UNREADABLE, f"{label}: {plain_text(exc)}")
+        why = plain_text(exc).removeprefix(f"{label}: ")
+        return _item_result(info, UNREADABLE, f"{label}: {why}")
     if item.loadable:
         return info
     listed = {use.name for use in info.globals}
