@@ -19,8 +19,9 @@ afterwards (:meth:`Allow.obtain`) and refuses what it turns out to be, when deni
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from . import process_allow
 from ._names import RESOLVER, UNRESOLVED, Key, canonical, parse
@@ -46,7 +47,15 @@ class Allow:
     """One call's ``allow=``: globals by canonical name (the object, or ``UNRESOLVED`` for a
     string) and the omegaconf resolvers its configs may call (then the process-wide ones)."""
 
+    named: dict[str, Any]  # never changed once made (shared by calls passing one tuple)
+    resolvers: process_allow.Resolvers
+
     def __init__(self, items: Iterable[Any] = ()) -> None:
+        self._obtained: dict[str, Any] = {}
+        cached = _parsed.get(id(items)) if type(items) is tuple else None
+        if cached is not None and cached[0] is items:  # the same entries as a recent call
+            self.named, self.resolvers = cached[1], cached[2]
+            return
         if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
             hint = (
                 f": write allow=[{items!r}]" if isinstance(items, str) and len(items) < 200 else ""
@@ -55,7 +64,7 @@ class Allow:
                 "allow= takes a list of entries ('module.name' strings, classes, functions, "
                 f"(object, 'module.name') pairs), got {type(items).__name__}{hint}"
             )
-        self.named: dict[str, Any] = {}
+        self.named = {}
         resolvers: set[str] = set()
         for item in items:
             parsed = parse(item)
@@ -64,7 +73,10 @@ class Allow:
             else:
                 self.named[parsed.key] = parsed.obj
         self.resolvers = process_allow.Resolvers(frozenset(resolvers))
-        self._obtained: dict[str, Any] = {}
+        if type(items) is tuple:  # immutable: its parse is kept for the next call passing it
+            if len(_parsed) >= 8:
+                _parsed.clear()
+            _parsed[id(items)] = (items, self.named, self.resolvers)
 
     def obtain(self, verdict: Verdict, module: str) -> Any:
         """The object an ``allow=`` or process-wide entry admits. A string is resolved now,
@@ -89,6 +101,12 @@ class Allow:
                 raise LookupError(f"{verdict.name} (named in allow=) does not exist")
         self._obtained[verdict.name] = found
         return found
+
+
+#: id -> (a tuple of allow= entries, its parse): a caller passing the same tuple on every
+#: call (the hardened torch.load: torch's registrations) parses it once. The tuple is held,
+#: so its id is not reused while it is here; ``named`` and ``resolvers`` are never changed.
+_parsed: dict[int, tuple[tuple[Any, ...], dict[str, Any], process_allow.Resolvers]] = {}
 
 
 @dataclass(frozen=True)

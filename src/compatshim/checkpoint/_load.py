@@ -56,7 +56,10 @@ from ._limits import Budget
 from ._machine import Source
 from ._safe import SafeMachine, check_result
 from .errors import CheckpointError, UnsafeCheckpointError, advised, as_well
-from .request import Request, not_pickle, read
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .request import Request
 
 log = logging.getLogger("compatshim.checkpoint")
 MAX_NESTED_LOADS = 2
@@ -260,14 +263,24 @@ class Nested(NamedTuple):
     depth: int
 
 
-class Loader:
-    """One read (a :class:`Request`): the options, and the budget every pickle of the file
-    draws from. ``Loader(map_location, allow, mmap)`` is the older call shape."""
+#: why a source that is not a pickle is refused, by ``Request.expect`` (absent: any format)
+NOT_PICKLE = {
+    "pickle": "not a pickle",
+    "dcp-metadata": "a DCP .metadata is a pickle; this file is not one",
+}
+_OLD_SHAPE: Any = object()
 
-    def __init__(self, request: Any = None, allow: Iterable[Any] = (), mmap: bool = False):
-        if not isinstance(request, Request):
+
+class Loader:
+    """One read (a ``request.Request``): the options, and the budget every pickle of the
+    file draws from. ``Loader(map_location, allow, mmap)`` is the older call shape."""
+
+    def __init__(self, request: Any, allow: Any = _OLD_SHAPE, mmap: bool = False) -> None:
+        if allow is not _OLD_SHAPE:
+            from .request import Request
+
             request = Request(request, allow, mmap)
-        self.request = request
+        self.request: Request = request
         self.map_location = request.map_location
         self.restore = restorer(self.map_location)  # a wrong type: TypeError before any read
         nested = request.nested
@@ -277,7 +290,7 @@ class Loader:
         self.depth = 0 if nested is None else nested.depth
         self.mmap = request.mmap
         self.encoding = request.encoding or "utf-8"
-        self.not_pickle = not_pickle(request.expect)
+        self.not_pickle = NOT_PICKLE.get(request.expect)
 
     def read(self, file: IO[bytes], what: str, path: str | None) -> Any:
         here = file.tell()
@@ -406,6 +419,8 @@ def refusals(found: ScanResult, allow: Allow) -> list[str]:
 
 def load(f: Any, map_location: Any = None, *, allow: Iterable[Any] = (), mmap: bool = False) -> Any:
     """``checkpoint.load``: :func:`request.read`, a refusal with ``load``'s own advice."""
+    from .request import Request, read
+
     try:
         return read(f, Request(map_location, allow, mmap))
     except UnsafeCheckpointError as exc:

@@ -14,17 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal
 
+from ._container import describe_source
+from ._container import read as _guarded
+from ._load import Loader
 from ._machine import MAX_LINE, py2_str_encoding
+from .errors import CheckpointError, UnsafeCheckpointError
 
-__all__ = ["MAX_LINE", "Expect", "Request", "read"]
+__all__ = ["MAX_LINE", "CheckpointError", "Expect", "Request", "UnsafeCheckpointError", "read"]
 
 #: what the source must be: any format ``load`` reads, a pickle (``numpy.load``'s), or a
 #: DCP ``.metadata`` (a pickle whose data files lie inside its folder)
 Expect = Literal["checkpoint", "pickle", "dcp-metadata"]
-_NOT_PICKLE = {
-    "pickle": "not a pickle",
-    "dcp-metadata": "a DCP .metadata is a pickle; this file is not one",
-}
 
 
 @dataclass(frozen=True)
@@ -61,19 +61,10 @@ def read(source: Any, request: Request = Request()) -> Any:
     Only CheckpointError / UnsafeCheckpointError (and a missing path's OSError, a wrong
     argument's TypeError or LookupError) leave it, naming the source.
     """
-    from ._container import read as guarded
-    from ._load import Loader
-
     loader = Loader(request)  # a wrong map_location is a TypeError before any read
-    value = guarded(source, loader.read, name=request.name)
+    value = _guarded(source, loader.read, name=request.name)
     if request.expect == "dcp-metadata":
-        from ._container import describe_source
         from ._dcp_folder import _refuse_paths_outside
 
         _refuse_paths_outside(value, request.name or describe_source(source))
     return value
-
-
-def not_pickle(expect: Expect) -> str | None:
-    """Why a source that is not a pickle is refused for ``expect`` (None: any format)."""
-    return _NOT_PICKLE.get(expect)

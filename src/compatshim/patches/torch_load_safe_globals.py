@@ -219,14 +219,15 @@ def _record(event: str, detail: str) -> None:
     decisions.record(_NAME, event, detail)
 
 
-def _retry(f: Any, start: int | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Read ``f`` (again) with compatshim's loader; CheckpointError if it cannot (a refusal
-    without ``checkpoint.load``'s advice: the caller words its own)."""
-    from ..checkpoint import CheckpointError
-    from ..checkpoint.errors import as_well
-    from ..checkpoint.request import Request, read
-
+def _retry(
+    front: ModuleType, f: Any, start: int | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """Read ``f`` (again) with compatshim's loader (``front``: ``checkpoint.request``);
+    CheckpointError if it cannot (a refusal without ``checkpoint.load``'s advice: the
+    caller words its own)."""
     if start is None and not isinstance(f, (str, bytes)) and not hasattr(f, "__fspath__"):
+        from ..checkpoint.errors import CheckpointError, as_well
+
         try:  # torch's own check (_check_seekable): its error's type is torch's
             f.seek(f.tell())
             kind: type[BaseException] = OSError
@@ -240,10 +241,10 @@ def _retry(f: Any, start: int | None, args: tuple[Any, ...], kwargs: dict[str, A
     if start is not None:
         f.seek(start)
     map_location = args[1] if len(args) > 1 else kwargs.get("map_location")
-    request = Request(
+    request = front.Request(
         map_location, _torch_safe_globals(), _mmap(kwargs), encoding=kwargs.get("encoding")
     )
-    return read(f, request)
+    return front.read(f, request)
 
 
 def _torch_safe_globals() -> tuple[Any, ...]:
@@ -320,11 +321,11 @@ def _through_compatshim(
     A refusal by compatshim too raises torch's own error with ``refused`` and a
     note when not hardened; hardened, compatshim's error (never torch's wording).
     """
-    from ..checkpoint import CheckpointError
+    from ..checkpoint import request as front
 
     try:
-        loaded = _retry(f, start, args, kwargs)
-    except CheckpointError as why:
+        loaded = _retry(front, f, start, args, kwargs)
+    except front.CheckpointError as why:
         if isinstance(why, UnicodeDecodeError):  # as plain torch: a caller's latin1 retry runs
             raise
         what = _describe(f)
