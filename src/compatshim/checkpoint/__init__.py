@@ -134,8 +134,8 @@ def doctor_rows() -> list[Any]:
 
 
 def inspect(f: Any) -> CheckpointInfo:
-    """What ``f`` needs and holds, from its headers and pickle (no tensor data; omegaconf
-    configs are judged by ``load``'s own machine)."""
+    """What ``f`` needs and holds, and what ``load`` does with it: ``load``'s own machine
+    reads it with every storage on meta, so no tensor data is read (``_inspect``)."""
     from ._inspect import inspect as run
 
     return run(f)

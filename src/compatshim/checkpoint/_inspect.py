@@ -424,13 +424,14 @@ def _load(
     (:data:`SPARSE`), and a legacy-format file (load reads its storages whatever the
     target, and a view of a storage cannot be cut on meta); a safetensors path is mapped by
     ``load``'s reader, never read."""
-    from ._load import Loader
+    from .request import Request
+    from .request import read as read_request
 
     if start is not None:
         f.seek(start)
     where, mapped = ("cpu" if read_data else "meta"), safetensors and start is None
     try:
-        read(f, Loader(where, (), mapped).read)
+        read_request(f, Request(where, mmap=mapped))
     except CheckpointError as exc:
         return exc
     return None
