@@ -14,7 +14,7 @@ modules it loads). patchelf is the suite's own, run through that loader, so the 
 only ``apt-get`` and ``dpkg-deb``. Debian's ``python3-pip-whl`` comes along for
 ``venv --without-pip`` envs (:func:`pip_wheel`).
 
-``<cache>/<version>/bin/python<version>`` (cache: ``$COMPATSHIM_PYTHONS`` or
+``<cache>/<version>/bin/python<version>`` (cache: ``$COMPATSHIM_TEST_PYTHONS`` or
 ``~/.cache/compatshim-pythons``) appears only once the interpreter has imported ssl, ctypes,
 sqlite3, lzma, bz2, zlib and readline; a second run finds it and does nothing. Where the
 archive cannot be reached, :class:`Unreachable` says so and nothing is left behind: tox's
@@ -34,8 +34,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 VERSIONS = ("3.14", "3.15")
-SUITE = os.environ.get("COMPATSHIM_PYTHONS_SUITE", "sid")
-ARCHIVE = os.environ.get("COMPATSHIM_PYTHONS_ARCHIVE", "http://deb.debian.org/debian")
+SUITE = os.environ.get("COMPATSHIM_TEST_PYTHONS_SUITE", "sid")
+ARCHIVE = os.environ.get("COMPATSHIM_TEST_PYTHONS_ARCHIVE", "http://deb.debian.org/debian")
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 # what the interpreter and its extension modules link, and patchelf's own runtime
 LIBRARIES = (
@@ -68,7 +68,9 @@ class Unreachable(RuntimeError):
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("COMPATSHIM_PYTHONS") or Path.home() / ".cache/compatshim-pythons")
+    return Path(
+        os.environ.get("COMPATSHIM_TEST_PYTHONS") or Path.home() / ".cache/compatshim-pythons"
+    )
 
 
 def interpreter(version: str, root: Path | None = None) -> Path:

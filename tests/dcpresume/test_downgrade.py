@@ -111,7 +111,8 @@ def test_saved_by_the_newest_env_loaded_by_every_older_one(tmp_path: Path) -> No
     saved = tmp_path / "new"
     out = _job(python, "save", str(saved))
     assert out.returncode == 0, out.stderr[-2000:]
-    for release, older in envs[:-1]:
+    # older releases only: an env with the newest torch on another Python reads it itself
+    for release, older in [env for env in envs[:-1] if env[0] < envs[-1][0]]:
         name = ".".join(map(str, release))
         plain = _job(older, "load", str(saved))  # torch's own reader fails first
         assert plain.returncode != 0

@@ -31,8 +31,8 @@ def pythons() -> ModuleType:
 def _env(cache: Path) -> dict[str, str]:
     return {
         **os.environ,
-        "COMPATSHIM_PYTHONS": str(cache),
-        "COMPATSHIM_PYTHONS_ARCHIVE": UNREACHABLE,
+        "COMPATSHIM_TEST_PYTHONS": str(cache),
+        "COMPATSHIM_TEST_PYTHONS_ARCHIVE": UNREACHABLE,
     }
 
 

@@ -139,7 +139,7 @@ CATALOGUE: tuple[Patch, ...] = (
         name="multiprocessing-pickle-paths",
         distribution="python",
         requires=">=3.9",
-        tested=">=3.9,<3.14",
+        tested=">=3.9,<3.16",
         targets=("multiprocessing.reduction",),
         description=(
             "a child process (spawn/forkserver DataLoader worker, mp.spawn rank) whose arguments "
