@@ -102,7 +102,7 @@ def test_the_start_entry_point_arms_the_loading_patches_for_safe_load_alone() ->
 # A probe that counts the start-up hook's calls per process: its .pth import line runs
 # before any other start-up code (sorted first, and PEP 829 runs import lines before .start
 # entry points), so both routes to compatshim_auto.start() go through the count.
-_PROBE = '''
+_PROBE = """
 import os
 import compatshim_auto
 
@@ -116,7 +116,7 @@ def _counted():
 
 
 compatshim_auto.start = _counted
-'''
+"""
 _RUN = """
 import json, multiprocessing as mp, sys
 

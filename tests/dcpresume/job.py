@@ -54,8 +54,9 @@ def reduce_scatter_ignores_op(group: Any = None) -> bool:
     # the name FSDP2 calls: reduce_scatter_single from 2.13 (reduce_scatter_tensor warns there)
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     try:
-        reduce_scatter(out, torch.full((world,), float(rank + 1)), op=dist.ReduceOp.AVG,
-                       group=group)
+        reduce_scatter(
+            out, torch.full((world,), float(rank + 1)), op=dist.ReduceOp.AVG, group=group
+        )
     except RuntimeError:
         return False
     mean = (world + 1) / 2
@@ -111,15 +112,20 @@ def _build(layout: str, world: int) -> tuple[Any, torch.nn.Module, Any, Any, Any
 def _state(model: Any, ema: Any, opt: Any, sched: Any, step: int) -> dict[str, Any]:
     model_sd, optim_sd = get_state_dict(model, opt)
     # the step as a tensor: torch 2.2's dcp.load leaves a top-level int as it was
-    state = {"model": model_sd, "optim": optim_sd, "sched": sched.state_dict(),
-             "step": torch.tensor(step)}
+    state = {
+        "model": model_sd,
+        "optim": optim_sd,
+        "sched": sched.state_dict(),
+        "step": torch.tensor(step),
+    }
     if ema is not None:
         state["ema"] = ema.state_dict()
     return state
 
 
-def train(rank: int, world: int, layout: str, folder: str, save_at: int, steps: int,
-          resume: bool) -> dict[str, Any]:
+def train(
+    rank: int, world: int, layout: str, folder: str, save_at: int, steps: int, resume: bool
+) -> dict[str, Any]:
     """Train to ``steps``; save at ``save_at`` (or, with ``resume``, load from there first).
 
     Returns the global losses and this rank's draws from torch's generator after
@@ -130,9 +136,14 @@ def train(rank: int, world: int, layout: str, folder: str, save_at: int, steps: 
     model, net, ema, opt, sched = _build(layout, world)
     # FSDP2 averages gradients with reduce_scatter_tensor(AVG): where that sums, scale the loss
     sums = layout == "fsdp2" and reduce_scatter_ignores_op()
-    out: dict[str, Any] = {"losses": {}, "draws": {}, "reduce_scatter_sums": sums,
-                           "gloo_patch": any(r.name == "torch-gloo-reduce-scatter-op" and r.applied
-                                             for r in compatshim.status())}
+    out: dict[str, Any] = {
+        "losses": {},
+        "draws": {},
+        "reduce_scatter_sums": sums,
+        "gloo_patch": any(
+            r.name == "torch-gloo-reduce-scatter-op" and r.applied for r in compatshim.status()
+        ),
+    }
     start = 0
     if resume:
         state = _state(model, ema, opt, sched, -1)
@@ -149,9 +160,12 @@ def train(rank: int, world: int, layout: str, folder: str, save_at: int, steps: 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             report = compatshim.rng.load(Path(folder) / "rng.pt")  # last: nothing draws after it
-        out["rng"] = {"restored": report.restored, "derived": report.derived,
-                      "saved_world": report.saved_world_size,
-                      "warned": [type(w.message).__name__ for w in caught]}
+        out["rng"] = {
+            "restored": report.restored,
+            "derived": report.derived,
+            "saved_world": report.saved_world_size,
+            "warned": [type(w.message).__name__ for w in caught],
+        }
     for step in range(start, steps):
         if step == save_at and not resume:
             dcp.save(_state(model, ema, opt, sched, step), **_save_to(folder))
@@ -179,5 +193,7 @@ def train(rank: int, world: int, layout: str, folder: str, save_at: int, steps: 
 
 def _full(tensors: dict[str, Any]) -> dict[str, Any]:
     """Whole tensors (DTensors gathered: a collective) as plain lists, which outlive the rank."""
-    return {name: (value.full_tensor() if hasattr(value, "full_tensor") else value).tolist()
-            for name, value in tensors.items()}
+    return {
+        name: (value.full_tensor() if hasattr(value, "full_tensor") else value).tolist()
+        for name, value in tensors.items()
+    }

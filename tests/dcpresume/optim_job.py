@@ -104,8 +104,9 @@ def write(out: Path) -> None:
         model, optimizer = build(name)
         for index in range(SAVED):
             step(model, optimizer, index)
-        torch.save({"model": model.state_dict(), "optim": optimizer.state_dict()},
-                   folder / "plain.pt")
+        torch.save(
+            {"model": model.state_dict(), "optim": optimizer.state_dict()}, folder / "plain.pt"
+        )
         for form, flat in forms.items():
             options = StateDictOptions(flatten_optimizer_state_dict=True) if flat else None
             model_sd, optim_sd = get_state_dict(model, optimizer, options=options)

@@ -28,8 +28,10 @@ from tests.harness.fsdp2 import fsdp2_cpu_problem  # noqa: E402
 SAVE_AT, STEPS = 2, 4
 TIMEOUT = 240.0
 _NO_FSDP2 = fsdp2_cpu_problem()
-LAYOUTS = ["ddp", pytest.param("fsdp2", marks=pytest.mark.skipif(
-    _NO_FSDP2 is not None, reason=str(_NO_FSDP2)))]
+LAYOUTS = [
+    "ddp",
+    pytest.param("fsdp2", marks=pytest.mark.skipif(_NO_FSDP2 is not None, reason=str(_NO_FSDP2))),
+]
 
 _saved: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
 
@@ -39,8 +41,9 @@ def _save_run(layout: str, world: int, root: Path) -> tuple[Path, list[dict[str,
     key = (layout, world, str(root))
     folder = root / f"{layout}-{world}"
     if key not in _saved:
-        _saved[key] = run_ranks(train, world, args=(layout, str(folder), SAVE_AT, STEPS, False),
-                                timeout=TIMEOUT)
+        _saved[key] = run_ranks(
+            train, world, args=(layout, str(folder), SAVE_AT, STEPS, False), timeout=TIMEOUT
+        )
     return folder, _saved[key]
 
 
@@ -55,11 +58,13 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize(("saved_on", "resumed_on"), [(2, 1), (1, 2), (2, 4), (4, 2)])
-def test_resume_on_another_world_size(layout: str, saved_on: int, resumed_on: int,
-                                      root: Path) -> None:
+def test_resume_on_another_world_size(
+    layout: str, saved_on: int, resumed_on: int, root: Path
+) -> None:
     folder, before = _save_run(layout, saved_on, root)
-    after = run_ranks(train, resumed_on, args=(layout, str(folder), SAVE_AT, STEPS, True),
-                      timeout=TIMEOUT)
+    after = run_ranks(
+        train, resumed_on, args=(layout, str(folder), SAVE_AT, STEPS, True), timeout=TIMEOUT
+    )
     for rank, got in enumerate(after):
         # step counters continue: AdamW's per-param step, the scheduler's epoch
         assert got["optim_steps"] == [float(SAVE_AT)], got["optim_steps"]
@@ -89,8 +94,7 @@ def test_resume_on_another_world_size(layout: str, saved_on: int, resumed_on: in
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_resume_on_the_same_world_size_is_exact(layout: str, root: Path) -> None:
     folder, before = _save_run(layout, 2, root)
-    after = run_ranks(train, 2, args=(layout, str(folder), SAVE_AT, STEPS, True),
-                      timeout=TIMEOUT)
+    after = run_ranks(train, 2, args=(layout, str(folder), SAVE_AT, STEPS, True), timeout=TIMEOUT)
     for rank, got in enumerate(after):
         assert not got["rng"]["derived"] and got["rng"]["warned"] == []
         assert got["draws"] == {s: before[rank]["draws"][s] for s in got["draws"]}

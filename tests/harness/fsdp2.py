@@ -31,20 +31,28 @@ def fsdp2_cpu_problem() -> str | None:
 
     if fully_shard_api() is None:
         return f"torch {torch.__version__} has no fully_shard (FSDP2; 2.4+)"
-    for name in ("torch.distributed.fsdp._fully_shard._fsdp_param_group",
-                 "torch.distributed._composable.fsdp._fsdp_param_group"):
+    for name in (
+        "torch.distributed.fsdp._fully_shard._fsdp_param_group",
+        "torch.distributed._composable.fsdp._fsdp_param_group",
+    ):
         try:
             module = importlib.import_module(name)
         except ImportError:
             continue
         if "torch.cuda.Stream(" in inspect.getsource(module):
-            return (f"torch {torch.__version__}'s fully_shard creates torch.cuda.Stream at its "
-                    "first forward: it needs CUDA, no CPU ranks")
-        collectives = importlib.import_module(name.replace("_fsdp_param_group",
-                                                           "_fsdp_collectives"))
-        if (".record_event(" in inspect.getsource(collectives)
-                and not hasattr(torch.cpu.Stream, "record_event")):
-            return (f"torch {torch.__version__}'s fully_shard calls Stream.record_event, which "
-                    "torch.cpu.Stream lacks: it needs CUDA, no CPU ranks")
+            return (
+                f"torch {torch.__version__}'s fully_shard creates torch.cuda.Stream at its "
+                "first forward: it needs CUDA, no CPU ranks"
+            )
+        collectives = importlib.import_module(
+            name.replace("_fsdp_param_group", "_fsdp_collectives")
+        )
+        if ".record_event(" in inspect.getsource(collectives) and not hasattr(
+            torch.cpu.Stream, "record_event"
+        ):
+            return (
+                f"torch {torch.__version__}'s fully_shard calls Stream.record_event, which "
+                "torch.cpu.Stream lacks: it needs CUDA, no CPU ranks"
+            )
         return None
     return f"torch {torch.__version__}: fully_shard's param-group module not found"

@@ -46,7 +46,6 @@ def test_doctor_rows_import_no_framework() -> None:
     assert out.stdout.split() == ["False", "False"]
 
 
-
 def _accelerate_row(tmp_path: Path, handler: str) -> dict[str, object] | None:
     """The row for a fake accelerate 1.15.0 (dist-info + checkpointing.py), in a fresh
     interpreter: versions are read from metadata once per process."""

@@ -37,9 +37,7 @@ def test_plain_malicious_pickle_is_refused(tmp_path: Path) -> None:
     sentinel = tmp_path / "pwned"
     path = tmp_path / "rng_state.pth"
     path.write_bytes(pickle.dumps({"python": Exploit(sentinel)}))
-    with pytest.raises(
-        rng.RNGStateError, match=r"global (posix|os)\.system refused"
-    ):
+    with pytest.raises(rng.RNGStateError, match=r"global (posix|os)\.system refused"):
         rng.read(path)
     assert not sentinel.exists()
 
