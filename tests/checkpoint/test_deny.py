@@ -256,3 +256,21 @@ def test_judging_a_long_hostile_name_is_linear() -> None:
     assert deny.denied("os." + "a." * 500_000 + "b")
     assert deny.denied("x" * (1 << 20) + ".y") is None
     assert time.perf_counter() - started < 2.0
+
+
+def test_set_obj_state_cannot_rewrite_a_class_even_when_allowed(tmp_path: Path) -> None:
+    """``torch._utils._set_obj_state(obj, state)`` runs ``setattr(obj, k, v)`` for every
+    entry: allowed, a file reaches a class the allowlist admits and rewrites it for the whole
+    process (global state). The deny list refuses it whatever allows it."""
+    import argparse
+    import pickle
+
+    class _Rewrite:  # argparse.Namespace: an allowlisted Python class, so a mutable one
+        def __reduce__(self) -> Any:
+            return (torch._utils._set_obj_state, (argparse.Namespace, {"pwned": 1}))
+
+    path = tmp_path / "c.pt"
+    path.write_bytes(pickle.dumps(_Rewrite(), protocol=2))
+    with pytest.raises(checkpoint.UnsafeCheckpointError, match="_set_obj_state"):
+        checkpoint.load(path, allow=["torch._utils._set_obj_state"])
+    assert "pwned" not in vars(argparse.Namespace)

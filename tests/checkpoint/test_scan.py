@@ -157,7 +157,6 @@ NEEDS_ALLOW_CASES = {
             "_rebuild_qtensor",
             "_rebuild_wrapper_subclass",
             "_rebuild_nested_tensor",
-            "_set_obj_state",
         )
     ),
 }

@@ -125,6 +125,7 @@ DENIED: dict[str, str] = {
     "torch.storage._load_from_bytes": "torch.load(weights_only=False) on bytes from the file",
     "torch.from_file": "maps any file on disk into a tensor",
     "torch._utils._import_dotted_name": "imports any module by name",
+    "torch._utils._set_obj_state": "sets any attribute on any object it reaches, classes too",
     "torch.package.*": "imports and runs code packaged in the file",
     "torch.fx.graph_module.*": "GraphModule's reducers build and exec Python source from the file",
     "torch.jit.*": "compiles and runs TorchScript code from the file",
