@@ -64,7 +64,15 @@ def test_the_zip_directory_counts_offsets_from_the_archive_start(torch_own: Any)
     assert f.tell() == start  # torch's reader takes the archive from here next
     assert {"data.pkl", "data/0"} <= directory.records.keys()
     info = inspect(f)  # reads records through their local headers, in the file
-    assert (info.container, info.tensors, info.refusals) == ("zip", 1, ())
+    f.seek(start)
+    try:  # inspect's verdict is load's: where torch's reader needs the archive at the
+        load(f)  # file's start (torch 2.1), load refuses it, and inspect says so
+        refusals: tuple[str, ...] = ()
+    except CheckpointError as exc:
+        assert "failed finding central directory" in str(exc)
+        refusals = info.refusals
+        assert len(refusals) == 1 and "central directory" in refusals[0]
+    assert (info.container, info.tensors, info.refusals) == ("zip", 1, refusals)
     f.seek(start)
     damaged = io.BytesIO(f.getvalue()[:start] + b"junk" + f.getvalue()[start:])
     damaged.seek(start)  # the recorded offsets no longer match: refused, not misread
