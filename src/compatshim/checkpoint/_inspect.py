@@ -390,7 +390,7 @@ def _info(
 def inspect(f: Any) -> CheckpointInfo:
     """See the module docstring; raises CheckpointError for a file the format reader finds
     damaged or no checkpoint (unreadable) and OSError for a path it cannot open. A file
-    this install cannot read (:data:`ELSEWHERE`) is reported, unreadable."""
+    this install cannot read is reported, unreadable."""
     if _dcp_folder.is_folder(f):
         return _inspect_folder(f)
     if isinstance(f, (str, os.PathLike)) and os.path.isdir(f):
@@ -456,24 +456,16 @@ def _allowable(name: str, listed: dict[str, GlobalUse]) -> bool:
     return verdict.dangerous is None and not verdict.admitted
 
 
-ELSEWHERE = ("a newer torch", "has no torch dtype in torch", "which is not installed")
-"""Words of ``load``'s refusals of a file this install cannot read where another one can (a
-newer torch's fields, a dtype this torch lacks, no torch at all): unreadable here, not an
-attack. Any other refusal of what load builds is dangerous."""
-
-
 def severity_of(error: CheckpointError | None, listed: dict[str, GlobalUse]) -> str:
     """The severity of ``load``'s outcome (``listed``: the report's globals by name): None
-    (it loads), a refusal of globals an allow entry admits (needs-allow), text this install
-    cannot decode or a format it cannot read (:data:`ELSEWHERE`: unreadable), anything else
-    it refuses (dangerous: the format reader passed the file, so what load refuses is what
-    the pickle builds, or asks for)."""
+    (it loads); an error that is no refusal (damage torch's reader or the machine meets, text
+    this install cannot decode, a newer torch's fields, a dtype this torch lacks, no torch:
+    unreadable here, not an attack); a refusal of globals an allow entry admits
+    (needs-allow); any other refusal (dangerous: what the pickle builds or asks for is
+    refused whatever is allowed)."""
     if error is None:
         return LOADABLE
-    if isinstance(error, UndecodableTextError) or (
-        not isinstance(error, UnsafeCheckpointError)
-        and any(words in str(error) for words in ELSEWHERE)
-    ):
+    if isinstance(error, UndecodableTextError) or not isinstance(error, UnsafeCheckpointError):
         return UNREADABLE
     refused = getattr(error, "refused", ())
     if refused and all(_allowable(name, listed) for name in refused):
