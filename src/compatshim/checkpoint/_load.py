@@ -268,19 +268,14 @@ NOT_PICKLE = {
     "pickle": "not a pickle",
     "dcp-metadata": "a DCP .metadata is a pickle; this file is not one",
 }
-_OLD_SHAPE: Any = object()
 
 
 class Loader:
     """One read (a ``request.Request``): the options, and the budget every pickle of the
-    file draws from. ``Loader(map_location, allow, mmap)`` is the older call shape."""
+    file draws from."""
 
-    def __init__(self, request: Any, allow: Any = _OLD_SHAPE, mmap: bool = False) -> None:
-        if allow is not _OLD_SHAPE:
-            from .request import Request
-
-            request = Request(request, allow, mmap)
-        self.request: Request = request
+    def __init__(self, request: Request) -> None:
+        self.request = request
         self.map_location = request.map_location
         self.restore = restorer(self.map_location)  # a wrong type: TypeError before any read
         nested = request.nested
