@@ -41,6 +41,10 @@ import torch
 import deepspeed
 from child_kit import Payload
 
+# One rank needs no shared-memory collectives: take the path DeepSpeed takes where its shm op
+# cannot be built (no compiler), not a 60 s C++ build into a cache other envs' builds replace.
+deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
 marker = os.path.join(folder, "MARKER")
 
 
