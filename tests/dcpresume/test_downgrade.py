@@ -80,7 +80,7 @@ def _interpreters() -> list[tuple[tuple[int, ...], str]]:
     found = []
     for python in sorted(Path(where).glob("dcpresume-torch*/bin/python")):
         out = subprocess.run(
-            [str(python), "-c", "import torch; print(torch.__version__)"],
+            [str(python), "-c", "from importlib.metadata import version; print(version('torch'))"],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         if out.returncode == 0:
@@ -101,6 +101,8 @@ def _job(python: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_saved_by_the_newest_env_loaded_by_every_older_one(tmp_path: Path) -> None:
     """dtypes, a transposed and a channels_last tensor, nested dicts and a non-tensor item,
     saved by torch 2.15, read by 2.2/2.4/2.8/2.11 with plain ``dcp.load`` after the rewrite."""
+    if RUNNING[:2] < (2, 14) and "DCPRESUME_TOX_DIR" not in os.environ:  # before asking around
+        pytest.skip("run once, by the newest env (or with DCPRESUME_TOX_DIR set)")
     envs = _interpreters()
     if len(envs) < 2 or envs[-1][0] < (2, 14):
         pytest.skip("needs a dcpresume tox env with torch 2.14+ and an older one beside it "
