@@ -150,9 +150,9 @@ def test_different_parameter_shapes(runs: dict[str, Future[Run]]) -> None:
     )
 
 
-def teardown_lines(run: Run) -> dict[int, tuple[str, bool]]:
+def teardown_lines(run: Run, *, exited: bool = True) -> dict[int, tuple[str, bool]]:
     """Per rank: what was left after destroy_process_group, and whether a monitor ran before."""
-    assert run.returncode == 0, run.output[-3000:]
+    assert run.returncode == 0 or not exited, run.output[-3000:]
     found = {int(m[1]): (m[2], m[3] == "True") for m in TEARDOWN.finditer(run.stdout)}
     assert found, run.output[-3000:]
     return found
@@ -216,7 +216,12 @@ def test_two_rank_run_leaves_nothing_after_destroy_process_group(
     runs: dict[str, Future[Run]],
 ) -> None:
     patched = teardown_lines(finished(runs, "teardown_2"))
-    plain = teardown_lines(finished(runs, "teardown_2_unpatched"))
+    # The control is plain Lightning: only its TEARDOWN lines are compared. Its exit may hang
+    # after destroy_process_group (torch's own race, pytorch/pytorch#75097: once in a loaded
+    # fresh-clone CI run, both lines printed, then 240 s), which is not compatshim's to pass.
+    control = runs["teardown_2_unpatched"].result()
+    plain = teardown_lines(control, exited=False)
+    assert sorted(plain) == [0, 1], control.output[-3000:]
     assert sorted(patched) == [0, 1]
     for rank in (0, 1):
         assert patched[rank][1], f"rank {rank}: the monitor never ran, the check proves nothing"
