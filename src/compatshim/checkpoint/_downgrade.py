@@ -7,7 +7,9 @@ values to unpack"); 2.3 moved ``TensorProperties`` and its memory-format enum ou
 ``torch.distributed._shard`` (2.2: ``AttributeError``). The data files hold
 ``torch.save`` bytes at offsets the ``.metadata`` names, which every release reads
 alike, so only the ``.metadata`` is rewritten; the other files of the folder are
-hard-linked (or copied) into the new folder, never read.
+hard-linked (or copied) into the new folder, never changed. For torch 2.1/2.2, which
+read a dict without tensors as one item where 2.3+ save it entry by entry, those
+entries are read (hardened) and saved whole into one more file (:func:`_merge_whole`).
 
 What each release's DCP reads (:data:`RELEASES`), found in its own source
 (``torch/distributed/checkpoint/metadata.py`` and ``filesystem.py``) or, for 2.4, in
@@ -40,6 +42,7 @@ it lacks, transformed data files) is a :class:`DowngradeError` naming it.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import pickle
@@ -50,7 +53,7 @@ from typing import Any
 
 from .._text import names, short
 from ._dcp_folder import METADATA
-from ._dcp_records import DCP, FS, SHARD, Folder, Size, Tensor, read_folder
+from ._dcp_records import DCP, FS, SHARD, Folder, Size, Storage, Tensor, read_folder
 from .errors import CheckpointError
 
 _D21_NAMES = (
@@ -115,7 +118,7 @@ class DowngradeReport:
     target: str  # as asked ("2.4")
     written_as: str  # the row whose format was written ("2.4")
     changes: tuple[str, ...]
-    notes: tuple[str, ...]  # what a plain dcp.load on the target will still not find
+    notes: tuple[str, ...]  # what a plain dcp.load on the target will still not find (none yet)
     files: tuple[str, ...]  # the other files, hard-linked or copied
     linked: bool
 
@@ -157,8 +160,9 @@ def downgrade_dcp(src: Any, dst: Any, *, torch: str, link: bool = True) -> Downg
     row = release_row(torch)
     src, dst = os.fspath(src), os.fspath(dst)
     folder = read_folder(src)
-    data, changes = _emit(folder, row)
     files = _other_files(src, folder)
+    folder, whole, merged = _merge_whole(src, folder, row, files)
+    data, changes = _emit(folder, row)
     _make_folder(src, dst)
     linked = link
     for name in files:
@@ -169,21 +173,91 @@ def downgrade_dcp(src: Any, dst: Any, *, torch: str, link: bool = True) -> Downg
             except OSError:
                 linked = False  # another file system: copy this one and the rest
         shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
+    if whole:
+        with open(os.path.join(dst, WHOLE_FILE), "wb") as out:
+            out.write(whole)
     tmp = os.path.join(dst, METADATA + ".tmp")
     with open(tmp, "wb") as out:
         out.write(data)
     os.replace(tmp, os.path.join(dst, METADATA))
     version = _name(row)
-    notes = tuple(_whole_items(folder, row))
-    return DowngradeReport(src, dst, torch, version, tuple(changes), notes, tuple(files), linked)
+    changes = [*merged, *changes]
+    return DowngradeReport(src, dst, torch, version, tuple(changes), (), tuple(files), linked)
 
 
-def _whole_items(folder: Folder, row: Release) -> list[str]:
+WHOLE_FILE = "__compatshim_whole.distcp"  # the items torch 2.1/2.2 read whole (written, not linked)
+
+
+def _merge_whole(
+    src: str, folder: Folder, row: Release, files: list[str]
+) -> tuple[Folder, bytes, list[str]]:
     """torch 2.2 (and 2.1) plan a dict or list that holds no tensor as one item, where 2.3+
-    save its entries one by one: a plain ``dcp.load`` there misses such an item (its data is
-    another torch.save blob, which the rewrite does not make)."""
+    save its entries one by one: a plain ``dcp.load`` there would miss it (a scheduler's
+    state: a restart at epoch 0). Each such item is built again from its entries (each read
+    hardened from its own ``torch.save`` bytes), saved whole into :data:`WHOLE_FILE` and
+    added to the ``.metadata`` under its own name; the entries stay for newer readers."""
+    whole = _whole_routes(folder, row)
+    if not whole:
+        return folder, b"", []
+    if WHOLE_FILE in files or any(".".join(map(str, r)) in folder.entries for r in whole):
+        raise DowngradeError(
+            f"{src}: already holds {WHOLE_FILE} or a whole item's name; written by a rewrite?"
+        )
+    import torch
+
+    from ._load import load
+
+    by_fqn = {storage.index.get("fqn"): storage for storage in folder.storage}
+    routes = {fqn: tuple(route) for fqn, route in folder.planner_data.items()}
+    out, storage, merged = io.BytesIO(), list(folder.storage), []
+    entries, planner = dict(folder.entries), dict(folder.planner_data)
+    for route, held in whole.items():
+        value: Any = [] if isinstance(routes[held[0]][len(route)], int) else {}
+        for fqn in held:
+            if fqn not in by_fqn:
+                raise CheckpointError(f"{src}: item {short(fqn)} has no storage_data entry")
+            info = by_fqn[fqn].info
+            with open(os.path.join(src, info["relative_path"]), "rb") as file:
+                file.seek(info["offset"])
+                blob = file.read(info["length"])
+            _put(value, routes[fqn][len(route) :], load(io.BytesIO(blob)), len(held))
+        start = out.tell()
+        torch.save(value, out)
+        name = ".".join(map(str, route))
+        entries[name], planner[name] = None, route
+        index = {"fqn": name, "offset": None, "index": None}
+        where = {"relative_path": WHOLE_FILE, "offset": start, "length": out.tell() - start}
+        storage.append(Storage(index, where))
+        merged.append(
+            f"{name}: written whole into {WHOLE_FILE} from its {len(held)} entries "
+            f"({names(held, 5)}): torch {_name(row)} asks for a dict without tensors as one item"
+        )
+    new = dataclasses.replace(folder, entries=entries, planner_data=planner, storage=storage)
+    return new, out.getvalue(), merged
+
+
+def _put(root: Any, path: tuple[Any, ...], value: Any, count: int) -> None:
+    """``value`` at ``path`` under ``root``, as torch's unflatten does: a str key makes a dict,
+    an int a list (padded with None); an index past the item's entry count is damage."""
+    node = root
+    for depth, key in enumerate(path):
+        if isinstance(node, list) and type(key) is int and 0 <= key < count:
+            node.extend([None] * (key + 1 - len(node)))
+        elif not (isinstance(node, dict) and type(key) is str):
+            raise CheckpointError(f"planner_data route {short(path)}: not what torch writes")
+        if depth == len(path) - 1:
+            node[key] = value
+        else:
+            if node[key] is None if isinstance(node, list) else key not in node:
+                node[key] = [] if type(path[depth + 1]) is int else {}
+            node = node[key]
+
+
+def _whole_routes(folder: Folder, row: Release) -> dict[tuple[Any, ...], list[str]]:
+    """Each route torch ``row`` plans as one item (a dict or list without tensors) that the
+    folder holds entry by entry, with those entries' fqns."""
     if row.version >= (2, 3) or type(folder.planner_data) is not dict:
-        return []
+        return {}
     routes = {fqn: tuple(route) for fqn, route in folder.planner_data.items()}
     with_tensors = {
         routes[fqn][:depth]
@@ -198,11 +272,7 @@ def _whole_items(folder: Folder, row: Release) -> list[str]:
             depth = next(d for d in range(1, len(route) + 1) if route[:d] not in with_tensors)
             if depth < len(route):
                 whole.setdefault(route[:depth], []).append(fqn)
-    return [
-        f"torch {_name(row)} asks for {'.'.join(map(str, route))} as one item; this "
-        f"folder holds it entry by entry ({names(held, 5)}): a plain dcp.load there misses it"
-        for route, held in whole.items()
-    ]
+    return whole
 
 
 def _other_files(src: str, folder: Folder) -> list[str]:
