@@ -4,12 +4,8 @@ A collective blocks until every rank joins; a store ``get`` or ``wait`` blocks
 until the key exists. Only ``set`` and ``check`` return at once, so everything
 here polls with ``check`` and reads a key only once it is known to exist; the
 one blocking call, :meth:`Meeting.wait`, has a timeout (a rank leaving).
-torch 2.1 has no ``Store.check`` in Python; there ``compare_set`` with an
-expected value no record has stands in for it: one round trip that answers the
-value, or the expected value itself when the key is missing, and sets nothing.
-(A ``wait`` with a 1 ms timeout stood in before, and a busy machine missed its
-window: a killed rank's records read as absent and the report lost its cause.)
-A store with neither falls back to that ``wait``.
+torch 2.1 has no ``Store.check`` in Python; there a ``wait`` with a 1 ms
+timeout stands in for it (a missing key costs a few milliseconds).
 Keys and record shapes: :mod:`._records`.
 """
 
@@ -24,8 +20,6 @@ from typing import Any, TypeVar
 from ._records import Record
 
 _PROBE = timedelta(milliseconds=1)
-_ABSENT = b"\x00compatshim: absent\x00"  # never a record (records are JSON text)
-_UNSET = b"\x00compatshim: unset\x00"
 R = TypeVar("R", bound=Record)
 
 
@@ -41,7 +35,6 @@ class Meeting:
         self.group = group  # the default process group whose store this is (None: a given store)
         self.host = socket.gethostname()
         self._check = getattr(store, "check", None)
-        self._peek = self._check is None and callable(getattr(store, "compare_set", None))
 
     def group_alive(self) -> bool:
         """False once the default process group behind this meeting has been destroyed."""
@@ -60,14 +53,7 @@ class Meeting:
         """Whether every key exists, without blocking."""
         if self._check is not None:
             return bool(self._check(keys))
-        if self._peek:
-            return all(self._value(key) is not None for key in keys)
         return self.wait(keys, _PROBE.total_seconds())
-
-    def _value(self, key: str) -> bytes | None:
-        """The bytes under ``key`` or None, in one round trip that never blocks or writes."""
-        found = bytes(self.store.compare_set(key, _ABSENT, _UNSET))
-        return None if found == _ABSENT else found
 
     def wait(self, keys: list[str], seconds: float) -> bool:
         """Whether every key exists within ``seconds``; the one bounded blocking call here
@@ -82,16 +68,13 @@ class Meeting:
 
     def read(self, key: str, kind: type[R]) -> R | None:
         """The record under ``key``, or None when it does not exist (never blocks)."""
-        if self._peek:
-            found = self._value(key)
-            return None if found is None else kind.from_json(found)
         if not self.has([key]):
             return None
         return self.get(key, kind)
 
     def get(self, key: str, kind: type[R]) -> R:
-        """The record under ``key``, which ``has`` already found (``get`` blocks on a missing
-        key: never call it before)."""
+        """The record under ``key``, which ``has`` already found: no second probe (on a
+        store without ``check``, a probe is a 1 ms wait that a busy machine can miss)."""
         return kind.from_json(self.store.get(key))
 
     def count(self, key: str, add: int = 0) -> int:
