@@ -65,6 +65,22 @@ def is_gone(meeting: Meeting, rank: int) -> bool:
     return _local_pid_gone(meeting.read(Keys.heartbeat(rank), Heartbeat))
 
 
+def gone_record(meeting: Meeting, rank: int) -> ExitRecord | None:
+    """Why ``rank`` has certainly ended (its exit record, or its local pid is dead), or None.
+
+    Kept by whoever saw it: a later read of the same keys can miss where the store has no
+    ``check`` (torch 2.1's 1 ms probe, on a busy machine), and the report would lose why."""
+    exited = meeting.read(Keys.exit(rank), ExitRecord)
+    if exited is not None:
+        return exited
+    beat = meeting.read(Keys.heartbeat(rank), Heartbeat)
+    return _killed(beat) if beat is not None and _local_pid_gone(beat) else None
+
+
+def _killed(beat: Heartbeat) -> ExitRecord:
+    return ExitRecord(how=f"process {beat.pid} is gone (killed or crashed; it left no exit record)")
+
+
 def describe(meeting: Meeting, rank: int) -> RankState:
     """Everything the store says about ``rank``: last breadcrumb, exit, heartbeat age."""
     info = RankState(seen=meeting.read(Keys.seen(rank), Seen), is_self=rank == meeting.rank)
@@ -75,9 +91,7 @@ def describe(meeting: Meeting, rank: int) -> RankState:
     elif beat is not None:
         info.heartbeat_age = age = time.time() - beat.time
         if _local_pid_gone(beat):
-            info.state = "gone"
-            how = f"process {beat.pid} is gone (killed or crashed; it left no exit record)"
-            info.exit = ExitRecord(how=how)
+            info.state, info.exit = "gone", _killed(beat)
         elif age > SILENT_AFTER and rank != meeting.rank:
             info.state, info.silent_for = "silent", age
     return info

@@ -21,7 +21,7 @@ from . import _liveness
 from ._counters import next_seq
 from ._desync_notice import announce
 from ._liveness import RankState
-from ._records import Arrival, DesyncNotice, Heartbeat, Keys, Seen
+from ._records import Arrival, DesyncNotice, ExitRecord, Heartbeat, Keys, Seen
 from ._sites import user_frames
 from ._store import Meeting, default_meeting
 from ._trail import TRAIL
@@ -105,7 +105,7 @@ def meet(
         differs = _differences(arrivals, compare) if arrivals is not None else []
         if arrivals is not None and not differs:
             return {rank: arrivals[rank].payload for rank in arrivals}
-        _fail(meeting, seq, tag, limit, differs, suspects.confirmed)
+        _fail(meeting, seq, tag, limit, differs, suspects.confirmed, suspects.gone)
     finally:
         TRAIL.syncing -= 1
         TRAIL.leave(crumb)
@@ -172,14 +172,18 @@ def _wait_for_all(
             if meeting.has([Keys.desync()]):
                 return None
             missing = [r for r in range(meeting.world_size) if not meeting.has([keys[r]])]
-            if any(_liveness.is_gone(meeting, r) or suspects.blocked(meeting, r) for r in missing):
+            for r in missing:
+                if (record := _liveness.gone_record(meeting, r)) is not None:
+                    suspects.gone[r] = record
+            if suspects.gone or any(suspects.blocked(meeting, r) for r in missing):
                 return None
         time.sleep(pause)
         pause = min(pause * 2, 0.02)
 
 
 class _Suspects:
-    """Ranks whose heartbeats keep showing them inside the same world-wide collective.
+    """What the wait learned about the missing ranks: those it saw end (and why), and those
+    whose heartbeats keep showing them inside the same world-wide collective.
 
     Such a collective cannot finish while this rank waits in a sync point, so it
     is a dead lock - but only once fresh heartbeats (not a stale record) have
@@ -189,6 +193,7 @@ class _Suspects:
     def __init__(self) -> None:
         self._seen: dict[int, tuple[int, float, set[float]]] = {}
         self.confirmed: list[int] = []
+        self.gone: dict[int, ExitRecord] = {}  # ranks the wait saw end, and why
 
     def blocked(self, meeting: Meeting, rank: int) -> bool:
         beat = meeting.read(Keys.heartbeat(rank), Heartbeat)
@@ -241,9 +246,18 @@ def _gone_words(gone: list[int], ranks: dict[int, RankState]) -> str:
 
 
 def _fail(
-    meeting: Meeting, seq: int, tag: str, limit: float, differs: list[str], blocked: list[int]
+    meeting: Meeting,
+    seq: int,
+    tag: str,
+    limit: float,
+    differs: list[str],
+    blocked: list[int],
+    seen_gone: dict[int, ExitRecord],
 ) -> NoReturn:
     ranks = _liveness.describe_all(meeting)
+    for rank, record in seen_gone.items():  # what the wait saw stands if a re-read misses it
+        if rank in ranks and ranks[rank].exit is None:
+            ranks[rank].exit, ranks[rank].state = record, "gone"
     missing: list[int] = []
     for rank, info in ranks.items():
         info.arrived = meeting.read(Keys.arrival(seq, rank), Arrival)
