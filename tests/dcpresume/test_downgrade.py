@@ -196,6 +196,26 @@ def test_a_poisoned_metadata_runs_nothing_and_writes_nothing(tmp_path: Path) -> 
     assert cli(["dcp-downgrade", str(src), str(tmp_path / "old"), "--torch", "2.8"]) == 1
 
 
+def test_a_poisoned_item_saved_whole_for_2_2_runs_nothing_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """For 2.1/2.2 the rewrite reads the non-tensor items it saves whole: hardened, so a
+    payload among them is refused before anything is written (2.3+ targets never read them)."""
+    from tests.checkpoint.test_hardened import Payload
+
+    if RUNNING[:2] < (2, 3):
+        pytest.skip("this torch saves a dict without tensors as one item: nothing to read")
+    marker = tmp_path / "MARKER"
+    src = tmp_path / "src"
+    state = {"w": torch.ones(2), "meta": {"epoch": 3, "evil": Payload(marker)}}
+    dcp.save(state, **dcp_kwargs(src, save=True))
+    with pytest.raises(UnsafeCheckpointError, match=r"system"):
+        downgrade_dcp(src, tmp_path / "old", torch="2.2")
+    assert not marker.exists() and not (tmp_path / "old").exists()
+    report = downgrade_dcp(src, tmp_path / "new", torch="2.8")  # entries kept, never read
+    assert not marker.exists() and not any("written whole" in c for c in report.changes)
+
+
 def test_a_field_no_known_release_has_is_named(tmp_path: Path) -> None:
     def future(out: _Pickler) -> None:
         out.obj("torch.distributed.checkpoint.metadata.Metadata")
