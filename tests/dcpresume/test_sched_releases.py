@@ -39,6 +39,7 @@ pytest.importorskip("torch.distributed.checkpoint.state_dict")  # torch >= 2.2
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
 
+from compatshim.checkpoint import plan_resume  # noqa: E402
 from compatshim.optim import OptimizerStateError, adapt_state_dict, load_dcp  # noqa: E402
 from compatshim.optim.keys import OLD_BEHAVIOUR, SCHEDULER_KEYS  # noqa: E402
 from tests.dcpresume.optim_job import dcp_kwargs  # noqa: E402
@@ -183,6 +184,31 @@ def test_load_dcp_resumes_schedulers_from_any_release(release: str, name: str) -
     if grad_scaler is not None:  # the scale and its growth tracker continue
         assert grad_scaler.state_dict() == _saved(release, name)["scaler"]
     _resume_and_step(release, name, model, opt, sched)
+
+
+@pytest.mark.usefixtures("group")
+@pytest.mark.parametrize(("release", "name"), CASES)
+def test_the_dry_run_names_the_keys_load_dcp_fills(release: str, name: str) -> None:
+    """``plan_resume`` before anything loads agrees with ``load_dcp`` on every release's
+    fixture: ok where it resumes, and the keys it will fill are the ones filled; unreadable
+    where this torch cannot read the ``.metadata`` (issue 39 item 4)."""
+    if OLD_DCP:
+        pytest.skip("torch 2.2 plans a dict without tensors as one item: the plan does not "
+                    "look inside the saved item for the keys load_dcp fills there")  # fmt: skip
+    model, opt, sched = build(name)
+    grad_scaler = _scaler_for(release, name)
+    objects = {"optim": opt, "sched": sched}
+    if grad_scaler is not None:
+        objects["scaler"] = grad_scaler
+    folder = _folder(release, name) / "dcp"
+    plan = plan_resume(folder, _template(model, opt, sched, grad_scaler), objects)
+    state = _template(model, opt, sched, grad_scaler)
+    if _refused_by_torch(release, lambda: load_dcp(state, objects, **dcp_kwargs(folder))):
+        assert plan.unreadable and not plan.ok, plan.text()
+        return
+    assert plan.ok, plan.text()
+    filled = load_dcp(state, objects, **dcp_kwargs(folder))
+    assert {key for key, _ in plan.filled} == set(filled), plan.text()
 
 
 @pytest.mark.parametrize(("release", "name"), CASES)

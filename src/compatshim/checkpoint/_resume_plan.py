@@ -99,6 +99,7 @@ def plan_resume(
     loads, whole, missing, mismatched, refused = [], [], [], [], []
     filled: list[tuple[str, Any]] = []
     asked = set()
+    held: dict[str, Any] = {}  # each whole item's value, read once (hardened)
     for fqn, value in flat.items():
         if fqn in saved.entries:
             asked.add(fqn)
@@ -118,7 +119,15 @@ def plan_resume(
         if prefix is not None and top in owners:
             if prefix not in asked:
                 whole.append(prefix)
+                refusal = _refusal(saved, prefix) if hardened else ""
+                if refusal:
+                    refused.append(f"{prefix}: {refusal}")
             asked.add(prefix)
+            if not _inside(saved, prefix, fqn, held):  # load_dcp fills it there, or fails
+                if fill is not None:
+                    filled.append(fill)
+                else:
+                    missing.append(fqn)
         elif fill is not None:
             filled.append(fill)
         else:
@@ -161,6 +170,43 @@ def _whole_prefix(fqn: str, saved: Folder) -> str | None:
         if prefix in saved.entries and saved.entries[prefix] is None:
             return prefix
     return None
+
+
+def _inside(saved: Folder, prefix: str, fqn: str, held: dict[str, Any]) -> bool:
+    """Whether the whole item ``prefix`` holds ``fqn`` (its value read once, hardened, no
+    tensor data). An item that cannot be read is reported elsewhere: it counts as holding."""
+    if prefix not in held:
+        held[prefix] = _whole_value(saved, prefix)
+    node = held[prefix]
+    if node is _UNREAD:
+        return True
+    for part in fqn[len(prefix) + 1 :].split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False
+    return True
+
+
+_UNREAD = object()
+
+
+def _whole_value(saved: Folder, prefix: str) -> Any:
+    from ._load import load
+
+    storage = next((s for s in saved.storage if s.index["fqn"] == prefix), None)
+    if storage is None or storage.info.get("transform_descriptors"):
+        return _UNREAD
+    info = storage.info
+    with open(os.path.join(saved.path, info["relative_path"]), "rb") as file:
+        file.seek(info["offset"])
+        data = file.read(info["length"])
+    try:
+        return load(io.BytesIO(data), map_location="meta")
+    except CheckpointError:
+        return _UNREAD
 
 
 def _fill(fqn: str, owner: Any) -> tuple[str, Any] | None:
