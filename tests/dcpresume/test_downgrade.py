@@ -161,13 +161,15 @@ def test_a_dtype_the_older_release_lacks_is_refused_by_name(tmp_path: Path) -> N
     assert read_folder(tmp_path / "ok").entries["model.0.weight"].dtype == "uint16"  # type: ignore[union-attr]
 
 
-def test_transformed_data_is_refused_before_2_8_and_kept_after(tmp_path: Path) -> None:
+@pytest.mark.parametrize("older", ["2.4", "2.2"])  # 2.2: before its whole items are read
+def test_transformed_data_is_refused_before_2_8_and_kept_after(tmp_path: Path, older: str) -> None:
     records = read_folder(FIXTURE / "dcp-nested")
     records.storage[0].info["transform_descriptors"] = ["stream.zstd"]
     fqn = records.storage[0].index["fqn"]
     src = _craft(tmp_path / "src", records)
     with pytest.raises(DowngradeError, match="transform_descriptors"):
-        downgrade_dcp(src, tmp_path / "old", torch="2.4")
+        downgrade_dcp(src, tmp_path / "old", torch=older)
+    assert not (tmp_path / "old").exists(), "nothing is written when refused"
     downgrade_dcp(src, tmp_path / "new", torch="2.8")
     kept = [s for s in read_folder(tmp_path / "new").storage if s.index["fqn"] == fqn]
     assert kept[0].info["transform_descriptors"] == ["stream.zstd"]

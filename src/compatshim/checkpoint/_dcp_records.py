@@ -212,6 +212,18 @@ class Folder:
     extra: dict[str, Any] = field(default_factory=dict)  # Metadata fields after the first three
     named: frozenset[str] = frozenset()  # every global the file names
 
+    def storage_for(self, fqn: str) -> Storage | None:
+        """The ``storage_data`` entry of the item ``fqn``, if the file has one."""
+        return next((s for s in self.storage if s.index.get("fqn") == fqn), None)
+
+    def stored(self, storage: Storage) -> bytes:
+        """The bytes ``storage`` names (``read_folder`` checked its data file lies inside
+        the folder): a non-tensor item's ``torch.save`` blob, unless it was transformed."""
+        info = storage.info
+        with open(os.path.join(self.path, info["relative_path"]), "rb") as file:
+            file.seek(info["offset"])
+            return file.read(info["length"])
+
 
 def read_folder(folder: Any) -> Folder:
     """The ``.metadata`` of ``folder`` as a :class:`Folder`, every field checked.

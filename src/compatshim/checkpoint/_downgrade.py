@@ -118,7 +118,6 @@ class DowngradeReport:
     target: str  # as asked ("2.4")
     written_as: str  # the row whose format was written ("2.4")
     changes: tuple[str, ...]
-    notes: tuple[str, ...]  # what a plain dcp.load on the target will still not find (none yet)
     files: tuple[str, ...]  # the other files, hard-linked or copied
     linked: bool
 
@@ -161,6 +160,7 @@ def downgrade_dcp(src: Any, dst: Any, *, torch: str, link: bool = True) -> Downg
     src, dst = os.fspath(src), os.fspath(dst)
     folder = read_folder(src)
     files = _other_files(src, folder)
+    _refuse_unrepresentable(folder, row)  # before anything is read for the merge
     folder, whole, merged = _merge_whole(src, folder, row, files)
     data, changes = _emit(folder, row)
     _make_folder(src, dst)
@@ -182,7 +182,7 @@ def downgrade_dcp(src: Any, dst: Any, *, torch: str, link: bool = True) -> Downg
     os.replace(tmp, os.path.join(dst, METADATA))
     version = _name(row)
     changes = [*merged, *changes]
-    return DowngradeReport(src, dst, torch, version, tuple(changes), (), tuple(files), linked)
+    return DowngradeReport(src, dst, torch, version, tuple(changes), tuple(files), linked)
 
 
 WHOLE_FILE = "__compatshim_whole.distcp"  # the items torch 2.1/2.2 read whole (written, not linked)
@@ -207,20 +207,17 @@ def _merge_whole(
 
     from ._load import load
 
-    by_fqn = {storage.index.get("fqn"): storage for storage in folder.storage}
     routes = {fqn: tuple(route) for fqn, route in folder.planner_data.items()}
     out, storage, merged = io.BytesIO(), list(folder.storage), []
     entries, planner = dict(folder.entries), dict(folder.planner_data)
     for route, held in whole.items():
         value: Any = [] if isinstance(routes[held[0]][len(route)], int) else {}
         for fqn in held:
-            if fqn not in by_fqn:
+            place = folder.storage_for(fqn)
+            if place is None:
                 raise CheckpointError(f"{src}: item {short(fqn)} has no storage_data entry")
-            info = by_fqn[fqn].info
-            with open(os.path.join(src, info["relative_path"]), "rb") as file:
-                file.seek(info["offset"])
-                blob = file.read(info["length"])
-            _put(value, routes[fqn][len(route) :], load(io.BytesIO(blob)), len(held))
+            blob = io.BytesIO(folder.stored(place))
+            _put(value, routes[fqn][len(route) :], load(blob), len(held))
         start = out.tell()
         torch.save(value, out)
         name = ".".join(map(str, route))
@@ -301,9 +298,9 @@ def _make_folder(src: str, dst: str) -> None:
         os.makedirs(dst)
 
 
-def _emit(folder: Folder, row: Release) -> tuple[bytes, list[str]]:
-    """The ``.metadata`` bytes for ``row``, and each change from what the file held."""
-    changes: list[str] = []
+def _refuse_unrepresentable(folder: Folder, row: Release) -> None:
+    """DowngradeError naming what ``row`` cannot represent: a dtype it lacks, data files
+    written through a transform before 2.8."""
     tensors = {fqn: t for fqn, t in folder.entries.items() if t is not None}
     where = f"torch {_name(row)}"
     lacking = sorted({t.dtype for t in tensors.values()} - row.dtypes)
@@ -320,6 +317,14 @@ def _emit(folder: Folder, row: Release) -> tuple[bytes, list[str]]:
             f"were written through a transform (compression, ...), which {where}'s reader "
             "does not know (torch 2.8+ does); save without extensions"
         )
+
+
+def _emit(folder: Folder, row: Release) -> tuple[bytes, list[str]]:
+    """The ``.metadata`` bytes for ``row``, and each change from what the file held
+    (:func:`_refuse_unrepresentable` has passed it)."""
+    changes: list[str] = []
+    tensors = {fqn: t for fqn, t in folder.entries.items() if t is not None}
+    where = f"torch {_name(row)}"
     out = _Pickler()
     out.obj(f"{DCP}.Metadata")
     out.mark_dict()
@@ -513,6 +518,6 @@ def main(src: str, dst: str, target: str, link: bool) -> int:
     how = "hard-linked" if report.linked else "copied"
     print(f"{report.dst}: {report.src} as torch {report.written_as} reads it "
           f"({len(report.files)} other file(s) {how})")  # fmt: skip
-    for line in (*report.changes, *report.notes):
+    for line in report.changes:
         print(f"  {line}")
     return 0

@@ -196,15 +196,11 @@ _UNREAD = object()
 def _whole_value(saved: Folder, prefix: str) -> Any:
     from ._load import load
 
-    storage = next((s for s in saved.storage if s.index["fqn"] == prefix), None)
+    storage = saved.storage_for(prefix)
     if storage is None or storage.info.get("transform_descriptors"):
         return _UNREAD
-    info = storage.info
-    with open(os.path.join(saved.path, info["relative_path"]), "rb") as file:
-        file.seek(info["offset"])
-        data = file.read(info["length"])
     try:
-        return load(io.BytesIO(data), map_location="meta")
+        return load(io.BytesIO(saved.stored(storage)), map_location="meta")
     except CheckpointError:
         return _UNREAD
 
@@ -231,17 +227,13 @@ def _refusal(saved: Folder, fqn: str) -> str:
     """Why hardened mode would refuse the non-tensor item ``fqn`` (empty: it loads)."""
     from . import inspect
 
-    storage = next((s for s in saved.storage if s.index["fqn"] == fqn), None)
+    storage = saved.storage_for(fqn)
     if storage is None:
         return "no storage_data entry says where it is"
-    info = storage.info
-    if info.get("transform_descriptors"):
+    if storage.info.get("transform_descriptors"):
         return ""  # transformed bytes: read through the transform at load, not checked here
-    with open(os.path.join(saved.path, info["relative_path"]), "rb") as file:
-        file.seek(info["offset"])
-        data = file.read(info["length"])
     try:
-        found = inspect(io.BytesIO(data))
+        found = inspect(io.BytesIO(saved.stored(storage)))
     except CheckpointError as exc:
         return str(exc)
     if found.loadable:

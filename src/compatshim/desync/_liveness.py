@@ -60,9 +60,7 @@ def _local_pid_gone(beat: Heartbeat | None) -> bool:
 
 def is_gone(meeting: Meeting, rank: int) -> bool:
     """True when ``rank`` has certainly ended (exit record, or its local pid is dead)."""
-    if meeting.has([Keys.exit(rank)]):
-        return True
-    return _local_pid_gone(meeting.read(Keys.heartbeat(rank), Heartbeat))
+    return gone_record(meeting, rank) is not None
 
 
 def gone_record(meeting: Meeting, rank: int) -> ExitRecord | None:
