@@ -196,13 +196,15 @@ def _merge_whole(
     state: a restart at epoch 0). Each such item is built again from its entries (each read
     hardened from its own ``torch.save`` bytes), saved whole into :data:`WHOLE_FILE` and
     added to the ``.metadata`` under its own name; the entries stay for newer readers."""
-    whole = _whole_routes(folder, row)
+    whole = {  # an item already saved whole (a folder this rewrite wrote) stays as it is
+        route: held
+        for route, held in _whole_routes(folder, row).items()
+        if ".".join(map(str, route)) not in folder.entries
+    }
     if not whole:
         return folder, b"", []
-    if WHOLE_FILE in files or any(".".join(map(str, r)) in folder.entries for r in whole):
-        raise DowngradeError(
-            f"{src}: already holds {WHOLE_FILE} or a whole item's name; written by a rewrite?"
-        )
+    if WHOLE_FILE in files:
+        raise DowngradeError(f"{src}: already holds a file named {WHOLE_FILE}, which it writes")
     import torch
 
     from ._load import load
