@@ -8,7 +8,9 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
 if TYPE_CHECKING:
-    from typing import Any, Callable, MutableMapping
+    from typing import Any, Callable, MutableMapping, TypeVar
+
+    F = TypeVar("F", bound=Callable[..., Any])
 
 _MISSING: Any = object()
 
@@ -54,3 +56,11 @@ class Patcher:
 
     def __bool__(self) -> bool:
         return bool(self._undo)
+
+
+def mark(function: F, **attributes: object) -> F:
+    """``function`` with ``attributes`` set (``__wrapped__``, compatshim's own marks): a
+    wrapper's bookkeeping in one typed place instead of an attribute assignment mypy refuses."""
+    for name, value in attributes.items():
+        setattr(function, name, value)
+    return function

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .._engine.patching import mark
 from . import needed, note_use
 from .table import TABLE
 
@@ -106,8 +107,7 @@ def _object_to_tensor(original: Any) -> Any:
         byte_tensor = torch.frombuffer(data, dtype=torch.uint8).clone().to(device)
         return byte_tensor, torch.LongTensor([byte_tensor.numel()]).to(device)
 
-    object_to_tensor.__wrapped__ = original  # type: ignore[attr-defined]
-    return object_to_tensor
+    return mark(object_to_tensor, __wrapped__=original)
 
 
 def _tensor_to_object(original: Any) -> Any:
@@ -138,8 +138,7 @@ def _tensor_to_object(original: Any) -> Any:
         with scoped(safe):
             return torch.load(io.BytesIO(data), weights_only=True)
 
-    tensor_to_object.__wrapped__ = original  # type: ignore[attr-defined]
-    return tensor_to_object
+    return mark(tensor_to_object, __wrapped__=original)
 
 
 def _accepting_weights_only(original: Any, on_use: Any) -> Any:
@@ -160,7 +159,7 @@ def _accepting_weights_only(original: Any, on_use: Any) -> Any:
         finally:
             mode.reset(token)
 
-    collective._compatshim_weights_only = True  # type: ignore[attr-defined]
+    mark(collective, _compatshim_weights_only=True)
     try:  # inspect.signature shows weights_only, as on torch 2.14 (code probes for it)
         import inspect
 
@@ -169,9 +168,7 @@ def _accepting_weights_only(original: Any, on_use: Any) -> Any:
             "weights_only", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=bool
         )
         params = [p for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD]
-        collective.__signature__ = signature.replace(  # type: ignore[attr-defined]
-            parameters=[*params, keyword]
-        )
+        mark(collective, __signature__=signature.replace(parameters=[*params, keyword]))
     except (TypeError, ValueError):
         pass
     return collective

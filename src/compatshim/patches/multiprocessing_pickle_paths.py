@@ -46,6 +46,8 @@ The revert
 
 from __future__ import annotations
 
+from .._engine.patching import mark
+
 TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
 if TYPE_CHECKING:
     from types import ModuleType
@@ -121,8 +123,7 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             _annotate(exc, obj)
             raise
 
-    dump.__compatshim_original__ = original  # type: ignore[attr-defined]
-    return dump
+    return mark(dump, __compatshim_original__=original)
 
 
 def probe(reduction: ModuleType) -> bool:

@@ -85,6 +85,7 @@ from __future__ import annotations
 
 from .._engine import alias_finder
 from .._engine.alias_finder import Route
+from .._engine.patching import mark
 
 TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
 if TYPE_CHECKING:
@@ -243,8 +244,7 @@ def _both_spellings(original: Callable[[], dict[str, Any]]) -> Callable[[], dict
                 allowed.setdefault(twin, obj)
         return allowed
 
-    user_allowed_globals.__wrapped__ = original  # type: ignore[attr-defined]
-    return user_allowed_globals
+    return mark(user_allowed_globals, __wrapped__=original)
 
 
 def _alias_torch_allowlist(patcher: Patcher) -> Callable[[ModuleType], None]:
@@ -325,8 +325,7 @@ def _plain(bit_generator: Any) -> Any:
 def _named_like(original: Callable[..., Any], wrapper: Callable[..., Any]) -> Callable[..., Any]:
     for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
         setattr(wrapper, attribute, getattr(original, attribute))
-    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-    return wrapper
+    return mark(wrapper, __wrapped__=original)
 
 
 def _adapt_random(patcher: Patcher) -> Callable[[ModuleType], None]:

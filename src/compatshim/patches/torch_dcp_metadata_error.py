@@ -40,6 +40,8 @@ from __future__ import annotations
 import sys
 import threading
 
+from .._engine.patching import mark
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
@@ -98,9 +100,7 @@ def _completing(real: Callable[[BaseException], Any]) -> Callable[[BaseException
         _notes.reasons = None
         return real(exc)
 
-    _wrap_exception.__wrapped__ = real  # type: ignore[attr-defined]
-    _wrap_exception.__compatshim__ = _NAME  # type: ignore[attr-defined]
-    return _wrap_exception
+    return mark(_wrap_exception, __wrapped__=real, __compatshim__=_NAME)
 
 
 class _ProbeError(RuntimeError):

@@ -72,6 +72,7 @@ import functools
 import io
 import threading
 
+from .._engine.patching import mark
 from ._safe_pickle import SafePickle
 
 TYPE_CHECKING = False
@@ -185,8 +186,7 @@ def _naming_items(real: Any) -> Any:
                 where += f" in {file}"
             raise type(exc)(f"{where}: {exc}", exc.refused) from None
 
-    load_bytes._compatshim = True  # type: ignore[attr-defined]
-    return load_bytes
+    return mark(load_bytes, _compatshim=True)
 
 
 def _catchable(real: type) -> type:

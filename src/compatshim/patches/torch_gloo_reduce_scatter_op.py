@@ -55,6 +55,8 @@ from __future__ import annotations
 
 import threading
 
+from .._engine.patching import mark
+
 TYPE_CHECKING = False  # no ``typing`` import: this module loads inside its target's import
 if TYPE_CHECKING:
     from types import ModuleType
@@ -160,10 +162,8 @@ def _wrap(real: Callable[..., Any], dist: ModuleType) -> Callable[..., Any]:
             f"{op!r}; compatshim redoes SUM, AVG, {', '.join(_ELEMENTWISE)} only"
         )
 
-    reduce_scatter_tensor.__wrapped__ = real  # type: ignore[attr-defined]
     reduce_scatter_tensor.__doc__ = real.__doc__
-    reduce_scatter_tensor.__compatshim__ = _NAME  # type: ignore[attr-defined]
-    return reduce_scatter_tensor
+    return mark(reduce_scatter_tensor, __wrapped__=real, __compatshim__=_NAME)
 
 
 def _is_wrapped(function: Any) -> bool:

@@ -114,6 +114,7 @@ The revert
 
 from __future__ import annotations
 
+from .._engine.patching import mark
 from ._safe_pickle import how_to_allow as _how_to_allow
 from ._safe_pickle import refused_hardened
 
@@ -401,9 +402,7 @@ def _wrap(original: Callable[..., Any], hardened: bool) -> Callable[..., Any]:
             return _through_compatshim(f, start, args, kwargs, refusal, hardened)
 
     _skipped_by_warnings(load)
-    load.__compatshim_original__ = original  # type: ignore[attr-defined]
-    load.__compatshim_hardened__ = hardened  # type: ignore[attr-defined]
-    return load
+    return mark(load, __compatshim_original__=original, __compatshim_hardened__=hardened)
 
 
 def _guard_inner(original: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -429,8 +428,7 @@ def _guard_inner(original: Callable[..., Any], name: str) -> Callable[..., Any]:
             )
         return original(*args, **kwargs)
 
-    inner.__compatshim_original__ = original  # type: ignore[attr-defined]
-    return inner
+    return mark(inner, __compatshim_original__=original)
 
 
 def _saved(torch: ModuleType, payload: Any, name: str) -> Any:
