@@ -227,3 +227,42 @@ def test_extra_fields_cost_what_they_weigh() -> None:
     start = time.process_time()
     assert len(read_zip_directory(io.BytesIO(data), "f").records) == 40
     assert time.process_time() - start < 5
+
+
+def test_torchs_reader_is_opened_only_to_read_a_storage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The archive is parsed once by compatshim's directory reader; torch's own reader (a
+    second parse) is opened at the first storage read, and never for a file without one."""
+    real = torch._C.PyTorchFileReader
+    opened: list[object] = []
+
+    def counting(source: object) -> object:
+        opened.append(source)
+        return real(source)
+
+    monkeypatch.setattr(torch._C, "PyTorchFileReader", counting)
+    assert load(io.BytesIO(_torch_bytes({"step": 3, "names": ["a"]}))) == {
+        "step": 3,
+        "names": ["a"],
+    }
+    assert opened == []
+    state = {"a": torch.arange(4.0), "b": torch.ones(2, 3), "c": torch.arange(4.0)[1:]}
+    loaded = load(io.BytesIO(_torch_bytes(state)))
+    assert all(torch.equal(loaded[k], state[k]) for k in state)
+    assert len(opened) == 1
+
+
+def test_storages_after_other_data_in_the_same_file() -> None:
+    """A file object holding a pickle before torch.save's archive (torch reads the archive
+    from where the file stands): torch's reader, opened mid-load, starts there too."""
+    import pickle
+
+    state = {"w": torch.arange(6.0).reshape(2, 3), "step": 7}
+    buffer = io.BytesIO()
+    pickle.dump({"header": 1}, buffer)
+    start = buffer.tell()
+    torch.save(state, buffer)
+    buffer.seek(start)
+    expected = torch.load(io.BytesIO(buffer.getvalue()[start:]), weights_only=True)
+    buffer.seek(start)
+    loaded = load(buffer)
+    assert torch.equal(loaded["w"], expected["w"]) and loaded["step"] == 7

@@ -209,17 +209,16 @@ def _merge_whole(
 
     from ._load import load
 
-    routes = {fqn: tuple(route) for fqn, route in folder.planner_data.items()}
     out, storage, merged = io.BytesIO(), list(folder.storage), []
     entries, planner = dict(folder.entries), dict(folder.planner_data)
     for route, held in whole.items():
-        value: Any = [] if isinstance(routes[held[0]][len(route)], int) else {}
-        for fqn in held:
+        value: Any = [] if isinstance(held[0][1][len(route)], int) else {}
+        for fqn, full in held:
             place = folder.storage_for(fqn)
             if place is None:
                 raise CheckpointError(f"{src}: item {short(fqn)} has no storage_data entry")
             blob = io.BytesIO(folder.stored(place))
-            _put(value, routes[fqn][len(route) :], load(blob), len(held))
+            _put(value, full[len(route) :], load(blob), len(held))
         start = out.tell()
         torch.save(value, out)
         name = ".".join(map(str, route))
@@ -229,7 +228,8 @@ def _merge_whole(
         storage.append(Storage(index, where))
         merged.append(
             f"{name}: written whole into {WHOLE_FILE} from its {len(held)} entries "
-            f"({names(held, 5)}): torch {_name(row)} asks for a dict without tensors as one item"
+            f"({names([fqn for fqn, _ in held], 5)}): torch {_name(row)} asks for a dict "
+            "without tensors as one item"
         )
     new = dataclasses.replace(folder, entries=entries, planner_data=planner, storage=storage)
     return new, out.getvalue(), merged
@@ -252,9 +252,11 @@ def _put(root: Any, path: tuple[Any, ...], value: Any, count: int) -> None:
             node = node[key]
 
 
-def _whole_routes(folder: Folder, row: Release) -> dict[tuple[Any, ...], list[str]]:
+def _whole_routes(
+    folder: Folder, row: Release
+) -> dict[tuple[Any, ...], list[tuple[str, tuple[Any, ...]]]]:
     """Each route torch ``row`` plans as one item (a dict or list without tensors) that the
-    folder holds entry by entry, with those entries' fqns."""
+    folder holds entry by entry, with those entries' fqns and whole routes."""
     if row.version >= (2, 3) or type(folder.planner_data) is not dict:
         return {}
     routes = {fqn: tuple(route) for fqn, route in folder.planner_data.items()}
@@ -264,13 +266,13 @@ def _whole_routes(folder: Folder, row: Release) -> dict[tuple[Any, ...], list[st
         if tensor is not None and fqn in routes
         for depth in range(1, len(routes[fqn]) + 1)
     }
-    whole: dict[tuple[Any, ...], list[str]] = {}
+    whole: dict[tuple[Any, ...], list[tuple[str, tuple[Any, ...]]]] = {}
     for fqn, tensor in folder.entries.items():
         route = routes.get(fqn, ())
         if tensor is None and len(route) > 1:
             depth = next(d for d in range(1, len(route) + 1) if route[:d] not in with_tensors)
             if depth < len(route):
-                whole.setdefault(route[:depth], []).append(fqn)
+                whole.setdefault(route[:depth], []).append((fqn, route))
     return whole
 
 

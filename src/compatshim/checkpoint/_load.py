@@ -28,6 +28,7 @@ allowlist lacks. ``load`` adds its own advice (:data:`ADVICE`) to a refusal.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import logging
 import os
@@ -145,12 +146,23 @@ def one_target(map_location: Any) -> str | None:
 
 class ZipStorages:
     """Storages of a zip file by key: the id checked, its size against the record, then
-    read or mmapped."""
+    read or mmapped.
+
+    torch's own reader (``open_reader``) is opened at the first storage read: a file
+    without one (a config, an empty state dict) has its archive parsed once, by
+    :func:`read_zip_directory`, not twice.
+    """
 
     def __init__(
-        self, reader: Any, directory: ZipDirectory, restore: Restore | None, what: str, mapped: Any
+        self,
+        open_reader: Callable[[], Any],
+        directory: ZipDirectory,
+        restore: Restore | None,
+        what: str,
+        mapped: Any,
+        byteorder: bytes | None,
     ) -> None:
-        self.reader = reader
+        self.open_reader = open_reader
         self.directory = directory
         self.restore = restore  # None: every storage goes to meta, so none is read
         self.what = what
@@ -158,11 +170,14 @@ class ZipStorages:
         self.declared: dict[str, StorageDecl] = {}
         self.loaded: dict[str, Any] = {}
         self.swap = False
-        if "byteorder" in directory.records:
-            data = bytes(reader.get_record("byteorder"))
-            if data not in (b"little", b"big"):
-                raise CheckpointError(f"{what}: byteorder record holds {short(data)}")
-            self.swap = data.decode() != sys.byteorder
+        if byteorder is not None:
+            if byteorder not in (b"little", b"big"):
+                raise CheckpointError(f"{what}: byteorder record holds {short(byteorder)}")
+            self.swap = byteorder.decode() != sys.byteorder
+
+    @functools.cached_property
+    def reader(self) -> Any:
+        return self.open_reader()
 
     def __call__(self, type_name: str | None, rest: tuple[Any, ...]) -> Any:
         import torch
@@ -338,11 +353,24 @@ class Loader:
                 raise CheckpointError(f"{what}: mmap=True needs a file path, not a file object")
             size = os.path.getsize(path)
             mapped = torch.UntypedStorage.from_file(path, _shared_mmap(torch), size)
-        reader = torch._C.PyTorchFileReader(path if path is not None else file)
+        base = file.tell()
+
+        def open_reader() -> Any:
+            file.seek(base)  # torch's reader takes the archive to start where the file stands
+            return torch._C.PyTorchFileReader(path if path is not None else file)
+
         # every storage to meta: none is read (torch 2.15 reads none either)
         restore = None if one_target(self.map_location) == "meta" else self.restore
-        storages = ZipStorages(reader, directory, restore, what, mapped)
-        data = bytes(reader.get_record("data.pkl"))
+        byteorder = directory.records.get("byteorder")
+        storages = ZipStorages(
+            open_reader,
+            directory,
+            restore,
+            what,
+            mapped,
+            None if byteorder is None else read_record(file, byteorder, what),
+        )
+        data = read_record(file, directory.record("data.pkl", what), what)
         return self._run(Source(io.BytesIO(data)), storages)
 
     def _run(self, source: Source, storages: Any) -> Any:
