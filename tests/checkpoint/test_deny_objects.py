@@ -11,6 +11,7 @@ global handed to a callable the caller allowed.
 from __future__ import annotations
 
 import functools
+import io
 import pickle
 import subprocess
 import sys
@@ -251,3 +252,54 @@ def test_harmless_objects_stay_admissible() -> None:
 
     for obj in (pathlib.Path, fractions.Fraction, print, len, torch.nn.Linear, compatshim.status):
         assert deny.denied_object(obj) is None, obj
+
+
+@pytest.fixture
+def orphan_submodule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A package whose import failed after its submodule loaded (as triton's does where
+    setuptools is missing, with torch 2.4/2.5): ``pkg.sub`` stays in ``sys.modules``, ``pkg``
+    does not."""
+    package = tmp_path / "compatshim_test_orphan"
+    package.mkdir()
+    (package / "sub.py").write_text("import os\n")
+    (package / "__init__.py").write_text(
+        "from . import sub\nraise ImportError('a dependency is missing')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImportError):
+        __import__("compatshim_test_orphan")
+    assert "compatshim_test_orphan" not in sys.modules
+    assert "compatshim_test_orphan.sub" in sys.modules
+    try:
+        yield "compatshim_test_orphan.sub.os"
+    finally:
+        sys.modules.pop("compatshim_test_orphan.sub", None)
+
+
+@pytest.mark.filterwarnings("ignore:compatshim.*is ignored:RuntimeWarning")
+def test_a_module_below_a_package_that_failed_to_import_is_judged_by_its_object(
+    orphan_submodule: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the matrix on torch 2.4/2.5 (``triton.backends.compiler.os``): the name was
+    looked up from its top-level package only, which is not imported, so ``os`` under it was
+    judged by its name and admitted by a string allow entry (inspect: needs-allow, not
+    dangerous; load still refused the module object itself)."""
+    module, _, name = orphan_submodule.rpartition(".")
+    verdict = _gate.judge(module, name, _gate.Allow([orphan_submodule]))
+    assert not verdict.admitted and verdict.dangerous, verdict
+    monkeypatch.setenv("COMPATSHIM_ALLOW", orphan_submodule)
+    assert process_allow.allowed() == []
+    with pytest.raises(UnsafeCheckpointError, match="module"):
+        load(io.BytesIO(_stack_global(module, name)), allow=[orphan_submodule])
+
+
+def test_a_long_dotted_name_is_looked_up_in_linear_time() -> None:
+    """Past the first missing prefix only prefixes as long as an imported module name are
+    tried: a 1 MiB name of single letters and dots costs what reading it costs."""
+    import time
+
+    for top in ("collections", "compatshim_test_no_such_package"):
+        name = top + "." + "a." * 500_000 + "b"
+        start = time.process_time()
+        assert deny.denied_global(name) is None
+        assert time.process_time() - start < 2, top

@@ -244,19 +244,24 @@ def _lookup(name: str) -> Any:
     """The object ``name`` is in ``sys.modules`` now, or ``_MISSING``: through module and class
     namespaces only (read with ``ModuleType``'s and ``type``'s own ``__dict__``, so no
     descriptor of the file's choosing runs; a static or class method is its function). No
-    import; linear in the name (each step stops at the first name that is not there)."""
-    end = name.find(".")
-    found: Any = sys.modules.get(name if end < 0 else name[:end])
-    if found is None or end < 0:
+    import. The module is the longest imported prefix, also below a package that is not
+    imported: a package whose import failed leaves the submodules it had imported in
+    ``sys.modules`` (``triton.backends.compiler`` without ``triton``). Past the first prefix
+    that is not a module, prefixes longer than the longest imported module name are not
+    tried, so the work stays linear in the name."""
+    found: Any = _MISSING
+    end = -1
+    longest = -1  # set at the first miss
+    at = name.find(".")
+    while at >= 0 and (longest < 0 or at <= longest):
+        module = sys.modules.get(name[:at])
+        if module is not None:
+            found, end = module, at
+        elif longest < 0:
+            longest = _longest_module_name()
+        at = name.find(".", at + 1)
+    if found is _MISSING:
         return _MISSING
-    while True:  # the longest imported module prefix (a package's parents are imported too)
-        nxt = name.find(".", end + 1)
-        if nxt < 0:
-            break
-        deeper = sys.modules.get(name[:nxt])
-        if deeper is None:
-            break
-        found, end = deeper, nxt
     for part in name[end + 1 :].split("."):
         if isinstance(found, types.ModuleType):
             namespace = _MODULE_DICT(found)
@@ -270,6 +275,19 @@ def _lookup(name: str) -> Any:
         if isinstance(found, (staticmethod, classmethod)):
             found = found.__func__
     return found
+
+
+_LONGEST: list[Any] = [0, -1, None]  # the longest module name, len(sys.modules), its last key
+
+
+def _longest_module_name() -> int:
+    """The length of the longest name in ``sys.modules``, measured again when its size or
+    its last key (where an import adds one) changed."""
+    modules = sys.modules
+    size, last = len(modules), next(reversed(modules), None)
+    if _LONGEST[1] != size or _LONGEST[2] != last:
+        _LONGEST[:] = [max(map(len, modules), default=0), size, last]
+    return int(_LONGEST[0])
 
 
 _MODULE_DICT: Callable[[Any], Mapping[str, Any]] = vars(types.ModuleType)["__dict__"].__get__
