@@ -18,6 +18,15 @@ a training state of a model of ``MiB`` float32 parameters with its AdamW moments
 ``compatshim.optim.load_dcp``: the same release (nothing to fill) and a 2.4-style save
 (without ``decoupled_weight_decay`` and ``_is_initial``, which plain ``dcp.load`` can only
 load into a template without them; ``load_dcp`` takes the running template and fills them).
+
+Part ``rewrite`` (issue 39: the dry run and the ``.metadata`` rewrite read no tensor data,
+"time <= 1.10x of reading ``.metadata`` alone"): the folder of part ``readers`` (its
+``extra`` item is a dict without tensors, which a rewrite for torch 2.2 reads and saves
+whole), then, interleaved in this process: torch's own read of ``.metadata``
+(``FileSystemReader.read_metadata``, an unchecked ``pickle.load``), compatshim's hardened
+read of it (``_dcp_records.read_folder``, what the other two start with),
+``downgrade_dcp`` for 2.4 and for 2.2 into a fresh folder each call (data files
+hard-linked), and ``plan_resume`` against the zeroed template.
 """
 
 from __future__ import annotations
@@ -314,17 +323,78 @@ def main(mib: int = 256, count: int = 64, ranks: int = 1, repeats: int = 7) -> N
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def rewrite(mib: int = 1024, count: int = 64, ranks: int = 4, repeats: int = 7) -> None:
+    """Reading ``.metadata`` alone against the dry run and the rewrite, interleaved."""
+    from compatshim.checkpoint import downgrade_dcp, plan_resume
+    from compatshim.checkpoint._dcp_records import read_folder
+
+    warnings.simplefilter("ignore")
+    folder = tempfile.mkdtemp(prefix="bench-dcp-rewrite-")
+    out = tempfile.mkdtemp(prefix="bench-dcp-rewrite-out-")
+    made = [0]
+    try:
+        if ranks == 1:
+            _save(folder, _state(mib, count, zero=False), no_dist=True)
+        else:
+            _save_ranks(folder, mib, count, ranks)
+        template = _state(mib, count, zero=True)
+        plans: list[Any] = []
+
+        def downgrade(release: str) -> Any:
+            def run() -> None:
+                made[0] += 1
+                dst = os.path.join(out, f"d{made[0]}")
+                downgrade_dcp(folder, dst, torch=release)
+                shutil.rmtree(dst)  # each call writes a fresh folder
+
+            return run
+
+        runs = {
+            "torch's read of .metadata (pickle.load)": lambda: dcp.FileSystemReader(
+                folder
+            ).read_metadata(),
+            "compatshim's hardened read of .metadata": lambda: read_folder(folder),
+            "downgrade_dcp(torch='2.4')": downgrade("2.4"),
+            "downgrade_dcp(torch='2.2'): the extra item saved whole": downgrade("2.2"),
+            "plan_resume (dry run, hardened)": lambda: plans.append(plan_resume(folder, template)),
+        }
+        load_avg = os.getloadavg()[0]
+        samples = interleaved(runs, repeats)
+        load_avg_end = os.getloadavg()[0]
+        assert plans and plans[-1].ok, plans[-1] if plans else "no plan"
+        base = median(samples["torch's read of .metadata (pickle.load)"])
+        files = list(Path(folder).iterdir())
+        size = sum(f.stat().st_size for f in files)
+        meta = (Path(folder) / ".metadata").stat().st_size
+        print(
+            f"\ntorch {torch.__version__}: {size / 2**20:.0f} MiB in {count} tensors + 2 items, "
+            f"saved by {ranks} rank(s), .metadata {meta / 1024:.1f} KiB; {repeats} interleaved "
+            f"calls each, medians; load average {load_avg:.1f} at start, {load_avg_end:.1f} at end"
+        )
+        print(
+            table(
+                ["call", "median", "vs torch's read of .metadata"],
+                [[name, ms(median(v)), f"{median(v) / base:.2f}x"] for name, v in samples.items()],
+            )
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mib", type=int, nargs="?", help="256 (readers), 96 (adapter)")
+    parser.add_argument("mib", type=int, nargs="?", help="256 (readers), 96 (adapter), 1024 (rewrite)")
     parser.add_argument("tensors", type=int, nargs="?", default=64)
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--only", choices=("readers", "adapter"))
+    parser.add_argument("--only", choices=("readers", "adapter", "rewrite"))
     options = parser.parse_args()
-    if options.only != "adapter":
+    if options.only == "rewrite":
+        rewrite(options.mib or 1024, options.tensors, options.ranks, options.repeats)
+    elif options.only != "adapter":
         main(options.mib or 256, options.tensors, options.ranks, options.repeats)
-    if options.only != "readers":
+    if options.only in (None, "adapter"):
         if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):  # torch 2.3+
             adapter(options.mib or 96, 48, options.repeats)
         else:
