@@ -249,20 +249,3 @@ def test_torchs_reader_is_opened_only_to_read_a_storage(monkeypatch: pytest.Monk
     loaded = load(io.BytesIO(_torch_bytes(state)))
     assert all(torch.equal(loaded[k], state[k]) for k in state)
     assert len(opened) == 1
-
-
-def test_storages_after_other_data_in_the_same_file() -> None:
-    """A file object holding a pickle before torch.save's archive (torch reads the archive
-    from where the file stands): torch's reader, opened mid-load, starts there too."""
-    import pickle
-
-    state = {"w": torch.arange(6.0).reshape(2, 3), "step": 7}
-    buffer = io.BytesIO()
-    pickle.dump({"header": 1}, buffer)
-    start = buffer.tell()
-    torch.save(state, buffer)
-    buffer.seek(start)
-    expected = torch.load(io.BytesIO(buffer.getvalue()[start:]), weights_only=True)
-    buffer.seek(start)
-    loaded = load(buffer)
-    assert torch.equal(loaded["w"], expected["w"]) and loaded["step"] == 7

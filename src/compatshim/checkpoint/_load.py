@@ -28,7 +28,6 @@ allowlist lacks. ``load`` adds its own advice (:data:`ADVICE`) to a refusal.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import io
 import logging
 import os
@@ -146,23 +145,18 @@ def one_target(map_location: Any) -> str | None:
 
 class ZipStorages:
     """Storages of a zip file by key: the id checked, its size against the record, then
-    read or mmapped.
-
-    torch's own reader (``open_reader``) is opened at the first storage read: a file
-    without one (a config, an empty state dict) has its archive parsed once, by
-    :func:`read_zip_directory`, not twice.
-    """
+    read (with torch's own ``reader``) or mmapped."""
 
     def __init__(
         self,
-        open_reader: Callable[[], Any],
+        reader: Any,
         directory: ZipDirectory,
         restore: Restore | None,
         what: str,
         mapped: Any,
         byteorder: bytes | None,
     ) -> None:
-        self.open_reader = open_reader
+        self.reader = reader
         self.directory = directory
         self.restore = restore  # None: every storage goes to meta, so none is read
         self.what = what
@@ -174,10 +168,6 @@ class ZipStorages:
             if byteorder not in (b"little", b"big"):
                 raise CheckpointError(f"{what}: byteorder record holds {short(byteorder)}")
             self.swap = byteorder.decode() != sys.byteorder
-
-    @functools.cached_property
-    def reader(self) -> Any:
-        return self.open_reader()
 
     def __call__(self, type_name: str | None, rest: tuple[Any, ...]) -> Any:
         import torch
@@ -353,23 +343,20 @@ class Loader:
                 raise CheckpointError(f"{what}: mmap=True needs a file path, not a file object")
             size = os.path.getsize(path)
             mapped = torch.UntypedStorage.from_file(path, _shared_mmap(torch), size)
-        base = file.tell()
-
-        def open_reader() -> Any:
-            file.seek(base)  # torch's reader takes the archive to start where the file stands
-            return torch._C.PyTorchFileReader(path if path is not None else file)
-
+        # torch's own reader reads the storages: opened only where the archive holds storage
+        # records (a pickle naming another is refused by storage_record before any read), so
+        # a file without any (a config, an empty state dict) is parsed once, not twice; where
+        # it holds some, opened also when none will be read (all on meta, as inspect reads):
+        # an archive torch's reader refuses (torch 2.4/2.5: one that does not start the
+        # file) is then refused by both alike
+        reader = None
+        if any(name.startswith("data/") for name in directory.records):
+            reader = torch._C.PyTorchFileReader(path if path is not None else file)
         # every storage to meta: none is read (torch 2.15 reads none either)
         restore = None if one_target(self.map_location) == "meta" else self.restore
-        byteorder = directory.records.get("byteorder")
-        storages = ZipStorages(
-            open_reader,
-            directory,
-            restore,
-            what,
-            mapped,
-            None if byteorder is None else read_record(file, byteorder, what),
-        )
+        record = directory.records.get("byteorder")
+        byteorder = None if record is None else read_record(file, record, what)
+        storages = ZipStorages(reader, directory, restore, what, mapped, byteorder)
         data = read_record(file, directory.record("data.pkl", what), what)
         return self._run(Source(io.BytesIO(data)), storages)
 
