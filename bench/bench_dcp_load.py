@@ -262,14 +262,24 @@ def adapter(mib: int = 96, count: int = 48, repeats: int = 7) -> None:
     )
 
 
-def main(mib: int = 256, count: int = 64, ranks: int = 1, repeats: int = 7) -> None:
-    warnings.simplefilter("ignore")
-    folder = tempfile.mkdtemp(prefix="bench-dcp-")
+def _saved_folder(prefix: str, mib: int, count: int, ranks: int) -> str:
+    """A new folder holding the state, saved by this process or by ``ranks`` gloo ranks."""
+    folder = tempfile.mkdtemp(prefix=prefix)
     try:
         if ranks == 1:
             _save(folder, _state(mib, count, zero=False), no_dist=True)
         else:
             _save_ranks(folder, mib, count, ranks)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder
+
+
+def main(mib: int = 256, count: int = 64, ranks: int = 1, repeats: int = 7) -> None:
+    warnings.simplefilter("ignore")
+    folder = _saved_folder("bench-dcp-", mib, count, ranks)
+    try:
         target = _state(mib, count, zero=True)
         original_load, original_view = torch.load, vars(filesystem).get("_create_file_view")
         hardened_load = _wrap(original_load, hardened=True)
@@ -329,14 +339,10 @@ def rewrite(mib: int = 1024, count: int = 64, ranks: int = 4, repeats: int = 7) 
     from compatshim.checkpoint._dcp_records import read_folder
 
     warnings.simplefilter("ignore")
-    folder = tempfile.mkdtemp(prefix="bench-dcp-rewrite-")
+    folder = _saved_folder("bench-dcp-rewrite-", mib, count, ranks)
     out = tempfile.mkdtemp(prefix="bench-dcp-rewrite-out-")
     made = [0]
     try:
-        if ranks == 1:
-            _save(folder, _state(mib, count, zero=False), no_dist=True)
-        else:
-            _save_ranks(folder, mib, count, ranks)
         template = _state(mib, count, zero=True)
         plans: list[Any] = []
 
@@ -384,7 +390,9 @@ def rewrite(mib: int = 1024, count: int = 64, ranks: int = 4, repeats: int = 7) 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mib", type=int, nargs="?", help="256 (readers), 96 (adapter), 1024 (rewrite)")
+    parser.add_argument(
+        "mib", type=int, nargs="?", help="256 (readers), 96 (adapter), 1024 (rewrite)"
+    )
     parser.add_argument("tensors", type=int, nargs="?", default=64)
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
