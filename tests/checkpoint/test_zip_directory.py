@@ -229,9 +229,11 @@ def test_extra_fields_cost_what_they_weigh() -> None:
     assert time.process_time() - start < 5
 
 
-def test_torchs_reader_is_opened_only_to_read_a_storage(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_torchs_reader_is_opened_only_for_an_archive_with_storages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The archive is parsed once by compatshim's directory reader; torch's own reader (a
-    second parse) is opened at the first storage read, and never for a file without one."""
+    second parse) is opened once for an archive that holds storages, never for one without."""
     real = torch._C.PyTorchFileReader
     opened: list[object] = []
 
