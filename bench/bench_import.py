@@ -13,16 +13,16 @@ is the whole process as the operating system accounts it (user + system CPU of
 it, paired), which also counts unmarshalling and interpreter teardown. The third is
 what the start-up hook (``compatshim_auto.pth``) costs every process of the
 environment that sets no ``COMPATSHIM_*`` variable: reading two variables and one
-pass over the environment's names for a misspelt one. Times are taken inside the
-child, as CPU time (``time.process_time``: what the import costs this process,
-unaffected by other jobs on a shared machine; for the hooks, ``time.thread_time``
-of the importing thread, since the OpenBLAS workers numpy's import starts spin
-meanwhile and ``process_time`` would count their spinning as the hooks' cost) and
-wall time (``perf_counter``: inflated whenever the machine is busy). A whole ``import torch`` (~1-2 s) varies by more than 5 ms
-between interpreters, so the armed/plain difference of whole imports is shown
-for context only; the goal is judged on the time spent inside compatshim's hooks
-during ``import torch``, measured in-process (probe, fix and confirmation of
-every patch whose target torch imports).
+pass over the environment's names for a misspelt one. Times are taken inside the child,
+as CPU time (``time.process_time``: what the import costs this process, unaffected by
+other jobs on a shared machine; for the hooks, ``time.thread_time`` of the importing
+thread, since the OpenBLAS workers numpy's import starts spin meanwhile and
+``process_time`` would count their spinning as the hooks' cost) and wall time
+(``perf_counter``: inflated whenever the machine is busy). A whole ``import torch``
+(~1-2 s) varies by more than 5 ms between interpreters, so the armed/plain difference of
+whole imports is shown for context only; the goal is judged on the time spent inside
+compatshim's hooks during ``import torch``, measured in-process (probe, fix and
+confirmation of every patch whose target torch imports).
 """
 
 from __future__ import annotations
