@@ -583,6 +583,59 @@ class Machine:
         )
 
 
+# The commonest opcodes of a large pickle read their argument in place, one call per
+# opcode (a lambda calling ``source.byte``/``source.unpack`` made one more). A one-byte
+# argument is indexed: ``struct`` would cost more than the call it saves.
+def _pusher(fmt: struct.Struct) -> Handler:
+    """The handler of BININT, BININT2 or BINFLOAT: push one fixed-size number."""
+    size, unpack = fmt.size, fmt.unpack
+
+    def push(machine: Machine) -> None:
+        data = machine.source.read1(size)
+        if len(data) != size:
+            raise _past_end(size, len(data))
+        machine.stack.append(unpack(data)[0])
+
+    return push
+
+
+def _long_memo(put: bool) -> Handler:
+    """The handler of LONG_BINPUT or LONG_BINGET: ``_put``/``_get`` (which a subclass may
+    override) of a four-byte index."""
+
+    def memo(machine: Machine) -> None:
+        data = machine.source.read1(4)
+        if len(data) != 4:
+            raise _past_end(4, len(data))
+        if put:
+            machine._put(_U32.unpack(data)[0])
+        else:
+            machine._get(_U32.unpack(data)[0])
+
+    return memo
+
+
+def _binint1(machine: Machine) -> None:
+    data = machine.source.read1(1)
+    if not data:
+        raise _past_end(1, 0)
+    machine.stack.append(data[0])
+
+
+def _binput(machine: Machine) -> None:
+    data = machine.source.read1(1)
+    if not data:
+        raise _past_end(1, 0)
+    machine._put(data[0])
+
+
+def _binget(machine: Machine) -> None:
+    data = machine.source.read1(1)
+    if not data:
+        raise _past_end(1, 0)
+    machine._get(data[0])
+
+
 # ---------------------------------------------------------------------- dispatch table
 # opcode -> the name of a Machine method, or a function of the machine. Unbound, so one
 # table serves every run of a class: a table of bound methods would be rebuilt per run
@@ -596,9 +649,9 @@ _OPCODES: dict[bytes, str | Handler] = {
     b"1": "_pop_mark_op",
     b"2": "_dup",
     b"I": "_int",
-    b"J": lambda s: s.stack.append(s.source.unpack(_I32)),
-    b"K": lambda s: s.stack.append(s.source.byte()),
-    b"M": lambda s: s.stack.append(s.source.unpack(_U16)),
+    b"J": _pusher(_I32),
+    b"K": _binint1,
+    b"M": _pusher(_U16),
     b"L": "_long",
     b"\x8a": lambda s: s._long_bytes(s.source.byte()),
     b"\x8b": lambda s: s._long_bytes(s.source.unpack(_I32)),
@@ -606,7 +659,7 @@ _OPCODES: dict[bytes, str | Handler] = {
     b"\x88": lambda s: s.stack.append(True),
     b"\x89": lambda s: s.stack.append(False),
     b"F": "_float",
-    b"G": lambda s: s.stack.append(s.source.unpack(_F64)),
+    b"G": _pusher(_F64),
     b"S": "_string",
     b"T": lambda s: s._binstring(s.source.unpack(_I32)),
     b"U": lambda s: s._binstring(s.source.byte()),
@@ -637,12 +690,12 @@ _OPCODES: dict[bytes, str | Handler] = {
     b"\x90": "_additems",
     b"\x91": lambda s: s._push_hashable(frozenset),
     b"p": lambda s: s._put(s._line_int()),
-    b"q": lambda s: s._put(s.source.byte()),
-    b"r": lambda s: s._put(s.source.unpack(_U32)),
+    b"q": _binput,
+    b"r": _long_memo(put=True),
     b"\x94": lambda s: s._put(len(s.memo)),
     b"g": lambda s: s._get(s._line_int()),
-    b"h": lambda s: s._get(s.source.byte()),
-    b"j": lambda s: s._get(s.source.unpack(_U32)),
+    b"h": _binget,
+    b"j": _long_memo(put=False),
     b"c": "_global",
     b"\x93": "_stack_global",
     b"R": "_reduce",
