@@ -211,10 +211,21 @@ class Folder:
     storage_meta: dict[str, Any] | None  # None: absent or None in the file
     extra: dict[str, Any] = field(default_factory=dict)  # Metadata fields after the first three
     named: frozenset[str] = frozenset()  # every global the file names
+    # fqn -> storage, made by storage_for; not an init field, so dataclasses.replace drops it
+    _places: dict[Any, Storage] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The tensor entries: ``entries`` less the non-tensor items."""
+        return {fqn: t for fqn, t in self.entries.items() if t is not None}
 
     def storage_for(self, fqn: str) -> Storage | None:
-        """The ``storage_data`` entry of the item ``fqn``, if the file has one."""
-        return next((s for s in self.storage if s.index.get("fqn") == fqn), None)
+        """The ``storage_data`` entry of the item ``fqn`` (the first, if several), if the file
+        has one; indexed at the first call (one pass, not one per item asked for)."""
+        if self._places is None:
+            self._places = {}
+            for storage in self.storage:
+                self._places.setdefault(storage.index.get("fqn"), storage)
+        return self._places.get(fqn)
 
     def stored(self, storage: Storage) -> bytes:
         """The bytes ``storage`` names (``read_folder`` checked its data file lies inside
@@ -402,7 +413,7 @@ def running_torch_reads(folder: Folder) -> list[str]:
             problems.append(f"{qual} does not exist in torch {_torch_version()}")
     props = sys.modules.get(f"{DCP}") or importlib.import_module(DCP)
     known = getattr(getattr(props, "TensorProperties", None), "__dataclass_fields__", {})
-    six = sorted(fqn for fqn, t in folder.entries.items() if t is not None and t.fields == 6)
+    six = sorted(fqn for fqn, t in folder.tensors().items() if t.fields == 6)
     if six and "strides" not in known:
         problems.append(
             f"TensorProperties.strides (torch 2.14+; {len(six)} tensor(s), e.g. {short(six[0])}) "

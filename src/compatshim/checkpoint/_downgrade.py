@@ -196,11 +196,11 @@ def _merge_whole(
     state: a restart at epoch 0). Each such item is built again from its entries (each read
     hardened from its own ``torch.save`` bytes), saved whole into :data:`WHOLE_FILE` and
     added to the ``.metadata`` under its own name; the entries stay for newer readers."""
-    whole = {  # an item already saved whole (a folder this rewrite wrote) stays as it is
-        route: held
-        for route, held in _whole_routes(folder, row).items()
-        if ".".join(map(str, route)) not in folder.entries
-    }
+    whole = {}
+    for route, held in _whole_routes(folder, row).items():
+        name = ".".join(map(str, route))
+        if name not in folder.entries:  # one already saved whole (by this rewrite) stays
+            whole[name] = route, held
     if not whole:
         return folder, b"", []
     if WHOLE_FILE in files:
@@ -211,7 +211,7 @@ def _merge_whole(
 
     out, storage, merged = io.BytesIO(), list(folder.storage), []
     entries, planner = dict(folder.entries), dict(folder.planner_data)
-    for route, held in whole.items():
+    for name, (route, held) in whole.items():
         value: Any = [] if isinstance(held[0][1][len(route)], int) else {}
         for fqn, full in held:
             place = folder.storage_for(fqn)
@@ -221,7 +221,6 @@ def _merge_whole(
             _put(value, full[len(route) :], load(blob), len(held))
         start = out.tell()
         torch.save(value, out)
-        name = ".".join(map(str, route))
         entries[name], planner[name] = None, route
         index = {"fqn": name, "offset": None, "index": None}
         where = {"relative_path": WHOLE_FILE, "offset": start, "length": out.tell() - start}
@@ -305,7 +304,7 @@ def _make_folder(src: str, dst: str) -> None:
 def _refuse_unrepresentable(folder: Folder, row: Release) -> None:
     """DowngradeError naming what ``row`` cannot represent: a dtype it lacks, data files
     written through a transform before 2.8."""
-    tensors = {fqn: t for fqn, t in folder.entries.items() if t is not None}
+    tensors = folder.tensors()
     where = f"torch {_name(row)}"
     lacking = sorted({t.dtype for t in tensors.values()} - row.dtypes)
     if lacking:
@@ -327,7 +326,7 @@ def _emit(folder: Folder, row: Release) -> tuple[bytes, list[str]]:
     """The ``.metadata`` bytes for ``row``, and each change from what the file held
     (:func:`_refuse_unrepresentable` has passed it)."""
     changes: list[str] = []
-    tensors = {fqn: t for fqn, t in folder.entries.items() if t is not None}
+    tensors = folder.tensors()
     where = f"torch {_name(row)}"
     out = _Pickler()
     out.obj(f"{DCP}.Metadata")
