@@ -49,7 +49,7 @@ import pickle
 import shutil
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .._text import names, short
 from ._dcp_folder import METADATA
@@ -417,17 +417,19 @@ def _tensor(out: _Pickler, tensor: Tensor, row: Release) -> None:
     out.build()
 
 
+_BININT = struct.Struct("<ci")  # the opcode and its argument, packed at once
+_BINUNICODE = struct.Struct("<cI")
+
+
 class _Pickler:
     """Protocol 2 opcodes, written one by one: globals by name (memoized), NEWOBJ, BUILD,
     REDUCE, and plain values (None, bool, int, str, tuple, list, dict, ``torch.Size``)."""
 
     def __init__(self) -> None:
         self.buf = io.BytesIO()
-        self.buf.write(b"\x80\x02")
+        self.raw: Callable[[bytes], int] = self.buf.write  # bytes as they are (no wrapper call)
+        self.raw(b"\x80\x02")
         self.memo: dict[str, int] = {}
-
-    def raw(self, data: bytes) -> None:
-        self.buf.write(data)
 
     def global_(self, qual: str) -> None:
         index = self.memo.get(qual)
@@ -477,13 +479,13 @@ class _Pickler:
             self.raw(b"\x88" if value else b"\x89")
         elif kind is int:
             if -(2**31) <= value < 2**31:
-                self.raw(b"J" + struct.pack("<i", value))
+                self.raw(_BININT.pack(b"J", value))
             else:
                 data = pickle.encode_long(value)  # type: ignore[attr-defined]
                 self.raw(b"\x8a" + bytes((len(data),)) + data)
         elif kind is str:
             data = value.encode("utf-8", "surrogatepass")
-            self.raw(b"X" + struct.pack("<I", len(data)) + data)
+            self.raw(_BINUNICODE.pack(b"X", len(data)) + data)
         elif kind is Size:
             self.global_("torch.Size")
             self.raw(b"(")
