@@ -347,11 +347,9 @@ def rewrite(mib: int = 1024, count: int = 64, ranks: int = 4, repeats: int = 7) 
         plans: list[Any] = []
 
         def downgrade(release: str) -> Any:
-            def run() -> None:
+            def run() -> None:  # each call writes a fresh folder, removed after the timing
                 made[0] += 1
-                dst = os.path.join(out, f"d{made[0]}")
-                downgrade_dcp(folder, dst, torch=release)
-                shutil.rmtree(dst)  # each call writes a fresh folder
+                downgrade_dcp(folder, os.path.join(out, f"d{made[0]}"), torch=release)
 
             return run
 
