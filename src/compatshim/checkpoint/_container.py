@@ -148,10 +148,8 @@ class ZipDirectory:
 
     archive: str
     records: dict[str, Record]
-
-    @functools.cached_property  # asked by read_zip_directory, then by load or inspect
-    def is_torchscript(self) -> bool:
-        return "constants.pkl" in self.records or any(n.startswith("code/") for n in self.records)
+    is_torchscript: bool  # a ``constants.pkl`` or ``code/`` record: TorchScript, not torch.save
+    has_storages: bool  # a ``data/`` record
 
     def record(self, name: str, what: str) -> Record:
         found = self.records.get(name)
@@ -221,7 +219,12 @@ def read_zip_directory(file: IO[bytes], what: str) -> ZipDirectory:
     records = dict(
         zip([name[skip:] for name in all_names], map(_record, zip(all_names, sizes, starts)))
     )
-    directory = ZipDirectory(archive, records)
+    directory = ZipDirectory(  # found in the joined names, in C, not by a loop over them
+        archive,
+        records,
+        is_torchscript="constants.pkl" in records or f"\0{prefix}code/" in joined,
+        has_storages=f"\0{prefix}data/" in joined,
+    )
     if directory.is_torchscript:
         return directory  # refused by the caller; its code records are compressed
     if any(methods) or compressed != sizes or max(map(operator.add, offsets, sizes)) > size:

@@ -350,7 +350,7 @@ class Loader:
         # an archive torch's reader refuses (torch 2.4/2.5: one that does not start the
         # file) is then refused by both alike
         reader = None
-        if any(name.startswith("data/") for name in directory.records):
+        if directory.has_storages:
             reader = torch._C.PyTorchFileReader(path if path is not None else file)
         # every storage to meta: none is read (torch 2.15 reads none either)
         restore = None if one_target(self.map_location) == "meta" else self.restore
