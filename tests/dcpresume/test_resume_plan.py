@@ -156,3 +156,26 @@ def test_a_poisoned_metadata_is_reported_refused(tmp_path: Path) -> None:
     (tmp_path / "bad" / ".metadata").write_bytes(out.finish())
     plan = plan_resume(tmp_path / "bad", {"model": {}})
     assert not plan.ok and "os.system" in plan.refused[0]
+
+
+class _Payload:
+    """An item whose unpickling would write ``marker``: the dry run loads items hardened."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> Any:
+        return exec, (f"open({self.marker!r}, 'w').close()",)
+
+
+def test_a_payload_item_is_refused_and_never_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    model, _, _ = _objects()
+    path = tmp_path / "ckpt"
+    with one_rank_group(tmp_path / "store"):
+        dcp.save({"model": model.state_dict(), "cfg": _Payload(str(marker))},
+                 **dcp_kwargs(path, save=True))  # fmt: skip
+    assert not marker.exists()
+    plan = plan_resume(path, {"model": model.state_dict(), "cfg": None})
+    assert not plan.ok and not marker.exists()
+    assert len(plan.refused) == 1 and plan.refused[0].startswith("cfg: names builtins.exec")

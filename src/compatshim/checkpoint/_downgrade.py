@@ -345,10 +345,10 @@ def _emit(folder: Folder, row: Release) -> tuple[bytes, list[str]]:
     out.value("storage_data")
     out.mark_dict()
     for storage in folder.storage:
-        out.obj(f"{DCP}.MetadataIndex")
+        out.obj(_INDEX)
         out.plain_dict(storage.index)
         out.build()
-        out.obj(f"{FS}._StorageInfo")
+        out.obj(_STORAGE_INFO)
         out.plain_dict({k: v for k, v in storage.info.items() if v is not None})
         out.build()
     out.end_dict()
@@ -386,33 +386,40 @@ def _emit(folder: Folder, row: Release) -> tuple[bytes, list[str]]:
 
 
 def _tensor(out: _Pickler, tensor: Tensor, row: Release) -> None:
-    out.obj(f"{DCP}.TensorStorageMetadata")
+    out.obj(_TENSOR)
     out.mark_dict()
     out.value("properties")
-    out.obj(f"{row.home}.TensorProperties")
-    out.mark()
-    out.global_(f"torch.{tensor.dtype}")
-    out.global_("torch.serialization._get_layout")
-    out.value((tensor.layout,))
-    out.reduce()
-    out.value(tensor.requires_grad)
-    out.global_(f"{row.home}.{row.encoding}")
-    out.value((tensor.encoding,))
-    out.reduce()
-    out.value(tensor.pin_memory)
-    if row.strides:
-        out.value(tensor.strides)
-    out.tuple_from_mark()
-    out.build()
+    key = (tensor.dtype, tensor.layout, tensor.requires_grad, tensor.encoding, tensor.pin_memory,
+           tensor.strides if row.strides else None)  # fmt: skip
+    if not out.again(key):  # the bytes of a TensorProperties written before, as they were
+        start = out.start()
+        out.obj(f"{row.home}.TensorProperties")
+        out.mark()
+        out.global_(f"torch.{tensor.dtype}")
+        out.global_("torch.serialization._get_layout")
+        out.value((tensor.layout,))
+        out.reduce()
+        out.value(tensor.requires_grad)
+        out.global_(f"{row.home}.{row.encoding}")
+        out.value((tensor.encoding,))
+        out.reduce()
+        out.value(tensor.pin_memory)
+        if row.strides:
+            out.value(tensor.strides)
+        out.tuple_from_mark()
+        out.build()
+        out.keep(key, start)
     out.value("size")
     out.value(Size(tensor.size))
     out.value("chunks")
     out.raw(b"]")
     for offsets, sizes in tensor.chunks:
-        out.obj(f"{DCP}.ChunkStorageMetadata")
-        out.plain_dict({"offsets": Size(offsets), "sizes": Size(sizes)})
-        out.build()
-        out.raw(b"a")
+        out.obj(_CHUNK)
+        out.raw(_CHUNK_KEYS[0])
+        out.value(Size(offsets))
+        out.raw(_CHUNK_KEYS[1])
+        out.value(Size(sizes))
+        out.raw(b"uba")
     out.end_dict()
     out.build()
 
@@ -421,15 +428,47 @@ _BININT = struct.Struct("<ci")  # the opcode and its argument, packed at once
 _BINUNICODE = struct.Struct("<cI")
 
 
+def _text(value: str) -> bytes:
+    data = value.encode("utf-8", "surrogatepass")
+    return _BINUNICODE.pack(b"X", len(data)) + data
+
+
+_TENSOR, _CHUNK = f"{DCP}.TensorStorageMetadata", f"{DCP}.ChunkStorageMetadata"
+_INDEX, _STORAGE_INFO = f"{DCP}.MetadataIndex", f"{FS}._StorageInfo"
+_CHUNK_KEYS = (b"}(" + _text("offsets"), _text("sizes"))  # a chunk's dict, around the sizes
+
+
 class _Pickler:
     """Protocol 2 opcodes, written one by one: globals by name (memoized), NEWOBJ, BUILD,
-    REDUCE, and plain values (None, bool, int, str, tuple, list, dict, ``torch.Size``)."""
+    REDUCE, and plain values (None, bool, int, str, tuple, list, dict, ``torch.Size``).
+
+    A ``.metadata`` repeats itself (keys, FQNs, sizes, one TensorProperties per dtype), so
+    the bytes of a str, a ``torch.Size`` and a TensorProperties are kept once written:
+    the same bytes again, as the opcodes are (a global already named is a memo read)."""
 
     def __init__(self) -> None:
-        self.buf = io.BytesIO()
-        self.raw: Callable[[bytes], int] = self.buf.write  # bytes as they are (no wrapper call)
-        self.raw(b"\x80\x02")
+        self.parts: list[bytes] = [b"\x80\x02"]
+        self.raw: Callable[[bytes], None] = self.parts.append  # bytes as they are
         self.memo: dict[str, int] = {}
+        self.texts: dict[str, bytes] = {}
+        self.sizes: dict[tuple[int, ...], bytes] = {}
+        self.kept: dict[Any, bytes] = {}
+
+    def start(self) -> tuple[int, int]:
+        """Where the next bytes go, and how many globals are named so far (for :meth:`keep`)."""
+        return len(self.parts), len(self.memo)
+
+    def keep(self, key: Any, start: tuple[int, int]) -> None:
+        """The bytes written since ``start`` written again for ``key`` by :meth:`again`, if
+        they named no new global (a memo write must not happen twice)."""
+        if len(self.memo) == start[1]:
+            self.kept[key] = b"".join(self.parts[start[0] :])
+
+    def again(self, key: Any) -> bool:
+        data = self.kept.get(key)
+        if data is not None:
+            self.raw(data)
+        return data is not None
 
     def global_(self, qual: str) -> None:
         index = self.memo.get(qual)
@@ -464,16 +503,26 @@ class _Pickler:
     def end_dict(self) -> None:
         self.raw(b"u")
 
-    def plain_dict(self, items: dict[str, Any]) -> None:
-        self.mark_dict()
-        for key, value in items.items():
-            self.value(key)
-            self.value(value)
-        self.end_dict()
+    def plain_dict(self, items: dict[Any, Any]) -> None:
+        raw, value, texts = self.raw, self.value, self.texts
+        raw(b"}(")
+        for key, item in items.items():
+            data = texts.get(key) if type(key) is str else None  # most keys: written before
+            if data is None:
+                value(key)
+            else:
+                raw(data)
+            value(item)
+        raw(b"u")
 
     def value(self, value: Any) -> None:
         kind = type(value)
-        if value is None:
+        if kind is str:
+            data = self.texts.get(value)
+            if data is None:
+                data = self.texts[value] = _text(value)
+            self.raw(data)
+        elif value is None:
             self.raw(b"N")
         elif kind is bool:
             self.raw(b"\x88" if value else b"\x89")
@@ -483,19 +532,29 @@ class _Pickler:
             else:
                 data = pickle.encode_long(value)  # type: ignore[attr-defined]
                 self.raw(b"\x8a" + bytes((len(data),)) + data)
-        elif kind is str:
-            data = value.encode("utf-8", "surrogatepass")
-            self.raw(_BINUNICODE.pack(b"X", len(data)) + data)
         elif kind is Size:
-            self.global_("torch.Size")
-            self.raw(b"(")
-            self.value(tuple(value))
-            self.raw(b"tR")
+            data = self.sizes.get(value)
+            if data is None:
+                start = self.start()
+                self.global_("torch.Size")
+                self.raw(b"(")
+                self.value(tuple(value))
+                self.raw(b"tR")
+                data = b"".join(self.parts[start[0] :])
+                if len(self.memo) == start[1]:
+                    self.sizes[value] = data
+            else:
+                self.raw(data)
         elif kind in (tuple, list):
-            self.raw(b"(" if kind is tuple else b"](")
+            raw, texts = self.raw, self.texts
+            raw(b"(" if kind is tuple else b"](")
             for item in value:
-                self.value(item)
-            self.raw(b"t" if kind is tuple else b"e")
+                data = texts.get(item) if type(item) is str else None  # a route's FQN parts
+                if data is None:
+                    self.value(item)
+                else:
+                    raw(data)
+            raw(b"t" if kind is tuple else b"e")
         elif kind is dict:
             self.plain_dict(value)
         else:  # read_folder lets nothing else through
@@ -503,7 +562,7 @@ class _Pickler:
 
     def finish(self) -> bytes:
         self.raw(b".")
-        return self.buf.getvalue()
+        return b"".join(self.parts)
 
 
 def main(src: str, dst: str, target: str, link: bool) -> int:
