@@ -375,6 +375,24 @@ def test_hardened_sees_registrations_made_after_a_load(registrations: Any) -> No
         value(registered)
 
 
+def test_each_hardened_load_reads_as_its_own_arguments_ask() -> None:
+    """The wrapper keeps the last request and reuses it when a load asks the same: a load
+    asking another ``map_location``, ``mmap`` or ``encoding`` gets its own, in any order."""
+    load = patch._wrap(torch.load, True)
+    buffer = _saved({"w": torch.ones(2)})
+
+    def device(**kwargs: Any) -> str:
+        buffer.seek(0)
+        return str(load(buffer, **kwargs)["w"].device)
+
+    asked = [device(), device(map_location="meta"), device(), device(map_location="meta")]
+    assert asked == ["cpu", "meta", "cpu", "meta"]
+    assert device(encoding="latin1") == "cpu" and device() == "cpu"
+    with pytest.raises(Exception, match="mmap"):  # a file object cannot be mapped
+        device(mmap=True)
+    assert device() == "cpu"
+
+
 @needs_registrations
 def test_a_registry_changed_in_place_counts(registrations: Any) -> None:
     """torch 2.4-2.5 hand out their registry list itself: a change made to it in place

@@ -18,9 +18,12 @@ torch = pytest.importorskip("torch")
 from compatshim import checkpoint  # noqa: E402
 
 
-def _stored_zip(records: list[tuple[str, bytes]], aliases: dict[str, str]) -> bytes:
+def _stored_zip(
+    records: list[tuple[str, bytes]], aliases: dict[str, str], order: str = "as written"
+) -> bytes:
     """A stored zip of ``records``; each name in ``aliases`` gets a central directory entry
-    pointing at the local record of the name it maps to (no bytes of its own)."""
+    pointing at the local record of the name it maps to (no bytes of its own). ``order``
+    of the central directory: "as written" (aliases last), "by offset" or "reversed"."""
     out = io.BytesIO()
     placed: dict[str, tuple[int, int, int]] = {}  # name -> (offset, size, crc)
     for name, data in records:
@@ -35,6 +38,10 @@ def _stored_zip(records: list[tuple[str, bytes]], aliases: dict[str, str]) -> by
         out.write(raw + data)
     central = io.BytesIO()
     names = [name for name, _ in records] + list(aliases)
+    if order == "by offset":
+        names.sort(key=lambda name: placed[aliases.get(name, name)][0])
+    elif order == "reversed":
+        names.reverse()
     for name in names:
         offset, size, crc = placed[aliases.get(name, name)]
         raw = name.encode()
@@ -81,7 +88,7 @@ def _stored_zip(records: list[tuple[str, bytes]], aliases: dict[str, str]) -> by
     return out.getvalue()
 
 
-def _one_record_read_many(count: int, nbytes: int) -> bytes:
+def _one_record_read_many(count: int, nbytes: int, order: str = "as written") -> bytes:
     """A genuine torch.save of ``count`` tensors, rewritten so every storage record is the
     first one's bytes: the file holds one record, ``load`` would allocate ``count``."""
     saved = io.BytesIO()
@@ -100,19 +107,23 @@ def _one_record_read_many(count: int, nbytes: int) -> bytes:
             for i in infos
             if i.filename.startswith(prefix + "data/") and i.filename != first
         }
-    return _stored_zip(kept, aliases)
+    return _stored_zip(kept, aliases, order)
 
 
-def test_records_sharing_bytes_are_refused() -> None:
-    data = _one_record_read_many(64, 1 << 20)  # ~1 MB file, 64 MB if each record were read
+@pytest.mark.parametrize("order", ["as written", "by offset", "reversed"])
+def test_records_sharing_bytes_are_refused(order: str) -> None:
+    """In any central directory order: the check reads the offsets in C where they come in
+    order, and sorts them where they do not."""
+    data = _one_record_read_many(64, 1 << 20, order)  # ~1 MB file, 64 MB if each were read
     assert len(data) < 2 << 20
     with pytest.raises(checkpoint.UnsafeCheckpointError, match="overlap"):
         checkpoint.load(io.BytesIO(data))
     assert "overlap" in " ".join(checkpoint.inspect(io.BytesIO(data)).refusals)
 
 
-def test_the_rewriter_keeps_a_genuine_file_loadable() -> None:
-    """The same rewriting with no alias is an ordinary stored zip: it loads (so the refusal
-    above is the overlap, not the hand-made zip)."""
-    data = _one_record_read_many(1, 1 << 10)
+@pytest.mark.parametrize("order", ["as written", "reversed"])
+def test_the_rewriter_keeps_a_genuine_file_loadable(order: str) -> None:
+    """The same rewriting with no alias is an ordinary stored zip: it loads, its central
+    directory in the records' order or not (so the refusal above is the overlap)."""
+    data = _one_record_read_many(1, 1 << 10, order)
     assert torch.equal(checkpoint.load(io.BytesIO(data))[0], torch.zeros(256))

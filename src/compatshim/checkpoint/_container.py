@@ -142,8 +142,7 @@ class Record(NamedTuple):  # one per zip record: cheaper to make than a frozen d
     offset: int  # of its local header, from the start of the file (not of the archive)
 
 
-@dataclass(frozen=True)
-class ZipDirectory:
+class ZipDirectory(NamedTuple):  # made once per load: a tuple, as Record
     """The records of a torch zip file, by name without the archive folder."""
 
     archive: str
@@ -185,6 +184,12 @@ def read_zip_directory(file: IO[bytes], what: str) -> ZipDirectory:
         raise CheckpointError(f"{what}: the zip file holds no records")
     # column-wise, in C: the per-record loops below run only to name what is refused
     all_names, methods, compressed, sizes, offsets = zip(*entries)
+    joined = "\0" + "\0".join(all_names) + "\0"
+    if joined.count("\0") != len(all_names) + 1:  # zipfile cuts a name at NUL, miniz does not
+        name = next(name for name in all_names if "\0" in name)
+        raise CheckpointError(
+            f"{what}: not a readable zip file (record name {short(name)} holds a NUL character)"
+        )
     if len(set(all_names)) != len(all_names):
         counts = collections.Counter(all_names)
         duplicates = sorted(name for name, count in counts.items() if count > 1)
@@ -195,7 +200,6 @@ def read_zip_directory(file: IO[bytes], what: str) -> ZipDirectory:
         )
     archive = all_names[0].split("/", 1)[0]
     prefix = archive + "/"
-    joined = "\0" + "\0".join(all_names) + "\0"  # names hold no NUL (_central_directory)
     if (
         not archive  # an absolute name
         or joined.count("\0" + prefix) != len(all_names)
@@ -219,11 +223,13 @@ def read_zip_directory(file: IO[bytes], what: str) -> ZipDirectory:
     records = dict(
         zip([name[skip:] for name in all_names], map(_record, zip(all_names, sizes, starts)))
     )
-    directory = ZipDirectory(  # found in the joined names, in C, not by a loop over them
-        archive,
-        records,
-        is_torchscript="constants.pkl" in records or f"\0{prefix}code/" in joined,
-        has_storages=f"\0{prefix}data/" in joined,
+    directory = _directory(  # found in the joined names, in C, not by a loop over them
+        (
+            archive,
+            records,
+            "constants.pkl" in records or f"\0{prefix}code/" in joined,
+            f"\0{prefix}data/" in joined,
+        )
     )
     if directory.is_torchscript:
         return directory  # refused by the caller; its code records are compressed
@@ -237,7 +243,9 @@ def read_zip_directory(file: IO[bytes], what: str) -> ZipDirectory:
                 raise CheckpointError(f"{what}: zip record {name!r} runs past the end of the file")
     if "data.pkl" not in records:
         raise CheckpointError(f"{what}: a zip file without {archive}/data.pkl is no torch file")
-    _refuse_overlaps(sorted(zip(offsets, sizes, all_names)), what)
+    ends = map(operator.add, offsets, map(_LOCAL.size.__add__, sizes))  # each, at the least
+    if list(offsets) != sorted(offsets) or any(map(operator.lt, offsets[1:], ends)):
+        _refuse_overlaps(sorted(zip(offsets, sizes, all_names)), what)  # names the two
     return directory
 
 
@@ -275,6 +283,7 @@ _BAD_PARTS = frozenset(("", ".", ".."))  # in a record's path inside the archive
 # the same, and a backslash, found at once in the names joined with NUL (names hold none)
 _OUTSIDE = re.compile(r"/\.{0,2}[/\0]|\\")
 _record = functools.partial(tuple.__new__, Record)  # Record(...) without its Python __new__
+_directory = functools.partial(tuple.__new__, ZipDirectory)
 
 _LOCAL = struct.Struct("<4s5H3L2H")  # local file header
 
@@ -370,8 +379,6 @@ def _central_directory(file: IO[bytes], base: int, size: int, what: str) -> list
             name = raw.decode("utf-8" if flags & _UTF8_NAME else "cp437")
         except UnicodeDecodeError:
             raise damaged(f"undecodable record name {short(raw)}") from None
-        if "\0" in name:  # zipfile cuts a name at NUL, miniz does not: they would disagree
-            raise damaged(f"record name {short(name)} holds a NUL character")
         if extra_len:
             extra = directory[start + name_len : start + name_len + extra_len]
             file_size, compressed, offset = _zip64_sizes(extra, file_size, compressed, offset)

@@ -241,11 +241,25 @@ def _retry(
         )
     if start is not None:
         f.seek(start)
+    global _last_request
+
     map_location = args[1] if len(args) > 1 else kwargs.get("map_location")
-    request = front.Request(
-        map_location, _torch_safe_globals(), _mmap(kwargs), encoding=kwargs.get("encoding")
-    )
+    allow, mmap, encoding = _torch_safe_globals(), _mmap(kwargs), kwargs.get("encoding")
+    request = _last_request  # most loads ask what the one before asked: the same value again
+    if (
+        request is None
+        or encoding is not None
+        or request.map_location is not map_location
+        or request.allow is not allow
+        or request.mmap is not mmap
+    ):
+        request = front.Request(map_location, allow, mmap, encoding=encoding)
+        if encoding is None:
+            _last_request = request
     return front.read(f, request)
+
+
+_last_request: Any = None  # a frozen Request; read and replaced whole, so thread-safe
 
 
 def _torch_safe_globals() -> tuple[Any, ...]:
