@@ -391,6 +391,14 @@ def test_each_hardened_load_reads_as_its_own_arguments_ask() -> None:
     with pytest.raises(Exception, match="mmap"):  # a file object cannot be mapped
         device(mmap=True)
     assert device() == "cpu"
+    config = pytest.importorskip("torch.utils.serialization.config")  # torch 2.5+
+    before, config.load.mmap = config.load.mmap, True  # torch's default, read at each load
+    try:
+        with pytest.raises(Exception, match="mmap"):
+            device()
+    finally:
+        config.load.mmap = before
+    assert device() == "cpu"
 
 
 @needs_registrations

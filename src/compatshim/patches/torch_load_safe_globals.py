@@ -174,13 +174,21 @@ def _describe(f: Any) -> str:
 def _mmap(kwargs: dict[str, Any]) -> bool:
     mmap = kwargs.get("mmap")
     if mmap is None:  # torch's own default (torch.utils.serialization.config, 2.5+)
+        global _config
+        if _config is None:  # found once: an import statement per load costs a load's 5%
+            try:
+                from torch.utils.serialization import config as found
+            except Exception:
+                found = False  # torch < 2.5: no such config, mmap off by default
+            _config = found
         try:
-            from torch.utils.serialization import config
-
-            mmap = config.load.mmap
+            mmap = _config is not False and _config.load.mmap
         except Exception:
             mmap = False
     return bool(mmap)
+
+
+_config: Any = None  # torch.utils.serialization.config; False where torch has none
 
 
 def _lead_with(refusal: BaseException, reason: str) -> None:
@@ -336,8 +344,12 @@ def _through_compatshim(
     A refusal by compatshim too raises torch's own error with ``refused`` and a
     note when not hardened; hardened, compatshim's error (never torch's wording).
     """
-    from ..checkpoint import request as front
+    global _front
+    if _front is None:  # imported at the first load, kept: not at start-up, not per load
+        from ..checkpoint import request
 
+        _front = request
+    front = _front
     try:
         loaded = _retry(front, f, start, args, kwargs)
     except front.CheckpointError as why:
@@ -371,6 +383,9 @@ def _through_compatshim(
             "retried", f"{_describe(f)}: torch refused it, compatshim.checkpoint.load loaded it"
         )
     return loaded
+
+
+_front: Any = None  # compatshim.checkpoint.request
 
 
 def _skipped_by_warnings(function: Callable[..., Any]) -> None:
