@@ -33,7 +33,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import operator
 import os
 import re
 import struct
@@ -177,20 +176,19 @@ def read_zip_directory(file: IO[bytes], what: str) -> ZipDirectory:
     base = file.tell()
     size = file.seek(0, 2) - base
     try:
-        entries = _central_directory(file, base, size, what)
+        found = _central_directory(file, base, size, what)
     finally:
         file.seek(base)
-    if not entries:
+    all_names, records, odd, unordered = found
+    if not all_names:
         raise CheckpointError(f"{what}: the zip file holds no records")
-    # column-wise, in C: the per-record loops below run only to name what is refused
-    all_names, methods, compressed, sizes, offsets = zip(*entries)
     joined = "\0" + "\0".join(all_names) + "\0"
     if joined.count("\0") != len(all_names) + 1:  # zipfile cuts a name at NUL, miniz does not
         name = next(name for name in all_names if "\0" in name)
         raise CheckpointError(
             f"{what}: not a readable zip file (record name {short(name)} holds a NUL character)"
         )
-    if len(set(all_names)) != len(all_names):
+    if len(records) != len(all_names) and len(set(all_names)) != len(all_names):
         counts = collections.Counter(all_names)
         duplicates = sorted(name for name, count in counts.items() if count > 1)
         raise UnsafeCheckpointError(
@@ -218,11 +216,6 @@ def read_zip_directory(file: IO[bytes], what: str) -> ZipDirectory:
                     f"{short(archive)} (torch files keep every record in one folder)",
                     (f"zip record {cut(name, 80)}",),
                 )
-    skip = len(prefix)
-    starts = [base + offset for offset in offsets] if base else offsets  # in the file
-    records = dict(
-        zip([name[skip:] for name in all_names], map(_record, zip(all_names, sizes, starts)))
-    )
     directory = _directory(  # found in the joined names, in C, not by a loop over them
         (
             archive,
@@ -233,8 +226,8 @@ def read_zip_directory(file: IO[bytes], what: str) -> ZipDirectory:
     )
     if directory.is_torchscript:
         return directory  # refused by the caller; its code records are compressed
-    if any(methods) or compressed != sizes or max(map(operator.add, offsets, sizes)) > size:
-        for name, method, packed, file_size, offset in entries:
+    if odd:  # named in the central directory's order
+        for name, method, packed, file_size, offset in odd:
             if method != _STORED or packed != file_size:
                 raise CheckpointError(
                     f"{what}: zip record {name!r} is compressed (torch never does)"
@@ -243,9 +236,9 @@ def read_zip_directory(file: IO[bytes], what: str) -> ZipDirectory:
                 raise CheckpointError(f"{what}: zip record {name!r} runs past the end of the file")
     if "data.pkl" not in records:
         raise CheckpointError(f"{what}: a zip file without {archive}/data.pkl is no torch file")
-    ends = map(operator.add, offsets, map(_LOCAL.size.__add__, sizes))  # each, at the least
-    if list(offsets) != sorted(offsets) or any(map(operator.lt, offsets[1:], ends)):
-        _refuse_overlaps(sorted(zip(offsets, sizes, all_names)), what)  # names the two
+    if unordered:  # out of order, or one record starts before the last one ends
+        placed = [(r.offset - base, r.size, r.name) for r in records.values()]
+        _refuse_overlaps(sorted(placed), what)  # names the two
     return directory
 
 
@@ -306,10 +299,15 @@ def read_record(file: IO[bytes], record: Record, what: str) -> bytes:
 _Entry = tuple[str, int, int, int, int]
 
 
-def _central_directory(file: IO[bytes], base: int, size: int, what: str) -> list[_Entry]:
-    """Every central directory entry, in order; CheckpointError when it cannot be read.
-
-    ``size`` bytes from ``base`` are the archive; every offset counts from ``base``.
+def _central_directory(
+    file: IO[bytes], base: int, size: int, what: str
+) -> tuple[list[str], dict[str, Record], list[_Entry], bool]:
+    """The central directory read in one pass (CheckpointError when it cannot be read):
+    every name in order, the records by name inside the first name's folder (the caller
+    refuses names outside it), the entries compressed or running past the end, and
+    whether any record starts before the one listed before it ends (the caller sorts and
+    looks for overlaps only then). ``size`` bytes from ``base`` are the archive; offsets
+    count from ``base``, the records' from the file's start.
     """
 
     def damaged(why: str) -> CheckpointError:
@@ -357,7 +355,10 @@ def _central_directory(file: IO[bytes], base: int, size: int, what: str) -> list
     directory = file.read(cd_size)
     if len(directory) != cd_size:
         raise damaged("truncated central directory")
-    entries: list[_Entry] = []
+    all_names: list[str] = []
+    records: dict[str, Record] = {}
+    odd: list[_Entry] = []
+    unordered, end, skip, local = False, 0, -1, _LOCAL.size
     unpack = _ENTRY.unpack_from
     header = _ENTRY.size
     position = 0
@@ -382,12 +383,20 @@ def _central_directory(file: IO[bytes], base: int, size: int, what: str) -> list
         if extra_len:
             extra = directory[start + name_len : start + name_len + extra_len]
             file_size, compressed, offset = _zip64_sizes(extra, file_size, compressed, offset)
-        entries.append((name, method, compressed, file_size, offset))
-    if len(entries) != count:
+        if skip < 0:  # the first name: its folder is the archive's
+            skip = name.find("/") + 1
+        all_names.append(name)
+        records[name[skip:]] = _record((name, file_size, base + offset))
+        if method or compressed != file_size or offset + file_size > size:
+            odd.append((name, method, compressed, file_size, offset))
+        if offset < end:
+            unordered = True
+        end = offset + local + file_size
+    if len(all_names) != count:
         raise damaged(
-            f"its end record counts {count} entries, its central directory holds {len(entries)}"
+            f"its end record counts {count} entries, its central directory holds {len(all_names)}"
         )
-    return entries
+    return all_names, records, odd, unordered
 
 
 def _zip64_sizes(
