@@ -163,7 +163,7 @@ class Machine:
         self._nest: dict[int, Any] = {}
         self._depth: dict[int, int] = {}
         self._size: dict[int, int] = {}  # id -> expanded size, where not len + 1
-        self.hash_left = hash_allowance(source.end)
+        self.hash_left = self._hash_cap = hash_allowance(source.end)
         self._first_of_hash: dict[int, Any] = {}  # hash -> the first counted key with it
         self._clashes: dict[int, int] = {}  # hash -> different keys seen with it
         # bytes the opcodes' own containers may take: an empty set is 216 bytes for one byte
@@ -259,7 +259,7 @@ class Machine:
                 size += 1
         if deepest >= MAX_NESTING:
             raise CheckpointError(f"tuples or frozensets nested deeper than {MAX_NESTING} levels")
-        if size > self.hash_allowance():
+        if size > self._hash_cap:  # hash_allowance(), read per tuple
             raise CheckpointError(
                 f"a tuple or frozenset of {size} elements once its shared parts are expanded "
                 f"(hashing it visits each): over the {self.hash_allowance()} this file allows"
