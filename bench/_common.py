@@ -17,15 +17,22 @@ from typing import Callable, Sequence
 
 
 def interleaved(
-    contenders: dict[str, Callable[[], object]], repeats: int, warmup: int = 1
+    contenders: dict[str, Callable[[], object]],
+    repeats: int,
+    warmup: int = 1,
+    rotate: bool = False,
 ) -> dict[str, list[float]]:
-    """Time each contender ``repeats`` times, alternating between them; seconds per call."""
+    """Time each contender ``repeats`` times, alternating between them; seconds per call.
+    ``rotate``: each round starts one contender later, so none always follows the same
+    one (a contender that writes files or fills caches slows whichever runs next)."""
     for _ in range(warmup):
         for fn in contenders.values():
             fn()
     samples: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(repeats):
-        for name, fn in contenders.items():
+    order = list(contenders.items())
+    for round_ in range(repeats):
+        shift = round_ % len(order) if rotate else 0
+        for name, fn in order[shift:] + order[:shift]:
             start = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - start)
