@@ -167,6 +167,11 @@ def test_duplicate_and_escaping_names_are_still_refused() -> None:
         escaping = _zip([("archive/data.pkl", PICKLE), (name, b"x")])
         with pytest.raises(UnsafeCheckpointError, match="outside the archive folder"):
             load(io.BytesIO(escaping))
+    # records are keyed inside the first name's folder while the directory is read: a name in
+    # another folder may share that key ("other/data.pkl"), which is no duplicate
+    other = _zip([("archive/data.pkl", PICKLE), ("other/data.pkl", PICKLE)])
+    with pytest.raises(UnsafeCheckpointError, match="outside the archive folder"):
+        load(io.BytesIO(other))
 
 
 def _zip64_everywhere(data: bytes) -> bytes:

@@ -310,3 +310,28 @@ def test_the_rewrite_names_only_the_target_releases_classes(tmp_path: Path) -> N
         has_meta = "torch.distributed.checkpoint.metadata StorageMeta" in named
         assert has_meta is (target != "2.2"), named
         assert any("strides" in c for c in report.changes)
+
+
+def test_every_tensors_properties_survive_the_rewrite(tmp_path: Path, group: Any) -> None:
+    """The writer reuses the bytes of a TensorProperties, a ``torch.Size`` and a str once
+    written: tensors of several dtypes, ``requires_grad`` and shapes, interleaved, come back
+    each with its own (read by this torch's plain reader, for its own row)."""
+    kinds = [torch.float32, torch.float16, torch.int64, torch.bfloat16, torch.bool]
+    state = {
+        f"t{i}": torch.zeros(i % 3 + 1, 2, dtype=kinds[i % len(kinds)]).requires_grad_(
+            i % 2 == 0 and kinds[i % len(kinds)].is_floating_point
+        )
+        for i in range(12)
+    }
+    dcp.save(state, **dcp_kwargs(tmp_path / "src", save=True))
+    downgrade_dcp(tmp_path / "src", tmp_path / "out", torch=HERE)
+    before = dcp.FileSystemReader(str(tmp_path / "src")).read_metadata().state_dict_metadata
+    after = dcp.FileSystemReader(str(tmp_path / "out")).read_metadata().state_dict_metadata
+    assert before.keys() == after.keys()
+    for key, old in before.items():
+        new = after[key]
+        assert (new.properties.dtype, new.size) == (old.properties.dtype, old.size), key
+        assert new.properties.requires_grad == old.properties.requires_grad, key
+        assert [(c.offsets, c.sizes) for c in new.chunks] == [
+            (c.offsets, c.sizes) for c in old.chunks
+        ], key
