@@ -389,8 +389,8 @@ def _tensor(out: _Pickler, tensor: Tensor, row: Release) -> None:
     out.obj(_TENSOR)
     out.mark_dict()
     out.value("properties")
-    key = (tensor.dtype, tensor.layout, tensor.requires_grad, tensor.encoding, tensor.pin_memory,
-           tensor.strides if row.strides else None)  # fmt: skip
+    key = ("TensorProperties", tensor.dtype, tensor.layout, tensor.requires_grad,
+           tensor.encoding, tensor.pin_memory, tensor.strides if row.strides else None)  # fmt: skip
     if not out.again(key):  # the bytes of a TensorProperties written before, as they were
         start = out.start()
         out.obj(f"{row.home}.TensorProperties")
@@ -451,8 +451,7 @@ class _Pickler:
         self.raw: Callable[[bytes], None] = self.parts.append  # bytes as they are
         self.memo: dict[str, int] = {}
         self.texts: dict[str, bytes] = {}
-        self.sizes: dict[tuple[int, ...], bytes] = {}
-        self.kept: dict[Any, bytes] = {}
+        self.kept: dict[Any, bytes] = {}  # bytes to write again, by what they encode
 
     def start(self) -> tuple[int, int]:
         """Where the next bytes go, and how many globals are named so far (for :meth:`keep`)."""
@@ -503,17 +502,12 @@ class _Pickler:
     def end_dict(self) -> None:
         self.raw(b"u")
 
-    def plain_dict(self, items: dict[Any, Any]) -> None:
-        raw, value, texts = self.raw, self.value, self.texts
-        raw(b"}(")
-        for key, item in items.items():
-            data = texts.get(key) if type(key) is str else None  # most keys: written before
-            if data is None:
-                value(key)
-            else:
-                raw(data)
-            value(item)
-        raw(b"u")
+    def plain_dict(self, items: dict[str, Any]) -> None:
+        self.mark_dict()
+        for key, value in items.items():
+            self.value(key)
+            self.value(value)
+        self.end_dict()
 
     def value(self, value: Any) -> None:
         kind = type(value)
@@ -533,28 +527,19 @@ class _Pickler:
                 data = pickle.encode_long(value)  # type: ignore[attr-defined]
                 self.raw(b"\x8a" + bytes((len(data),)) + data)
         elif kind is Size:
-            data = self.sizes.get(value)
-            if data is None:
+            key = (Size, value)
+            if not self.again(key):
                 start = self.start()
                 self.global_("torch.Size")
                 self.raw(b"(")
                 self.value(tuple(value))
                 self.raw(b"tR")
-                data = b"".join(self.parts[start[0] :])
-                if len(self.memo) == start[1]:
-                    self.sizes[value] = data
-            else:
-                self.raw(data)
+                self.keep(key, start)
         elif kind in (tuple, list):
-            raw, texts = self.raw, self.texts
-            raw(b"(" if kind is tuple else b"](")
+            self.raw(b"(" if kind is tuple else b"](")
             for item in value:
-                data = texts.get(item) if type(item) is str else None  # a route's FQN parts
-                if data is None:
-                    self.value(item)
-                else:
-                    raw(data)
-            raw(b"t" if kind is tuple else b"e")
+                self.value(item)
+            self.raw(b"t" if kind is tuple else b"e")
         elif kind is dict:
             self.plain_dict(value)
         else:  # read_folder lets nothing else through
