@@ -259,7 +259,7 @@ class Machine:
                 size += 1
         if deepest >= MAX_NESTING:
             raise CheckpointError(f"tuples or frozensets nested deeper than {MAX_NESTING} levels")
-        if size > self._hash_cap:  # hash_allowance(), read per tuple
+        if size > self._hash_cap:  # hash_allowance(), without a call per tuple
             raise CheckpointError(
                 f"a tuple or frozenset of {size} elements once its shared parts are expanded "
                 f"(hashing it visits each): over the {self.hash_allowance()} this file allows"
@@ -268,7 +268,7 @@ class Machine:
         return deepest + 1
 
     def hash_allowance(self) -> int:
-        return hash_allowance(self.source.end)
+        return self._hash_cap  # hash_allowance(source.end), worked out once
 
     def hashable(self, value: Any, depth: int) -> Any:
         """Remember a tuple/frozenset deeper than one level or dearer to hash than its length
