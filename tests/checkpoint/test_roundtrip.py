@@ -77,8 +77,11 @@ def test_mmap_maps_tensor_data(tmp_path: Path, checkpoint: dict[str, Any]) -> No
 
 def test_mmap_of_a_legacy_file_says_why_not(tmp_path: Path, checkpoint: dict[str, Any]) -> None:
     path = _save(checkpoint, tmp_path / "c.pt", zip_format=False)
-    with pytest.raises(CheckpointError, match="mmap=True needs torch's zip format"):
+    with pytest.raises(CheckpointError, match="mmap=True needs torch's zip format") as raised:
         load(path, mmap=True)
+    assert isinstance(raised.value, RuntimeError)  # as torch.load raises it
+    with pytest.raises(RuntimeError, match="mmap"):
+        torch.load(path, weights_only=True, mmap=True)
 
 
 @pytest.mark.parametrize(

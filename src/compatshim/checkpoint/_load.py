@@ -306,8 +306,8 @@ class Loader:
             return self._zip(file, what, path)
         if kind == "safetensors":
             return _safetensors.load(file, path, self.restore, self.mmap)
-        if self.mmap:
-            raise CheckpointError(
+        if self.mmap:  # torch's type for it too, as for a file object below
+            raise as_well(CheckpointError, RuntimeError)(
                 f"{what}: mmap=True needs torch's zip format (torch.save's default since 1.6) "
                 "or safetensors; "
                 f"this file is {'a legacy torch file or ' if kind == 'pickle' else ''}"
@@ -340,7 +340,9 @@ class Loader:
         mapped = None
         if self.mmap:
             if path is None:
-                raise CheckpointError(f"{what}: mmap=True needs a file path, not a file object")
+                raise as_well(CheckpointError, ValueError)(  # a wrong argument, as torch says
+                    f"{what}: mmap=True needs a file path, not a file object"
+                )
             size = os.path.getsize(path)
             mapped = torch.UntypedStorage.from_file(path, _shared_mmap(torch), size)
         # torch's own reader reads the storages: opened only where the archive holds storage
