@@ -20,23 +20,40 @@ def interleaved(
     contenders: dict[str, Callable[[], object]],
     repeats: int,
     warmup: int = 1,
-    rotate: bool = False,
+    balanced: bool = False,
 ) -> dict[str, list[float]]:
     """Time each contender ``repeats`` times, alternating between them; seconds per call.
-    ``rotate``: each round starts one contender later, so none always follows the same
-    one (a contender that writes files or fills caches slows whichever runs next)."""
+    ``balanced``: rounds take their order from :func:`balanced_orders`, so each contender
+    goes first, and runs right after each other one, equally often (a contender that
+    writes files or fills caches slows whichever runs next; rotating one fixed order,
+    as this did before, kept each contender behind the same one in all but one round in
+    every ``len(contenders)``); ``repeats`` is then rounded up to whole squares."""
     for _ in range(warmup):
         for fn in contenders.values():
             fn()
     samples: dict[str, list[float]] = {name: [] for name in contenders}
-    order = list(contenders.items())
+    orders = balanced_orders(len(contenders)) if balanced else [list(range(len(contenders)))]
+    items = list(contenders.items())
+    if balanced:
+        repeats = -(-repeats // len(orders)) * len(orders)
     for round_ in range(repeats):
-        shift = round_ % len(order) if rotate else 0
-        for name, fn in order[shift:] + order[:shift]:
+        for index in orders[round_ % len(orders)]:
+            name, fn = items[index]
             start = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - start)
     return samples
+
+
+def balanced_orders(count: int) -> list[list[int]]:
+    """Orders of ``count`` contenders in which each goes first, and each follows each
+    other, equally often within a round: a Williams Latin square (``count`` rows; twice
+    that, each row also reversed, for an odd count)."""
+    first = [0]
+    for step in range(1, count):  # 0, 1, n-1, 2, n-2, ...
+        first.append((step + 1) // 2 if step % 2 else count - step // 2)
+    rows = [[(i + shift) % count for i in first] for shift in range(count)]
+    return rows if count % 2 == 0 else rows + [row[::-1] for row in rows]
 
 
 def median(values: Sequence[float]) -> float:

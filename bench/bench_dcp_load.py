@@ -363,7 +363,7 @@ def rewrite(mib: int = 1024, count: int = 64, ranks: int = 4, repeats: int = 7) 
             "plan_resume (dry run, hardened)": lambda: plans.append(plan_resume(folder, template)),
         }
         load_avg = os.getloadavg()[0]
-        samples = interleaved(runs, repeats, rotate=True)
+        samples = interleaved(runs, repeats, balanced=True)
         load_avg_end = os.getloadavg()[0]
         assert plans and plans[-1].ok, plans[-1] if plans else "no plan"
         base = median(samples["torch's read of .metadata (pickle.load)"])
@@ -374,7 +374,8 @@ def rewrite(mib: int = 1024, count: int = 64, ranks: int = 4, repeats: int = 7) 
         print(
             f"\ntorch {torch.__version__}: {size / 2**20:.0f} MiB in {count} tensors + 2 items, "
             f"saved by {ranks} rank(s), .metadata {meta / 1024:.1f} KiB; {repeats} interleaved "
-            f"calls each, each round starting one contender later, medians; load average "
+            f"calls each, in balanced orders (each contender first, and right after each other "
+            f"one, equally often), medians; load average "
             f"{load_avg:.1f} at start, {load_avg_end:.1f} at end"
         )
         print(

@@ -18,6 +18,7 @@ import time
 from typing import Any, Callable
 
 import torch
+from _common import balanced_orders
 
 from compatshim.patches.torch_load_safe_globals import _wrap
 
@@ -64,8 +65,9 @@ def _time(
     if in_a_row:
         rounds = [order + order[::-1]] * max(1, repeats // (2 * BLOCK))
         calls = [[item] * (BLOCK + 1) for blocks in rounds for item in blocks]
-    else:  # each contender goes first as often: no order bias
-        calls = [order[r % len(order) :] + order[: r % len(order)] for r in range(repeats)]
+    else:  # each contender goes first, and follows each other one, as often: no order bias
+        orders = balanced_orders(len(order))
+        calls = [[order[i] for i in orders[r % len(orders)]] for r in range(repeats)]
     for batch in calls:
         for index, (name, load) in enumerate(batch):
             stream = io.BytesIO(data)
@@ -110,7 +112,8 @@ def main(repeats: int = 300) -> None:
             )
     print()
     print(
-        f"{repeats} loads of each file per contender: interleaved in rotating order, or in "
+        f"{repeats} loads of each file per contender: interleaved in balanced orders (each "
+        "contender first, and right after each other one, equally often), or in "
         f"blocks of {BLOCK} calls of one contender (A B C C B A; what a process that loads only "
         "one way sees: a hardened process never calls torch's unpickler); wall-clock "
         "medians, and the ratio of CPU-time medians (this thread's: less sensitive to the other "
