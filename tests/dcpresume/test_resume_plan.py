@@ -179,3 +179,30 @@ def test_a_payload_item_is_refused_and_never_runs(tmp_path: Path) -> None:
     plan = plan_resume(path, {"model": model.state_dict(), "cfg": None})
     assert not plan.ok and not marker.exists()
     assert len(plan.refused) == 1 and plan.refused[0].startswith("cfg: names builtins.exec")
+
+
+def test_an_item_length_past_its_data_file_is_named_not_allocated(
+    folder: Path, tmp_path: Path
+) -> None:
+    """A ``.metadata`` may give an item any length: the dry run and the 2.2 rewrite, which
+    read items, check it against the data file before reading (1 PiB: a MemoryError
+    before, or that much asked of the allocator)."""
+    import dataclasses
+    import pickle
+
+    from compatshim.checkpoint import CheckpointError, downgrade_dcp
+
+    meta = folder / ".metadata"
+    with meta.open("rb") as file:
+        metadata = pickle.load(file)  # the test's own folder, saved just now: trusted
+    for index, info in list(metadata.storage_data.items()):
+        if index.fqn in ("n", "sched.last_epoch"):
+            metadata.storage_data[index] = dataclasses.replace(info, length=2**50)
+    with meta.open("wb") as file:
+        pickle.dump(metadata, file)
+    state, optimizers = template()
+    plan = plan_resume(folder, state, optimizers)
+    [why] = [line for line in plan.refused if line.startswith("n: ")]
+    assert f"is {2**50} bytes at offset" in why and "which holds" in why
+    with pytest.raises(CheckpointError, match=r"sched\.last_epoch' is 1125899906842624 bytes"):
+        downgrade_dcp(folder, tmp_path / "old", torch="2.2")

@@ -221,19 +221,26 @@ class Folder:
     def storage_for(self, fqn: str) -> Storage | None:
         """The ``storage_data`` entry of the item ``fqn`` (the first, if several), if the file
         has one; indexed at the first call (one pass, not one per item asked for)."""
-        if self._places is None:
-            self._places = {}
-            for storage in self.storage:
-                self._places.setdefault(storage.index.get("fqn"), storage)
+        if self._places is None:  # built from the end: the first entry of a key stays
+            self._places = {storage.index.get("fqn"): storage for storage in self.storage[::-1]}
         return self._places.get(fqn)
 
     def stored(self, storage: Storage) -> bytes:
         """The bytes ``storage`` names (``read_folder`` checked its data file lies inside
-        the folder): a non-tensor item's ``torch.save`` blob, unless it was transformed."""
+        the folder): a non-tensor item's ``torch.save`` blob, unless it was transformed.
+        CheckpointError where they run past the data file's end: a length the file gives
+        is checked before anything that long is allocated."""
         info = storage.info
-        with open(os.path.join(self.path, info["relative_path"]), "rb") as file:
-            file.seek(info["offset"])
-            return file.read(info["length"])
+        offset, length, name = info["offset"], info["length"], info["relative_path"]
+        with open(os.path.join(self.path, name), "rb", buffering=0) as file:
+            size = os.fstat(file.fileno()).st_size
+            if offset + length > size:
+                raise CheckpointError(
+                    f"{self.path}: {short(storage.index.get('fqn'))} is {length} bytes at "
+                    f"offset {offset} of {short(name)}, which holds {size}"
+                )
+            file.seek(offset)  # unbuffered: one small read, no 8 KiB buffer made for it
+            return file.read(length)
 
 
 def read_folder(folder: Any) -> Folder:
@@ -405,16 +412,18 @@ def running_torch_reads(folder: Folder) -> list[str]:
     problems = []
     for qual in sorted(folder.named):
         module, _, name = qual.rpartition(".")
-        try:
-            found = hasattr(importlib.import_module(module), name)
+        try:  # imported already, most often: importlib's own lookup costs a microsecond
+            found = hasattr(sys.modules.get(module) or importlib.import_module(module), name)
         except ImportError:
             found = False
         if not found:
             problems.append(f"{qual} does not exist in torch {_torch_version()}")
     props = sys.modules.get(f"{DCP}") or importlib.import_module(DCP)
     known = getattr(getattr(props, "TensorProperties", None), "__dataclass_fields__", {})
-    six = sorted(fqn for fqn, t in folder.tensors().items() if t.fields == 6)
-    if six and "strides" not in known:
+    if "strides" in known:
+        return problems
+    six = sorted(fqn for fqn, t in folder.entries.items() if t is not None and t.fields == 6)
+    if six:
         problems.append(
             f"TensorProperties.strides (torch 2.14+; {len(six)} tensor(s), e.g. {short(six[0])}) "
             f"is not a field of torch {_torch_version()}'s TensorProperties"

@@ -26,6 +26,9 @@ from typing import Any, Callable
 from .._text import names, short
 from ._dcp_records import Folder, read_folder, running_torch_reads
 from .errors import CheckpointError, UnsafeCheckpointError
+from .request import Request, read
+
+_ON_META = Request(map_location="meta")  # each item's tensors on meta: no tensor data is read
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ def plan_resume(
         saved = read_folder(path)
     except UnsafeCheckpointError as exc:
         return ResumePlan(path, (), (), (), (), (), (f".metadata: {exc}",), (), ())
+    import torch
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
     template = {
@@ -103,7 +107,7 @@ def plan_resume(
     for fqn, value in flat.items():
         if fqn in saved.entries:
             asked.add(fqn)
-            why = _mismatch(saved, fqn, value)
+            why = _mismatch(saved, fqn, value, torch.Tensor)
             if why:
                 mismatched.append(f"{fqn}: {why}")
                 continue
@@ -147,11 +151,9 @@ def _stateful(value: Any) -> bool:
     )
 
 
-def _mismatch(saved: Folder, fqn: str, value: Any) -> str:
-    import torch
-
+def _mismatch(saved: Folder, fqn: str, value: Any, tensor_type: type) -> str:
     entry = saved.entries[fqn]
-    is_tensor = isinstance(value, torch.Tensor)
+    is_tensor = isinstance(value, tensor_type)
     if entry is None:
         return "saved a non-tensor item, the template holds a tensor" if is_tensor else ""
     if not is_tensor:
@@ -203,15 +205,13 @@ def _read_item(saved: Folder, fqn: str) -> tuple[Any, str]:
     tensor data is read; ``inspect`` gives the same verdict at 2.5x the cost of these small
     files): its value (``_UNREAD`` where it cannot be loaded or is not checked here) and
     why hardened mode would refuse it (empty: it loads)."""
-    from ._load import load
-
     storage = saved.storage_for(fqn)
     if storage is None:
         return _UNREAD, "no storage_data entry says where it is"
     if storage.info.get("transform_descriptors"):
         return _UNREAD, ""  # transformed bytes: read through the transform at load, not here
     try:
-        return load(io.BytesIO(saved.stored(storage)), map_location="meta"), ""
+        return read(io.BytesIO(saved.stored(storage)), _ON_META), ""
     except UnsafeCheckpointError as exc:
         return _UNREAD, f"names {names(list(exc.refused), 5)}" if exc.refused else str(exc)
     except CheckpointError as exc:
