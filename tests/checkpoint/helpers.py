@@ -5,6 +5,7 @@ scheduler, every RNG, hyper-parameters as an argparse.Namespace, paths,
 timestamps, numpy arrays, views sharing storage). ``assert_same`` compares
 two loaded objects type by type, including which tensors share a storage.
 ``peak_rss_mb`` runs code in a fresh interpreter and returns its peak RSS.
+``storage_reads`` records each zip storage record a load reads.
 """
 
 from __future__ import annotations
@@ -219,6 +220,23 @@ def versions() -> dict[str, str]:
 
 def write_json(path: pathlib.Path, value: Any) -> None:
     path.write_text(json.dumps(value, indent=1, sort_keys=True) + "\n")
+
+
+def storage_reads(monkeypatch: Any) -> list[str]:
+    """The zip storage records every load reads from now on, by name ("data/0"): spied at
+    ``ZipStorages._read``, which each read takes (through the checked directory, torch's
+    reader or an mmap), so nothing read is missed whichever way it goes."""
+    from compatshim.checkpoint._load import ZipStorages
+
+    reads: list[str] = []
+    real = ZipStorages._read
+
+    def spy(self: Any, torch: Any, record: Any, name: str, nbytes: int) -> Any:
+        reads.append(name)
+        return real(self, torch, record, name, nbytes)
+
+    monkeypatch.setattr(ZipStorages, "_read", spy)
+    return reads
 
 
 def bytes_read() -> int:

@@ -1073,26 +1073,13 @@ def test_a_genuine_hydra_config_inspects_clean_without_reading_tensor_data(
     """Hparams with references, oc.select, escapes and 3 000 relative paths: load's machine
     reads it for inspect with every storage on meta; no tensor record is read."""
     from compatshim.checkpoint import inspect
-
-    reads: list[str] = []
-    real = torch._C.PyTorchFileReader
-
-    class Spy:  # the real reader, counting the tensor records read through it
-        def __init__(self, source: Any) -> None:
-            self.reader = real(source)
-
-        def get_storage_from_record(self, name: str, *args: Any) -> Any:
-            reads.append(name)
-            return self.reader.get_storage_from_record(name, *args)
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.reader, name)
+    from tests.checkpoint.helpers import storage_reads
 
     cfg = plain_hparams()
     cfg.paths = {f"p{i}": f"${{lr}}/{i}/${{..model.name}}" for i in range(3000)}
     path = tmp_path / "hydra.pt"
     torch.save({"hparams": cfg, "state_dict": {"w": torch.zeros(1 << 20)}}, path)
-    monkeypatch.setattr(torch._C, "PyTorchFileReader", Spy)
+    reads = storage_reads(monkeypatch)
     assert load(path)["state_dict"]["w"].shape == (1 << 20,) and reads == ["data/0"]
     reads.clear()
     info = inspect(path)

@@ -225,21 +225,9 @@ def test_a_dcp_item_is_read_as_hardened_dcp_reads_it(
     marker = tmp_path / "ran"
     save(tmp_path / "poisoned", state(extra=Payload(marker)))
     save(tmp_path / "boxed", state(extra=Box(1)))
-    reads: list[str] = []
-    real = torch._C.PyTorchFileReader
+    from tests.checkpoint.helpers import storage_reads
 
-    class Spy:  # the real reader, counting the tensor records read through it
-        def __init__(self, source: object) -> None:
-            self.reader = real(source)
-
-        def get_storage_from_record(self, name: str, *args: object) -> object:
-            reads.append(name)
-            return self.reader.get_storage_from_record(name, *args)
-
-        def __getattr__(self, name: str) -> object:
-            return getattr(self.reader, name)
-
-    monkeypatch.setattr(torch._C, "PyTorchFileReader", Spy)
+    reads = storage_reads(monkeypatch)
     poisoned, boxed = inspect(tmp_path / "poisoned"), inspect(tmp_path / "boxed")
     assert reads == [] and not marker.exists()
     assert poisoned.severity == DANGEROUS and poisoned.dangerous in (

@@ -234,11 +234,21 @@ def test_extra_fields_cost_what_they_weigh() -> None:
     assert time.process_time() - start < 5
 
 
-def test_torchs_reader_is_opened_only_for_an_archive_with_storages(
-    monkeypatch: pytest.MonkeyPatch,
+def _with_version(data: bytes, version: bytes) -> bytes:
+    """``data`` (a torch.save file) with its version record's bytes replaced in place."""
+    record = read_zip_directory(io.BytesIO(data), "f").records["version"]
+    start = data.index(read_record(io.BytesIO(data), record, "f"), record.offset)
+    assert len(version) == record.size
+    return data[:start] + version + data[start + record.size :]
+
+
+def test_torchs_reader_is_opened_only_for_a_format_version_this_torch_does_not_write(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The archive is parsed once by compatshim's directory reader; torch's own reader (a
-    second parse) is opened once for an archive that holds storages, never for one without."""
+    """The archive is parsed once, by compatshim's directory reader, which reads the
+    storages too (one copy into each). torch's own reader (a second parse) is opened where
+    the format version is not the one this torch's torch.save writes, so that its check
+    decides (torch reads 1 to 10, refuses 99), and for mmap (it gives the offsets)."""
     real = torch._C.PyTorchFileReader
     opened: list[object] = []
 
@@ -253,6 +263,35 @@ def test_torchs_reader_is_opened_only_for_an_archive_with_storages(
     }
     assert opened == []
     state = {"a": torch.arange(4.0), "b": torch.ones(2, 3), "c": torch.arange(4.0)[1:]}
-    loaded = load(io.BytesIO(_torch_bytes(state)))
-    assert all(torch.equal(loaded[k], state[k]) for k in state)
-    assert len(opened) == 1
+    data = _torch_bytes(state)
+    for source in (io.BytesIO(data), io.BufferedReader(io.BytesIO(data), buffer_size=3)):
+        loaded = load(source)  # read into the storages in one call, or in many short reads
+        assert all(torch.equal(loaded[k], state[k]) for k in state)
+    assert opened == []
+    older = _with_version(data, b"2\n")
+    loaded = load(io.BytesIO(older))
+    assert all(torch.equal(loaded[k], state[k]) for k in state) and len(opened) == 1
+    with pytest.raises(CheckpointError, match="version 99"):
+        load(io.BytesIO(_with_version(data, b"99")))
+    assert len(opened) == 2
+    (tmp_path / "f.pt").write_bytes(data)
+    loaded = load(tmp_path / "f.pt", mmap=True)
+    assert all(torch.equal(loaded[k], state[k]) for k in state) and len(opened) == 3
+
+
+def test_a_storage_record_cut_short_is_a_checkpoint_error() -> None:
+    """A storage whose bytes the file does not hold in full is refused, never handed back
+    with the rest of its memory unread."""
+    data = _torch_bytes({"w": torch.arange(1000.0)})
+    record = read_zip_directory(io.BytesIO(data), "f").records["data/0"]
+    start = data.index(read_record(io.BytesIO(data), record, "f"), record.offset)
+
+    class Short(io.BytesIO):  # a file object that stops giving bytes inside the storage
+        def readinto(self, buffer: object) -> int:
+            if self.tell() >= start + 100:
+                return 0
+            view = memoryview(buffer)  # type: ignore[arg-type]
+            return super().readinto(view[: start + 100 - self.tell()])
+
+    with pytest.raises(CheckpointError, match="runs past the file's end"):
+        load(Short(data))

@@ -281,17 +281,27 @@ _directory = functools.partial(tuple.__new__, ZipDirectory)
 _LOCAL = struct.Struct("<4s5H3L2H")  # local file header
 
 
-def read_record(file: IO[bytes], record: Record, what: str) -> bytes:
-    """A stored record's bytes, found through its local header as torch's reader finds them."""
+def seek_record(file: IO[bytes], record: Record, what: str) -> None:
+    """``file`` at a stored record's first byte, found through its local header as torch's
+    reader (miniz) finds it: after the header's own name and extra field."""
     file.seek(record.offset)
     head = file.read(_LOCAL.size)
     if len(head) != _LOCAL.size or head[:4] != b"PK\x03\x04":
         raise CheckpointError(f"{what}: zip record {short(record.name)} has no local header")
     name_length, extra_length = _U16_PAIR.unpack_from(head, 26)
     file.seek(record.offset + _LOCAL.size + name_length + extra_length)
+
+
+def past_end(record: Record, what: str) -> CheckpointError:
+    return CheckpointError(f"{what}: zip record {short(record.name)} runs past the file's end")
+
+
+def read_record(file: IO[bytes], record: Record, what: str) -> bytes:
+    """A stored record's bytes (:func:`seek_record`)."""
+    seek_record(file, record, what)
     data = file.read(record.size)
     if len(data) != record.size:
-        raise CheckpointError(f"{what}: zip record {short(record.name)} runs past the file's end")
+        raise past_end(record, what)
     return data
 
 

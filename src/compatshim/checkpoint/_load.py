@@ -5,7 +5,9 @@ Order of work, so that nothing is allocated or constructed before it is checked:
 zip
     directory checked (``_container``); TorchScript refused; ``data.pkl`` run by
     :class:`SafeMachine`; each storage it names is compared with its record's
-    size, then read through torch's own zip reader (or sliced from one mmap).
+    size, then read into a storage through the checked directory (one copy), or,
+    where the archive's format version is not the one this torch writes, through
+    torch's own zip reader (whose version check decides); sliced from one mmap.
     Where torch is not installed, ``data.pkl`` is read through the checked
     directory: a file without tensors (a config) loads, one with them is refused.
 legacy
@@ -28,6 +30,7 @@ allowlist lacks. ``load`` adds its own advice (:data:`ADVICE`) to a refusal.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import logging
 import os
@@ -39,16 +42,19 @@ from . import _safetensors, _tensors
 from ._container import (
     LEGACY_MAGIC,
     LOCATION,
+    Record,
     ScanMachine,
     ScanResult,
     StorageDecl,
     ZipDirectory,
     declare_storage,
+    past_end,
     plain_text,
     read_legacy,
     read_record,
     read_zip_directory,
     refuse_torchscript,
+    seek_record,
     sniff,
 )
 from ._gate import Allow, judge
@@ -145,10 +151,12 @@ def one_target(map_location: Any) -> str | None:
 
 class ZipStorages:
     """Storages of a zip file by key: the id checked, its size against the record, then
-    read (with torch's own ``reader``) or mmapped."""
+    read through the checked directory (``file``), through torch's own ``reader`` where
+    one is open, or sliced from one mmap."""
 
     def __init__(
         self,
+        file: IO[bytes],
         reader: Any,
         directory: ZipDirectory,
         restore: Restore | None,
@@ -156,6 +164,7 @@ class ZipStorages:
         mapped: Any,
         byteorder: bytes | None,
     ) -> None:
+        self.file = file
         self.reader = reader
         self.directory = directory
         self.restore = restore  # None: every storage goes to meta, so none is read
@@ -181,14 +190,13 @@ class ZipStorages:
                 if typed.dtype is dtype
                 else _tensors.typed_storage(typed._untyped_storage, dtype)
             )
-        self.directory.storage_record(decl, self.what)
-        name = f"data/{decl.key}"
+        record = self.directory.storage_record(decl, self.what)
         nbytes = decl.nbytes
         if self.restore is None:  # nothing to read: the record's size was checked above
             storage_type: Any = torch.UntypedStorage
             untyped = storage_type(nbytes, device="meta")
         else:
-            untyped = self._read(name, nbytes)
+            untyped = self._read(torch, record, f"data/{decl.key}", nbytes)
             if self.swap and decl.item_size > 1:
                 untyped.byteswap(dtype)
             untyped = self.restore(untyped, decl.location)
@@ -196,13 +204,95 @@ class ZipStorages:
         self.loaded[decl.key] = typed
         return typed
 
-    def _read(self, name: str, nbytes: int) -> Any:
+    def _read(self, torch: Any, record: Record, name: str, nbytes: int) -> Any:
         if self.mapped is not None:
             offset = self.reader.get_record_offset(name)
             return self.mapped[offset : offset + nbytes]
-        import torch
+        if self.reader is not None:
+            return self.reader.get_storage_from_record(name, nbytes, torch.uint8).untyped_storage()
+        seek_record(self.file, record, self.what)
+        storage = torch.UntypedStorage(nbytes)
+        if nbytes and _read_into(self.file, _memory(storage.data_ptr(), nbytes)) != nbytes:
+            raise past_end(record, self.what)
+        return storage
 
-        return self.reader.get_storage_from_record(name, nbytes, torch.uint8).untyped_storage()
+
+def _read_into(file: IO[bytes], view: memoryview) -> int:
+    """Bytes of ``file`` read into ``view`` (fewer only at the file's end): one copy, as
+    torch's reader makes (``file.read`` and a copy would make two)."""
+    readinto = getattr(file, "readinto", None)
+    done = 0
+    while done < len(view):
+        if readinto is not None:
+            count = readinto(view[done:]) or 0
+        else:  # a file object with read only (torch.load takes those too)
+            chunk = file.read(len(view) - done)
+            count = len(chunk)
+            view[done : done + count] = chunk
+        if not count:
+            break
+        done += count
+    return done
+
+
+@functools.cache
+def _memory_from() -> Any:
+    """CPython's ``PyMemoryView_FromMemory``, a prototype of its own (``pythonapi``'s shared
+    function object is left as it is): a memoryview over memory the caller owns, without
+    a ctypes array type per size (ctypes keeps each one made, for the process's life)."""
+    import ctypes
+
+    prototype = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
+    return prototype(("PyMemoryView_FromMemory", ctypes.pythonapi))
+
+
+_PYBUF_WRITE = 0x200
+
+
+def _memory(address: int, size: int) -> memoryview:
+    """A writable view of ``size`` bytes at ``address`` (a storage this load just made,
+    alive while the view is used)."""
+    return _memory_from()(address, size, _PYBUF_WRITE)  # type: ignore[no-any-return]
+
+
+@functools.cache
+def _own_version(torch: Any) -> tuple[str, bytes] | None:
+    """The version record the running torch's ``torch.save`` writes (name, bytes), found
+    once by saving an empty dict in memory: a version this torch writes, it reads. None
+    where that fails: torch's own reader then checks every archive."""
+    buffer = io.BytesIO()
+    try:
+        torch.save({}, buffer)
+        buffer.seek(0)
+        records = read_zip_directory(buffer, "torch.save({})").records
+        name = _version_name(records)
+        return name, read_record(buffer, records[name], "torch.save({})")
+    except Exception:
+        return None
+
+
+def _version_name(records: dict[str, Record]) -> str:
+    return ".data/version" if ".data/version" in records else "version"  # as torch's reader
+
+
+def _written_as_torch_writes(
+    torch: Any, file: IO[bytes], directory: ZipDirectory, what: str
+) -> bool:
+    """Whether the archive's format version (the record torch's reader checks) is the one
+    the running torch writes. Then its storages are read through compatshim's checked
+    directory, and torch's reader is not opened: a second parse of the directory (8 us
+    and about 1 us a record on torch 2.1). Any other version, or none, goes to torch's
+    reader, whose own check decides (it refuses a version outside what it reads)."""
+    own = _own_version(torch)
+    name = _version_name(directory.records)
+    record = directory.records.get(name)
+    if own is None or record is None or own[0] != name or record.size != len(own[1]):
+        return False
+    start = file.tell()  # where torch's reader, if opened, takes the archive from
+    try:
+        return read_record(file, record, what) == own[1]
+    finally:
+        file.seek(start)
 
 
 class LegacyStorages:
@@ -345,20 +435,21 @@ class Loader:
                 )
             size = os.path.getsize(path)
             mapped = torch.UntypedStorage.from_file(path, _shared_mmap(torch), size)
-        # torch's own reader reads the storages: opened only where the archive holds storage
-        # records (a pickle naming another is refused by storage_record before any read), so
-        # a file without any (a config, an empty state dict) is parsed once, not twice; where
-        # it holds some, opened also when none will be read (all on meta, as inspect reads):
-        # an archive torch's reader refuses (torch 2.4/2.5: one that does not start the
-        # file) is then refused by both alike
+        # torch's own reader (a second parse of the archive) is opened only where the archive
+        # holds storage records (a pickle naming another is refused by storage_record before
+        # any read) and either they are mapped or the archive's format version is not the
+        # one this torch writes: its check then decides, also when every storage goes to
+        # meta (as inspect reads), so load and inspect judge the archive alike
         reader = None
-        if directory.has_storages:
+        if directory.has_storages and (
+            self.mmap or not _written_as_torch_writes(torch, file, directory, what)
+        ):
             reader = torch._C.PyTorchFileReader(path if path is not None else file)
         # every storage to meta: none is read (torch 2.15 reads none either)
         restore = None if one_target(self.map_location) == "meta" else self.restore
         record = directory.records.get("byteorder")
         byteorder = None if record is None else read_record(file, record, what)
-        storages = ZipStorages(reader, directory, restore, what, mapped, byteorder)
+        storages = ZipStorages(file, reader, directory, restore, what, mapped, byteorder)
         data = read_record(file, directory.record("data.pkl", what), what)
         return self._run(Source(io.BytesIO(data)), storages)
 
