@@ -231,9 +231,9 @@ def storage_reads(monkeypatch: Any) -> list[str]:
     reads: list[str] = []
     real = ZipStorages._read
 
-    def spy(self: Any, torch: Any, record: Any, name: str, nbytes: int) -> Any:
-        reads.append(name)
-        return real(self, torch, record, name, nbytes)
+    def spy(self: Any, torch: Any, record: Any, key: str, nbytes: int) -> Any:
+        reads.append(f"data/{key}")
+        return real(self, torch, record, key, nbytes)
 
     monkeypatch.setattr(ZipStorages, "_read", spy)
     return reads

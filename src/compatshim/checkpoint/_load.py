@@ -196,7 +196,7 @@ class ZipStorages:
             storage_type: Any = torch.UntypedStorage
             untyped = storage_type(nbytes, device="meta")
         else:
-            untyped = self._read(torch, record, f"data/{decl.key}", nbytes)
+            untyped = self._read(torch, record, decl.key, nbytes)
             if self.swap and decl.item_size > 1:
                 untyped.byteswap(dtype)
             untyped = self.restore(untyped, decl.location)
@@ -204,24 +204,40 @@ class ZipStorages:
         self.loaded[decl.key] = typed
         return typed
 
-    def _read(self, torch: Any, record: Record, name: str, nbytes: int) -> Any:
-        if self.mapped is not None:
-            offset = self.reader.get_record_offset(name)
-            return self.mapped[offset : offset + nbytes]
+    def _read(self, torch: Any, record: Record, key: str, nbytes: int) -> Any:
         if self.reader is not None:
+            name = f"data/{key}"
+            if self.mapped is not None:
+                offset = self.reader.get_record_offset(name)
+                return self.mapped[offset : offset + nbytes]
             return self.reader.get_storage_from_record(name, nbytes, torch.uint8).untyped_storage()
         seek_record(self.file, record, self.what)
+        if nbytes <= _SMALL_STORAGE:  # read, then copied: cheaper than making the view below
+            data = self.file.read(nbytes)
+            if len(data) != nbytes:
+                raise past_end(record, self.what)
+            return (
+                torch.UntypedStorage.from_buffer(data, dtype=torch.uint8)
+                if data
+                else (torch.UntypedStorage(0))
+            )
         storage = torch.UntypedStorage(nbytes)
-        if nbytes and _read_into(self.file, _memory(storage.data_ptr(), nbytes)) != nbytes:
+        if _read_into(self.file, _memory(storage.data_ptr(), nbytes)) != nbytes:
             raise past_end(record, self.what)
         return storage
+
+
+# Up to this size a storage's bytes are read, then copied into it (0.64 us for 256 bytes
+# on torch 2.1); above it, read into it through a view of its memory (one copy, 0.55 us
+# more to make the view): 4 KiB is about where the second copy costs that much.
+_SMALL_STORAGE = 4096
 
 
 def _read_into(file: IO[bytes], view: memoryview) -> int:
     """Bytes of ``file`` read into ``view`` (fewer only at the file's end): one copy, as
     torch's reader makes (``file.read`` and a copy would make two)."""
     readinto = getattr(file, "readinto", None)
-    done = 0
+    done = readinto(view) or 0 if readinto is not None else 0  # all of it, most often
     while done < len(view):
         if readinto is not None:
             count = readinto(view[done:]) or 0
