@@ -440,3 +440,23 @@ def test_a_refusal_leads_with_compatshims_reason_not_torchs_first_global(
     after = "\n".join(rest)
     assert "torch's weights-only load refused it first" in after
     assert "Weights only load failed" in after  # torch's own text, kept whole
+
+
+def test_torchs_names_are_read_from_the_module_namespace() -> None:
+    """``_attribute`` reads a module's namespace: a getattr that fails on a module builds an
+    AttributeError, and torch < 2.6 lacks names every hardened load asks for. A module whose
+    names come from a PEP 562 ``__getattr__`` is asked the usual way."""
+    import types
+
+    def lazy_names(name: str) -> Any:
+        if name == "late":
+            return "made on demand"
+        raise AttributeError(name)
+
+    plain = types.ModuleType("plain")
+    plain.present = [1]  # type: ignore[attr-defined]
+    lazy = types.ModuleType("lazy")
+    lazy.__getattr__ = lazy_names  # type: ignore[method-assign]
+    assert patch._attribute(plain, "present") == [1] and patch._attribute(plain, "absent") is None
+    assert patch._attribute(lazy, "late") == "made on demand"
+    assert patch._attribute(lazy, "absent") is None and patch._attribute(None, "present") is None

@@ -385,6 +385,8 @@ class Loader:
     """One read (a ``request.Request``): the options, and the budget every pickle of the
     file draws from."""
 
+    budget: Budget
+
     def __init__(self, request: Request) -> None:
         self.request = request
         self.map_location = request.map_location
@@ -392,7 +394,8 @@ class Loader:
         nested = request.nested
         # allow=; the process-wide entries are judge()'s to read
         self.allow = Allow(request.allow) if nested is None else nested.allow
-        self.budget = Budget(0) if nested is None else nested.budget
+        if nested is not None:  # one budget for the whole file; read() makes the outer one
+            self.budget = nested.budget
         self.depth = 0 if nested is None else nested.depth
         self.mmap = request.mmap
         self.encoding = request.encoding or "utf-8"
