@@ -519,21 +519,22 @@ def check_result(
     height: dict[int, int] = {}
     on_path: set[int] = set()
     frames: list[list[Any]] = []  # [object, iterator over its children, tallest child]
-
-    def enter(node: Any) -> None:
-        if len(frames) >= limit:
-            raise CheckpointError(f"{what}: values nested deeper than {limit} levels")
-        on_path.add(id(node))
-        frames.append([node, iter(_children(node)), 0])
-
     if type(value) not in _LEAVES and id(value) in forbidden:  # the result itself, too
         raise UnsafeCheckpointError(
             f"{what}: is {forbidden[id(value)]}; it may only be called while loading (a caller "
             "that later calls it would run code)",
             (forbidden[id(value)],),
         )
-    enter(value)
-    while frames:
+    node: Any = value  # the next object to enter (_DONE: none); one place enters, no closure
+    while True:
+        if node is not _DONE:
+            if len(frames) >= limit:
+                raise CheckpointError(f"{what}: values nested deeper than {limit} levels")
+            on_path.add(id(node))
+            frames.append([node, iter(_children(node)), 0])
+            node = _DONE
+        if not frames:
+            return
         frame = frames[-1]
         for child in frame[1]:
             kind = type(child)
@@ -556,19 +557,22 @@ def check_result(
             if known is None:
                 if key in on_path:
                     continue  # a cycle: repr, deepcopy and pickle handle those
-                enter(child)
+                node = child
                 break
             if known > frame[2]:
                 frame[2] = known
         else:
             frames.pop()
-            node, _, tallest = frame
-            on_path.discard(id(node))
-            height[id(node)] = tallest + 1
+            done, _, tallest = frame
+            on_path.discard(id(done))
+            height[id(done)] = tallest + 1
             if tallest + 1 > limit:
                 raise CheckpointError(f"{what}: values nested deeper than {limit} levels")
             if frames and tallest + 1 > frames[-1][2]:
                 frames[-1][2] = tallest + 1
+
+
+_DONE = object()
 
 
 def _children(node: Any) -> Iterable[Any]:
