@@ -301,3 +301,20 @@ def test_a_storage_record_cut_short_is_a_checkpoint_error(count: int) -> None:
 
     with pytest.raises(CheckpointError, match="runs past the file's end"):
         load(Short(data))
+
+
+def test_the_view_a_storage_is_read_through_is_released() -> None:
+    """A file object that keeps the buffer it was given to fill cannot write into the
+    storage's memory later: the view is released once the read is done."""
+    data = _torch_bytes({"w": torch.arange(4000.0)})  # 16 kB: read into the storage
+    kept: list[memoryview] = []
+
+    class Keeping(io.BytesIO):
+        def readinto(self, buffer: object) -> int:
+            kept.append(buffer)  # type: ignore[arg-type]
+            return super().readinto(buffer)  # type: ignore[arg-type]
+
+    loaded = load(Keeping(data))
+    assert torch.equal(loaded["w"], torch.arange(4000.0)) and kept
+    with pytest.raises(ValueError, match="released"):
+        kept[0][0] = 1

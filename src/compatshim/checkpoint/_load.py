@@ -216,13 +216,13 @@ class ZipStorages:
             data = self.file.read(nbytes)
             if len(data) != nbytes:
                 raise past_end(record, self.what)
-            return (
-                torch.UntypedStorage.from_buffer(data, dtype=torch.uint8)
-                if data
-                else (torch.UntypedStorage(0))
-            )
+            if not data:
+                return torch.UntypedStorage(0)
+            return torch.UntypedStorage.from_buffer(data, dtype=torch.uint8)
         storage = torch.UntypedStorage(nbytes)
-        if _read_into(self.file, _memory(storage.data_ptr(), nbytes)) != nbytes:
+        with _memory(storage.data_ptr(), nbytes) as view:  # released: no file object keeps it
+            done = _read_into(self.file, view)
+        if done != nbytes:
             raise past_end(record, self.what)
         return storage
 
@@ -237,10 +237,10 @@ def _read_into(file: IO[bytes], view: memoryview) -> int:
     """Bytes of ``file`` read into ``view`` (fewer only at the file's end): one copy, as
     torch's reader makes (``file.read`` and a copy would make two)."""
     readinto = getattr(file, "readinto", None)
-    done = readinto(view) or 0 if readinto is not None else 0  # all of it, most often
+    done = 0
     while done < len(view):
-        if readinto is not None:
-            count = readinto(view[done:]) or 0
+        if readinto is not None:  # all of it at once, most often
+            count = readinto(view[done:] if done else view) or 0
         else:  # a file object with read only (torch.load takes those too)
             chunk = file.read(len(view) - done)
             count = len(chunk)
