@@ -375,7 +375,7 @@ def rewrite(mib: int = 1024, count: int = 64, ranks: int = 4, repeats: int = 7) 
             f"\ntorch {torch.__version__}: {size / 2**20:.0f} MiB in {count} tensors + 2 items, "
             f"saved by {ranks} rank(s), .metadata {meta / 1024:.1f} KiB; {repeats} interleaved "
             f"calls each, in balanced orders (each contender first, and right after each other "
-            f"one, equally often), medians; load average "
+            "one, equally often), medians; load average "
             f"{load_avg:.1f} at start, {load_avg_end:.1f} at end"
         )
         print(

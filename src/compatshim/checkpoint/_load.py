@@ -211,17 +211,15 @@ class ZipStorages:
                 offset = self.reader.get_record_offset(name)
                 return self.mapped[offset : offset + nbytes]
             return self.reader.get_storage_from_record(name, nbytes, torch.uint8).untyped_storage()
-        seek_record(self.file, record, self.what)
         if nbytes <= _SMALL_STORAGE:  # read, then copied: cheaper than making the view below
-            data = self.file.read(nbytes)
-            if len(data) != nbytes:
-                raise past_end(record, self.what)
+            data = read_record(self.file, record, self.what)  # record.size is nbytes
             if not data:
                 return torch.UntypedStorage(0)
             return torch.UntypedStorage.from_buffer(data, dtype=torch.uint8)
+        seek_record(self.file, record, self.what)
         storage = torch.UntypedStorage(nbytes)
         with _memory(storage.data_ptr(), nbytes) as view:  # released: no file object keeps it
-            done = _read_into(self.file, view)
+            done = _safetensors.read_into(self.file, view)
         if done != nbytes:
             raise past_end(record, self.what)
         return storage
@@ -231,24 +229,6 @@ class ZipStorages:
 # on torch 2.1); above it, read into it through a view of its memory (one copy, 0.55 us
 # more to make the view): 4 KiB is about where the second copy costs that much.
 _SMALL_STORAGE = 4096
-
-
-def _read_into(file: IO[bytes], view: memoryview) -> int:
-    """Bytes of ``file`` read into ``view`` (fewer only at the file's end): one copy, as
-    torch's reader makes (``file.read`` and a copy would make two)."""
-    readinto = getattr(file, "readinto", None)
-    done = 0
-    while done < len(view):
-        if readinto is not None:  # all of it at once, most often
-            count = readinto(view[done:] if done else view) or 0
-        else:  # a file object with read only (torch.load takes those too)
-            chunk = file.read(len(view) - done)
-            count = len(chunk)
-            view[done : done + count] = chunk
-        if not count:
-            break
-        done += count
-    return done
 
 
 @functools.cache

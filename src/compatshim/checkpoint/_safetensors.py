@@ -191,23 +191,31 @@ def read_header(file: IO[bytes]) -> Header:
     return Header(tuple(entries), metadata, data_start, data_size)
 
 
-def read_exactly(file: IO[bytes], size: int) -> bytearray:
-    """Exactly ``size`` bytes into one buffer (in chunks where the file has no ``readinto``);
-    the legacy format's storages are read so too."""
-    buffer = bytearray(size)
-    view = memoryview(buffer)
+def read_into(file: IO[bytes], view: memoryview) -> int:
+    """Bytes of ``file`` read into ``view`` (in chunks where the file has no ``readinto``):
+    as many as it holds, fewer only where the file ends first. One copy, where ``read``
+    and a copy would make two; zip storages are read so too."""
     readinto = getattr(file, "readinto", None)
     got = 0
-    while got < size:
-        if readinto is not None:
-            count = readinto(view[got:])
+    while got < len(view):
+        if readinto is not None:  # all of it at once, most often
+            count = readinto(view[got:] if got else view)
         else:
-            chunk = file.read(min(size - got, 1 << 24))
+            chunk = file.read(min(len(view) - got, 1 << 24))
             count = len(chunk)
             view[got : got + count] = chunk
         if not count:
-            raise CheckpointError("the data ends early")
+            break
         got += count
+    return got
+
+
+def read_exactly(file: IO[bytes], size: int) -> bytearray:
+    """Exactly ``size`` bytes into one buffer (:func:`read_into`); the legacy format's
+    storages are read so too."""
+    buffer = bytearray(size)
+    if read_into(file, memoryview(buffer)) != size:
+        raise CheckpointError("the data ends early")
     return buffer
 
 
