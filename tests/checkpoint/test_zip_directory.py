@@ -318,3 +318,21 @@ def test_the_view_a_storage_is_read_through_is_released() -> None:
     assert torch.equal(loaded["w"], torch.arange(4000.0)) and kept
     with pytest.raises(ValueError, match="released"):
         kept[0][0] = 1
+
+
+@pytest.mark.timeout(120)
+def test_storages_read_alike_from_threads_loading_at_once() -> None:
+    """Threads loading at once, the first of them finding this torch's format version
+    (worked out once per process) while the others wait or work it out too: every load
+    gets the saved tensors, small (read then copied) and large (read into the storage)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from compatshim.checkpoint import _load
+
+    state = {"small": torch.arange(10.0), "large": torch.arange(5000.0).reshape(50, 100)}
+    data = _torch_bytes(state)
+    _load._own_version.cache_clear()
+    _load._memory_from.cache_clear()
+    with ThreadPoolExecutor(4) as pool:
+        loaded = list(pool.map(lambda _: load(io.BytesIO(data)), range(40)))
+    assert all(torch.equal(got[k], state[k]) for got in loaded for k in state)
