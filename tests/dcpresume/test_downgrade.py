@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -32,8 +33,8 @@ from compatshim.checkpoint import (  # noqa: E402
     UnsafeCheckpointError,
     downgrade_dcp,
 )
-from compatshim.checkpoint._dcp_records import Folder, Storage, read_folder  # noqa: E402
-from compatshim.checkpoint._downgrade import RELEASES, _emit, _Pickler  # noqa: E402
+from compatshim.checkpoint._dcp_records import Folder, Size, Storage, Tensor, read_folder  # noqa: E402
+from compatshim.checkpoint._downgrade import RELEASES, _emit, _Pickler, release_row  # noqa: E402
 from compatshim.checkpoint.errors import CheckpointError  # noqa: E402
 from compatshim.cli import main as cli  # noqa: E402
 from tests.dcpresume.optim_job import dcp_kwargs, one_rank_group  # noqa: E402
@@ -177,6 +178,42 @@ def test_transformed_data_is_refused_before_2_8_and_kept_after(tmp_path: Path, o
     assert kept[0].info["transform_descriptors"] == ["stream.zstd"]
 
 
+def test_records_whose_memo_read_is_the_byte_percent_are_written_as_they_are(
+    tmp_path: Path,
+) -> None:
+    """The rewrite puts each storage entry's values into its bytes with ``%``; a global
+    named 38th is fetched by ``h%`` (31 dtypes put MetadataIndex there), which a template
+    without escaping would read as a format. The running torch's own ``pickle.load``
+    reads every entry, and so does the hardened read."""
+    row = release_row(torch.__version__)
+    names = sorted(n for n in row.dtypes if isinstance(getattr(torch, n, None), torch.dtype))
+    entries: dict[str, Tensor | None] = {
+        f"t.{name}": Tensor(name, "torch.strided", False, 0, False, None, (2,), [((0,), (2,))])
+        for name in names[:31]
+    }
+    storage = [
+        Storage({"fqn": fqn, "offset": Size((0,)), "index": 0},
+                {"relative_path": "__0_0.distcp", "offset": 8 * at, "length": 8})
+        for at, fqn in enumerate(entries)
+    ]  # fmt: skip
+    planner = {fqn: ("t", fqn[2:], 0) for fqn in entries}
+    folder = Folder(str(tmp_path), entries, planner, storage, storage_meta=None)
+    data, _ = _emit(folder, row)
+    assert b"h%" in data  # MetadataIndex, named 38th, fetched again
+    metadata = pickle.loads(data)
+    assert {k.fqn: v.offset for k, v in metadata.storage_data.items()} == {
+        fqn: 8 * at for at, fqn in enumerate(entries)
+    }
+    dtypes = {k: v.properties.dtype for k, v in metadata.state_dict_metadata.items()}
+    assert dtypes == {f"t.{name}": getattr(torch, name) for name in names[:31]}
+    assert metadata.planner_data == planner
+    (tmp_path / ".metadata").write_bytes(data)
+    again = read_folder(tmp_path)
+    fields = 6 if row.strides else 5  # torch 2.14+ pickles strides, None here
+    written = {fqn: dataclasses.replace(t, fields=fields) for fqn, t in entries.items() if t}
+    assert (again.entries, again.storage, again.planner_data) == (written, storage, planner)
+
+
 def test_each_items_storage_entry_is_found_in_one_pass() -> None:
     """The dry run and a rewrite for 2.2 ask for the storage entry of every non-tensor item:
     each lookup rescanned ``storage_data`` (20,000 items: 5.9 s on the 2-core box); now one
@@ -210,9 +247,7 @@ def test_a_poisoned_metadata_runs_nothing_and_writes_nothing(tmp_path: Path) -> 
     marker = tmp_path / "ran"
 
     def poison(out: _Pickler) -> None:
-        out.global_("os.system")
-        out.value((f"touch {marker}",))
-        out.reduce()
+        out.raw(out.ref("os.system") + out.encode((f"touch {marker}",)) + b"R")
 
     src = _raw(tmp_path / "src", poison)
     with pytest.raises(UnsafeCheckpointError, match=r"os\.system"):
@@ -260,9 +295,9 @@ def test_a_folder_rewritten_for_2_2_can_be_rewritten_again(tmp_path: Path) -> No
 
 def test_a_field_no_known_release_has_is_named(tmp_path: Path) -> None:
     def future(out: _Pickler) -> None:
-        out.obj("torch.distributed.checkpoint.metadata.Metadata")
-        out.plain_dict({"state_dict_metadata": {}, "storage_data": {}, "sharding_plan": 1})
-        out.build()
+        state = {"state_dict_metadata": {}, "storage_data": {}, "sharding_plan": 1}
+        metadata = out.ref("torch.distributed.checkpoint.metadata.Metadata")
+        out.raw(metadata + b")\x81" + out.encode(state) + b"b")  # NEWOBJ, BUILD
 
     src = _raw(tmp_path / "src", future)
     with pytest.raises(CheckpointError, match=r"\['sharding_plan'\].*no torch release"):

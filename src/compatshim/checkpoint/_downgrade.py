@@ -174,11 +174,9 @@ def downgrade_dcp(src: Any, dst: Any, *, torch: str, link: bool = True) -> Downg
                 linked = False  # another file system: copy this one and the rest
         shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
     if whole:
-        with open(os.path.join(dst, WHOLE_FILE), "wb") as out:
-            out.write(whole)
+        _write(os.path.join(dst, WHOLE_FILE), whole)
     tmp = os.path.join(dst, METADATA + ".tmp")
-    with open(tmp, "wb") as out:
-        out.write(data)
+    _write(tmp, data)
     os.replace(tmp, os.path.join(dst, METADATA))
     version = _name(row)
     changes = [*merged, *changes]
@@ -275,6 +273,16 @@ def _whole_routes(
     return whole
 
 
+def _write(path: str, data: bytes) -> None:
+    """``data`` into a new file ``path`` (the folder is new, so an existing one is an error)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        while data:  # one write, but for a short one (a full disk says so by raising)
+            data = data[os.write(fd, data) :]
+    finally:
+        os.close(fd)
+
+
 def _other_files(src: str, folder: Folder) -> list[str]:
     """The regular files of ``src`` but ``.metadata``; each data file ``.metadata`` names
     must be one (a symlink is refused: it could lead anywhere)."""
@@ -282,9 +290,10 @@ def _other_files(src: str, folder: Folder) -> list[str]:
     for entry in sorted(os.scandir(src), key=lambda e: e.name):
         if entry.name != METADATA and entry.is_file(follow_symlinks=False):
             found.append(entry.name)
+    names = set(found)
     for storage in folder.storage:
         name = storage.info["relative_path"]
-        if name not in found:
+        if name not in names:
             full = os.path.join(src, name)
             kind = "a symlink" if os.path.islink(full) else "missing"
             raise CheckpointError(f"{src}: data file {short(name)} is {kind}")
@@ -292,13 +301,15 @@ def _other_files(src: str, folder: Folder) -> list[str]:
 
 
 def _make_folder(src: str, dst: str) -> None:
-    if os.path.exists(dst):
-        if os.path.samefile(src, dst):
-            raise ValueError(f"dst: {dst} is src; the rewrite goes to a new folder")
-        if not os.path.isdir(dst) or os.listdir(dst):
-            raise FileExistsError(f"dst: {dst} exists and is not an empty folder")
-    else:
+    try:
+        os.mkdir(dst)
+    except FileNotFoundError:
         os.makedirs(dst)
+    except FileExistsError:
+        if os.path.samefile(src, dst):
+            raise ValueError(f"dst: {dst} is src; the rewrite goes to a new folder") from None
+        if not os.path.isdir(dst) or os.listdir(dst):
+            raise FileExistsError(f"dst: {dst} exists and is not an empty folder") from None
 
 
 def _refuse_unrepresentable(folder: Folder, row: Release) -> None:
@@ -324,56 +335,55 @@ def _refuse_unrepresentable(folder: Folder, row: Release) -> None:
 
 def _emit(folder: Folder, row: Release) -> tuple[bytes, list[str]]:
     """The ``.metadata`` bytes for ``row``, and each change from what the file held
-    (:func:`_refuse_unrepresentable` has passed it)."""
+    (:func:`_refuse_unrepresentable` has passed it).
+
+    The globals the file needs are named first (:meth:`_Pickler.declare`), so that a record
+    refers to each with the same bytes wherever it lies: a record is fixed runs of bytes
+    around its values, and like tensors are like bytes (the rewrite of a 1 GiB, 4-rank
+    folder must cost little beside its hardened read: issue 39 asks <= 1.10x)."""
     changes: list[str] = []
     tensors = folder.tensors()
     where = f"torch {_name(row)}"
-    out = _Pickler()
-    out.obj(f"{DCP}.Metadata")
-    out.mark_dict()
-    out.value("state_dict_metadata")
-    out.mark_dict()
-    for fqn, tensor in folder.entries.items():
-        out.value(fqn)
-        if tensor is None:
-            out.obj(f"{DCP}.BytesStorageMetadata")
-        else:
-            _tensor(out, tensor, row)
-    out.end_dict()
-    out.value("planner_data")
-    out.value(folder.planner_data)
-    out.value("storage_data")
-    out.mark_dict()
-    for storage in folder.storage:
-        out.obj(_INDEX)
-        out.plain_dict(storage.index)
-        out.build()
-        out.obj(_STORAGE_INFO)
-        out.plain_dict({k: v for k, v in storage.info.items() if v is not None})
-        out.build()
-    out.end_dict()
     meta = folder.storage_meta
     if "storage_meta" in folder.extra and row.storage_meta is None:
         changes.append(f"Metadata.storage_meta dropped ({where} has no StorageMeta)")
-    elif "storage_meta" in folder.extra:
-        out.value("storage_meta")
+    kept_meta = "storage_meta" in folder.extra and row.storage_meta is not None
+    quals = [f"{DCP}.Metadata"]
+    if len(tensors) < len(folder.entries):
+        quals.append(_BYTES)
+    if tensors:
+        quals += [_TENSOR, _CHUNK, f"{row.home}.TensorProperties", _LAYOUT]
+        quals += [f"{row.home}.{row.encoding}"]
+        quals += sorted({f"torch.{t.dtype}" for t in tensors.values()})
+    if folder.storage:
+        quals += [_INDEX, _STORAGE_INFO]
+    if tensors or any(s.index.get("offset") is not None for s in folder.storage):
+        quals.append("torch.Size")
+    if kept_meta and meta is not None:
+        quals.append(f"{DCP}.StorageMeta")
+    out = _Pickler()
+    ref = out.declare(quals)
+    text = out.encode
+    out.raw(ref[f"{DCP}.Metadata"] + b")\x81}(" + text("state_dict_metadata") + b"}(")
+    _entries(out, ref, folder.entries, row)
+    out.raw(b"u" + text("planner_data") + _plain(folder.planner_data) + text("storage_data"))
+    _storage(out, ref, folder.storage)
+    if kept_meta:
+        out.raw(text("storage_meta"))
         if meta is None:
-            out.value(None)
+            out.raw(b"N")
         else:
             dropped = sorted(set(meta) - set(row.storage_meta))  # type: ignore[arg-type]
             if dropped:
                 changes.append(f"StorageMeta.{', '.join(dropped)} dropped (not in {where})")
-            out.obj(f"{DCP}.StorageMeta")
-            out.plain_dict({k: v for k, v in meta.items() if k not in dropped})
-            out.build()
+            kept = {k: v for k, v in meta.items() if k not in dropped}
+            out.raw(ref[f"{DCP}.StorageMeta"] + b")\x81" + out.encode(kept) + b"b")
     if "version" in folder.extra:
         if "version" in row.metadata:
-            out.value("version")
-            out.value(folder.extra["version"])
+            out.raw(text("version") + out.encode(folder.extra["version"]))
         else:
             changes.append(f"Metadata.version dropped (not in {where})")
-    out.end_dict()
-    out.build()
+    out.raw(b"ub")
     six = sum(t.fields == 6 for t in tensors.values())
     if six and not row.strides:
         changes.append(
@@ -385,43 +395,57 @@ def _emit(folder: Folder, row: Release) -> tuple[bytes, list[str]]:
     return out.finish(), changes
 
 
-def _tensor(out: _Pickler, tensor: Tensor, row: Release) -> None:
-    out.obj(_TENSOR)
-    out.mark_dict()
-    out.value("properties")
-    key = ("TensorProperties", tensor.dtype, tensor.layout, tensor.requires_grad,
-           tensor.encoding, tensor.pin_memory, tensor.strides if row.strides else None)  # fmt: skip
-    if not out.again(key):  # the bytes of a TensorProperties written before, as they were
-        start = out.start()
-        out.obj(f"{row.home}.TensorProperties")
-        out.mark()
-        out.global_(f"torch.{tensor.dtype}")
-        out.global_("torch.serialization._get_layout")
-        out.value((tensor.layout,))
-        out.reduce()
-        out.value(tensor.requires_grad)
-        out.global_(f"{row.home}.{row.encoding}")
-        out.value((tensor.encoding,))
-        out.reduce()
-        out.value(tensor.pin_memory)
-        if row.strides:
-            out.value(tensor.strides)
-        out.tuple_from_mark()
-        out.build()
-        out.keep(key, start)
-    out.value("size")
-    out.value(Size(tensor.size))
-    out.value("chunks")
-    out.raw(b"]")
-    for offsets, sizes in tensor.chunks:
-        out.obj(_CHUNK)
-        out.raw(_CHUNK_KEYS[0])
-        out.value(Size(offsets))
-        out.raw(_CHUNK_KEYS[1])
-        out.value(Size(sizes))
-        out.raw(b"uba")
-    out.end_dict()
-    out.build()
+def _entries(
+    out: _Pickler, ref: dict[str, bytes], entries: dict[str, Tensor | None], row: Release
+) -> None:
+    """``state_dict_metadata``'s items: fqn -> TensorStorageMetadata or BytesStorageMetadata."""
+    text, size, put = out.encode, out.size, out.parts.extend
+    head = ref.get(_TENSOR, b"") + b")\x81}(" + text("properties")
+    props = ref.get(f"{row.home}.TensorProperties", b"")
+    encoding = ref.get(f"{row.home}.{row.encoding}", b"")
+    chunk, sizes_key = ref.get(_CHUNK, b"") + b")\x81}(" + text("offsets"), text("sizes")
+    bodies: dict[Any, bytes] = {}  # a tensor's bytes after "properties", by what they hold
+    for fqn, tensor in entries.items():
+        if tensor is None:
+            put((text(fqn), ref[_BYTES], b")\x81"))
+            continue
+        strides = tensor.strides if row.strides else None
+        same = (tensor.dtype, tensor.layout, tensor.requires_grad, tensor.encoding,
+                tensor.pin_memory, strides, tensor.size, tuple(tensor.chunks))  # fmt: skip
+        body = bodies.get(same)  # like shards of like tensors (layers, ranks): like bytes
+        if body is None:
+            body = bodies[same] = b"".join((
+                props, b")\x81(", ref[f"torch.{tensor.dtype}"], ref[_LAYOUT],
+                text((tensor.layout,)), b"R", text(tensor.requires_grad), encoding,
+                text((tensor.encoding,)), b"R", text(tensor.pin_memory),
+                text(strides) if row.strides else b"", b"tb", text("size"), size(tensor.size),
+                text("chunks"), b"]",
+                *(chunk + size(at) + sizes_key + size(dims) + b"uba" for at, dims in tensor.chunks),
+                b"ub",
+            ))  # fmt: skip
+        put((text(fqn), head, body))
+
+
+def _storage(out: _Pickler, ref: dict[str, bytes], storage: list[Storage]) -> None:
+    """``storage_data``: MetadataIndex -> _StorageInfo for each item, every field written (a
+    missing offset or index as None, the classes' default); ``%`` puts in the values."""
+    text, size = out.encode, out.size
+    index, info = ref.get(_INDEX, b"") + b")\x81}(", ref.get(_STORAGE_INFO, b"") + b")\x81}("
+    parts = (index + text("fqn"), text("offset"), text("index"), b"ub" + info +
+             text("relative_path"), text("offset"), text("length"))  # fmt: skip
+    entry = b"%s".join(part.replace(b"%", b"%%") for part in parts) + b"%s%sub"
+    transforms = text("transform_descriptors")
+    out.raw(b"}(")
+    for item in storage:  # read_folder checked each field's type
+        key, offset, number = item.index, item.index.get("offset"), item.index.get("index")
+        more = item.info.get("transform_descriptors")
+        out.raw(entry % (
+            text(key["fqn"]), b"N" if offset is None else size(offset),
+            b"N" if number is None else _int(number), text(item.info["relative_path"]),
+            _int(item.info["offset"]), _int(item.info["length"]),
+            b"" if more is None else transforms + text(more),
+        ))  # fmt: skip
+    out.raw(b"u")
 
 
 _BININT = struct.Struct("<ci")  # the opcode and its argument, packed at once
@@ -433,117 +457,96 @@ def _text(value: str) -> bytes:
     return _BINUNICODE.pack(b"X", len(data)) + data
 
 
+def _int(value: int) -> bytes:
+    if -(2**31) <= value < 2**31:
+        return _BININT.pack(b"J", value)
+    data = pickle.encode_long(value)  # type: ignore[attr-defined]
+    return b"\x8a" + bytes((len(data),)) + data
+
+
+def _plain(value: dict[str, Any] | None) -> bytes:
+    """The bytes that push ``planner_data`` (read_folder checked it: None, or str keys to
+    tuples or lists of str and int), made by C pickle: those types only, no memo (``fast``),
+    so no memo index of the file's globals is reused; protocol 2 opcodes throughout."""
+    buffer = io.BytesIO()
+    writer = pickle.Pickler(buffer, 2)
+    writer.fast = True
+    writer.dump(value)
+    return buffer.getvalue()[2:-1]  # less PROTO 2 and STOP
+
+
 _TENSOR, _CHUNK = f"{DCP}.TensorStorageMetadata", f"{DCP}.ChunkStorageMetadata"
+_BYTES, _LAYOUT = f"{DCP}.BytesStorageMetadata", "torch.serialization._get_layout"
 _INDEX, _STORAGE_INFO = f"{DCP}.MetadataIndex", f"{FS}._StorageInfo"
-_CHUNK_KEYS = (b"}(" + _text("offsets"), _text("sizes"))  # a chunk's dict, around the sizes
 
 
 class _Pickler:
-    """Protocol 2 opcodes, written one by one: globals by name (memoized), NEWOBJ, BUILD,
-    REDUCE, and plain values (None, bool, int, str, tuple, list, dict, ``torch.Size``).
-
-    A ``.metadata`` repeats itself (keys, FQNs, sizes, one TensorProperties per dtype), so
-    the bytes of a str, a ``torch.Size`` and a TensorProperties are kept once written:
-    the same bytes again, as the opcodes are (a global already named is a memo read)."""
+    """Protocol 2 bytes, put together by :func:`_emit` (the tests craft files with it):
+    globals by name, memoized (:meth:`ref`); plain values (None, bool, int, str, tuple,
+    list, dict, ``torch.Size``: :meth:`encode`); NEWOBJ, BUILD and REDUCE are the caller's
+    opcodes. A ``.metadata`` repeats itself (keys, FQNs, sizes), so the bytes of a str
+    and of a ``torch.Size`` are kept once made, and given again."""
 
     def __init__(self) -> None:
         self.parts: list[bytes] = [b"\x80\x02"]
         self.raw: Callable[[bytes], None] = self.parts.append  # bytes as they are
-        self.memo: dict[str, int] = {}
+        self.memo: dict[str, bytes] = {}  # a global named -> the bytes that fetch it again
         self.texts: dict[str, bytes] = {}
-        self.kept: dict[Any, bytes] = {}  # bytes to write again, by what they encode
+        self.sizes: dict[tuple[int, ...], bytes] = {}
 
-    def start(self) -> tuple[int, int]:
-        """Where the next bytes go, and how many globals are named so far (for :meth:`keep`)."""
-        return len(self.parts), len(self.memo)
-
-    def keep(self, key: Any, start: tuple[int, int]) -> None:
-        """The bytes written since ``start`` written again for ``key`` by :meth:`again`, if
-        they named no new global (a memo write must not happen twice)."""
-        if len(self.memo) == start[1]:
-            self.kept[key] = b"".join(self.parts[start[0] :])
-
-    def again(self, key: Any) -> bool:
-        data = self.kept.get(key)
+    def ref(self, qual: str) -> bytes:
+        """The bytes that push global ``qual``: its name, memoized, the first time."""
+        data = self.memo.get(qual)
         if data is not None:
-            self.raw(data)
-        return data is not None
+            return data
+        index = len(self.memo)
+        put, get = (b"q", b"h") if index < 256 else (b"r", b"j")
+        arg = bytes((index,)) if index < 256 else struct.pack("<I", index)
+        self.memo[qual] = get + arg
+        module, _, name = qual.rpartition(".")
+        return b"c" + module.encode() + b"\n" + name.encode() + b"\n" + put + arg
 
-    def global_(self, qual: str) -> None:
-        index = self.memo.get(qual)
-        if index is None:
-            module, _, name = qual.rpartition(".")
-            self.raw(b"c" + module.encode() + b"\n" + name.encode() + b"\n")
-            index = self.memo[qual] = len(self.memo)
-            self.raw(b"q" + bytes((index,)) if index < 256 else b"r" + struct.pack("<I", index))
-        else:
-            self.raw(b"h" + bytes((index,)) if index < 256 else b"j" + struct.pack("<I", index))
+    def declare(self, quals: list[str]) -> dict[str, bytes]:
+        """Each global of ``quals`` named now and popped, so that every later mention of
+        it is the same bytes (a memo read), whichever comes first."""
+        for qual in quals:
+            self.raw(self.ref(qual) + b"0")
+        return dict(self.memo)
 
-    def obj(self, qual: str) -> None:
-        """``cls.__new__(cls)`` (NEWOBJ); the caller writes the state and :meth:`build`."""
-        self.global_(qual)
-        self.raw(b")\x81")
-
-    def build(self) -> None:
-        self.raw(b"b")
-
-    def reduce(self) -> None:
-        self.raw(b"R")
-
-    def mark(self) -> None:
-        self.raw(b"(")
-
-    def tuple_from_mark(self) -> None:
-        self.raw(b"t")
-
-    def mark_dict(self) -> None:
-        self.raw(b"}(")
-
-    def end_dict(self) -> None:
-        self.raw(b"u")
-
-    def plain_dict(self, items: dict[str, Any]) -> None:
-        self.mark_dict()
-        for key, value in items.items():
-            self.value(key)
-            self.value(value)
-        self.end_dict()
-
-    def value(self, value: Any) -> None:
+    def encode(self, value: Any) -> bytes:
+        """The bytes that push ``value``."""
         kind = type(value)
         if kind is str:
             data = self.texts.get(value)
             if data is None:
                 data = self.texts[value] = _text(value)
-            self.raw(data)
-        elif value is None:
-            self.raw(b"N")
-        elif kind is bool:
-            self.raw(b"\x88" if value else b"\x89")
-        elif kind is int:
-            if -(2**31) <= value < 2**31:
-                self.raw(_BININT.pack(b"J", value))
-            else:
-                data = pickle.encode_long(value)  # type: ignore[attr-defined]
-                self.raw(b"\x8a" + bytes((len(data),)) + data)
-        elif kind is Size:
-            key = (Size, value)
-            if not self.again(key):
-                start = self.start()
-                self.global_("torch.Size")
-                self.raw(b"(")
-                self.value(tuple(value))
-                self.raw(b"tR")
-                self.keep(key, start)
-        elif kind in (tuple, list):
-            self.raw(b"(" if kind is tuple else b"](")
-            for item in value:
-                self.value(item)
-            self.raw(b"t" if kind is tuple else b"e")
-        elif kind is dict:
-            self.plain_dict(value)
-        else:  # read_folder lets nothing else through
-            raise CheckpointError(f"cannot write {short(value)} into a .metadata")
+            return data
+        if kind is int:
+            return _int(value)
+        if value is None:
+            return b"N"
+        if kind is bool:
+            return b"\x88" if value else b"\x89"
+        encode = self.encode
+        if kind is Size:
+            return self.size(value)
+        if kind is tuple:
+            return b"(" + b"".join(map(encode, value)) + b"t"
+        if kind is list:
+            return b"](" + b"".join(map(encode, value)) + b"e"
+        if kind is dict:
+            return b"}(" + b"".join(encode(k) + encode(v) for k, v in value.items()) + b"u"
+        raise CheckpointError(f"cannot write {short(value)} into a .metadata")  # read_folder: never
+
+    def size(self, dims: tuple[int, ...]) -> bytes:
+        """The bytes that push ``torch.Size(dims)``."""
+        data = self.sizes.get(dims)
+        if data is None:
+            known = "torch.Size" in self.memo  # else these bytes name it: not to be repeated
+            data = self.ref("torch.Size") + b"((" + b"".join(map(self.encode, dims)) + b"ttR"
+            if known:
+                self.sizes[dims] = data
+        return data
 
     def finish(self) -> bytes:
         self.raw(b".")
