@@ -354,7 +354,7 @@ def _emit(folder: Folder, row: Release) -> tuple[bytes, list[str]]:
     if tensors:
         quals += [_TENSOR, _CHUNK, f"{row.home}.TensorProperties", _LAYOUT]
         quals += [f"{row.home}.{row.encoding}"]
-        quals += sorted({f"torch.{t.dtype}" for t in tensors.values()})
+        quals += [f"torch.{dtype}" for dtype in sorted({t.dtype for t in tensors.values()})]
     if folder.storage:
         quals += [_INDEX, _STORAGE_INFO]
     if tensors or any(s.index.get("offset") is not None for s in folder.storage):
@@ -429,20 +429,24 @@ def _entries(
 def _storage(out: _Pickler, ref: dict[str, bytes], storage: list[Storage]) -> None:
     """``storage_data``: MetadataIndex -> _StorageInfo for each item, every field written (a
     missing offset or index as None, the classes' default); ``%`` puts in the values."""
-    text, size = out.encode, out.size
+    text, size, known, sized = out.encode, out.size, out.texts.get, out.sizes.get
     index, info = ref.get(_INDEX, b"") + b")\x81}(", ref.get(_STORAGE_INFO, b"") + b")\x81}("
     parts = (index + text("fqn"), text("offset"), text("index"), b"ub" + info +
              text("relative_path"), text("offset"), text("length"))  # fmt: skip
     entry = b"%s".join(part.replace(b"%", b"%%") for part in parts) + b"%s%sub"
     transforms = text("transform_descriptors")
     out.raw(b"}(")
+    pack = _BININT.pack  # offset and length: ints >= 0 (read_folder), most under 2**31
     for item in storage:  # read_folder checked each field's type
-        key, offset, number = item.index, item.index.get("offset"), item.index.get("index")
-        more = item.info.get("transform_descriptors")
+        key, place = item.index, item.info  # (known() or text(): a call less per value)
+        fqn, offset, number = key["fqn"], key.get("offset"), key.get("index")
+        path, start, length = place["relative_path"], place["offset"], place["length"]
+        more = place.get("transform_descriptors")
         out.raw(entry % (
-            text(key["fqn"]), b"N" if offset is None else size(offset),
-            b"N" if number is None else _int(number), text(item.info["relative_path"]),
-            _int(item.info["offset"]), _int(item.info["length"]),
+            known(fqn) or text(fqn), b"N" if offset is None else sized(offset) or size(offset),
+            b"N" if number is None else _int(number), known(path) or text(path),
+            pack(b"J", start) if start < 2**31 else _int(start),
+            pack(b"J", length) if length < 2**31 else _int(length),
             b"" if more is None else transforms + text(more),
         ))  # fmt: skip
     out.raw(b"u")
