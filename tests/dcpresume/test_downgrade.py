@@ -398,6 +398,10 @@ def test_the_new_folder_rules(tmp_path: Path) -> None:
         downgrade_dcp(src, tmp_path / "full", torch="2.8")
     with pytest.raises(ValueError, match=r"dst.*is src"):
         downgrade_dcp(src, src, torch="2.8")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(FileExistsError, match="dst"):  # not a folder: nothing is made there
+        downgrade_dcp(src, tmp_path / "dangling", torch="2.8")
+    assert not (tmp_path / "nowhere").exists()
     with pytest.raises(DowngradeError, match=r"before torch 2\.1"):
         downgrade_dcp(src, tmp_path / "a", torch="1.13")
     with pytest.raises(ValueError, match="torch: expected a release"):

@@ -305,8 +305,8 @@ def _make_folder(src: str, dst: str) -> None:
         os.mkdir(dst)
     except FileNotFoundError:
         os.makedirs(dst)
-    except FileExistsError:
-        if os.path.samefile(src, dst):
+    except FileExistsError:  # an empty folder will do; src itself, a file, a link to none won't
+        if os.path.isdir(dst) and os.path.samefile(src, dst):
             raise ValueError(f"dst: {dst} is src; the rewrite goes to a new folder") from None
         if not os.path.isdir(dst) or os.listdir(dst):
             raise FileExistsError(f"dst: {dst} exists and is not an empty folder") from None
