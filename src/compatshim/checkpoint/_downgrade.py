@@ -174,9 +174,11 @@ def downgrade_dcp(src: Any, dst: Any, *, torch: str, link: bool = True) -> Downg
                 linked = False  # another file system: copy this one and the rest
         shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
     if whole:
-        _write(os.path.join(dst, WHOLE_FILE), whole)
+        with open(os.path.join(dst, WHOLE_FILE), "xb") as out:  # x: the folder is new
+            out.write(whole)
     tmp = os.path.join(dst, METADATA + ".tmp")
-    _write(tmp, data)
+    with open(tmp, "xb") as out:
+        out.write(data)
     os.replace(tmp, os.path.join(dst, METADATA))
     version = _name(row)
     changes = [*merged, *changes]
@@ -271,16 +273,6 @@ def _whole_routes(
             if depth < len(route):
                 whole.setdefault(route[:depth], []).append((fqn, route))
     return whole
-
-
-def _write(path: str, data: bytes) -> None:
-    """``data`` into a new file ``path`` (the folder is new, so an existing one is an error)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        while data:  # one write, but for a short one (a full disk says so by raising)
-            data = data[os.write(fd, data) :]
-    finally:
-        os.close(fd)
 
 
 def _other_files(src: str, folder: Folder) -> list[str]:
