@@ -17,6 +17,7 @@ import dataclasses
 import io
 import os
 import pickle
+import struct
 import subprocess
 import sys
 import time
@@ -369,6 +370,57 @@ def test_a_folder_rewritten_for_2_2_can_be_rewritten_again(tmp_path: Path) -> No
     name = "__compatshim_whole.distcp"
     assert (tmp_path / "for2.1" / name).read_bytes() == (tmp_path / "for2.2" / name).read_bytes()
     assert "sched" in read_folder(tmp_path / "for2.1").entries
+
+
+@pytest.mark.parametrize("shared", ["route", "chunks"])
+def test_a_list_shared_by_every_entry_is_charged_at_each_use(tmp_path: Path, shared: str) -> None:
+    """One route tuple for every planner_data key, or one TensorStorageMetadata (with its
+    chunk list) for every fqn, each written once and fetched again by a memo read: a
+    200 KB file that the walk would take 10**8 steps over, and the rewrite write out
+    10**8 times. Refused by the read's budget, fast, before anything is written."""
+    out = _Pickler()
+    keep, again = b"r" + struct.pack("<I", 9999), b"j" + struct.pack("<I", 9999)  # memo 9999
+    dcp_ = "torch.distributed.checkpoint.metadata"
+    classes = ("Metadata", "TensorStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING",
+               "ChunkStorageMetadata")  # fmt: skip
+    named = ["torch.Size", "torch.float32", "torch.serialization._get_layout"]
+    ref = out.declare([f"{dcp_}.{name}" for name in classes] + named)
+    size = ref["torch.Size"] + b"((J\x01\x00\x00\x00ttR"
+    props = (
+        ref[f"{dcp_}.TensorProperties"] + b")\x81(" + ref["torch.float32"]
+        + ref["torch.serialization._get_layout"] + out.encode(("torch.strided",)) + b"R\x89"
+        + ref[f"{dcp_}._MEM_FORMAT_ENCODING"] + out.encode((0,)) + b"R\x89tb"
+    )  # fmt: skip
+    chunk = ref[f"{dcp_}.ChunkStorageMetadata"] + b")\x81}("
+    chunk += out.encode("offsets") + size + out.encode("sizes") + size + b"ub"
+    tsm = ref[f"{dcp_}.TensorStorageMetadata"]
+    if shared == "route":
+        one = b"(" + b"".join(out.encode(f"p{i}") for i in range(10_000)) + b"t"
+        planner = b"}(" + b"".join(
+            out.encode(f"k{i}") + (one + keep if i == 0 else again) for i in range(10_000)
+        ) + b"u"  # fmt: skip
+        sdm = b"}"
+    else:
+        one = tsm + b")\x81}(" + out.encode("properties") + props + out.encode("size") + size
+        one += out.encode("chunks") + b"](" + chunk * 1_000 + b"eub"
+        sdm = b"}(" + b"".join(
+            out.encode(f"t{i}") + (one + keep if i == 0 else again) for i in range(10_000)
+        ) + b"u"  # fmt: skip
+        planner = b"N"
+    metadata = ref[f"{dcp_}.Metadata"] + b")\x81}("
+    out.raw(metadata + out.encode("state_dict_metadata") + sdm + out.encode("planner_data"))
+    out.raw(planner + out.encode("storage_data") + b"}ub")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / ".metadata").write_bytes(out.finish())
+    assert (src / ".metadata").stat().st_size < 400_000
+    start = time.perf_counter()
+    with pytest.raises(CheckpointError, match="work budget"):
+        read_folder(src)
+    with pytest.raises(CheckpointError, match="work budget"):
+        downgrade_dcp(src, tmp_path / "old", torch="2.4")
+    assert time.perf_counter() - start < 10
+    assert not (tmp_path / "old").exists()
 
 
 def test_a_field_no_known_release_has_is_named(tmp_path: Path) -> None:

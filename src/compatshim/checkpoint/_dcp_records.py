@@ -67,6 +67,7 @@ _POSIX, _WINDOWS = pathlib.PurePosixPath, pathlib.PureWindowsPath
 _PATHS = {"PosixPath": _POSIX, "PurePosixPath": _POSIX, "WindowsPath": _WINDOWS,
           "PureWindowsPath": _WINDOWS}  # fmt: skip
 _NODE_BYTES = 512  # a record and its field dict, charged against the load's budget
+_VISIT = 64  # an element of a list or tuple the records are walked through, at each use
 
 
 class _Token:
@@ -263,7 +264,7 @@ def read_folder(folder: Any) -> Folder:
             raise
         except (RecursionError, MemoryError, ValueError, TypeError, KeyError) as exc:
             raise CheckpointError(f"{what}: {type(exc).__name__}: {short(str(exc), 120)}") from None
-    return _checked(top, what, frozenset(reader.named))
+    return _checked(top, what, frozenset(reader.named), reader.budget)
 
 
 def _state(record: Any, cls: str, what: str) -> dict[str, Any]:
@@ -287,7 +288,7 @@ def _typed(value: Any, kinds: tuple[type, ...], what: str) -> Any:
     return value
 
 
-def _tensor(entry: dict[str, Any], what: str) -> Tensor:
+def _tensor(entry: dict[str, Any], what: str, budget: Budget) -> Tensor:
     props = entry.get("properties")
     if type(props) is not Record or props.cls != "TensorProperties":
         raise CheckpointError(f"{what}.properties is {short(props)}, not a TensorProperties")
@@ -305,7 +306,9 @@ def _tensor(entry: dict[str, Any], what: str) -> Tensor:
     if strides is not None:
         strides = check_shape(strides, what, "strides")
     chunks = []
-    for chunk in _typed(entry.get("chunks"), (list,), f"{what}.chunks"):
+    listed = _typed(entry.get("chunks"), (list,), f"{what}.chunks")
+    budget.charge(_VISIT * len(listed), f"{what}'s chunks")  # one list may serve every tensor
+    for chunk in listed:
         fields = _state(chunk, "ChunkStorageMetadata", f"{what}'s chunk")
         offsets = check_shape(fields.get("offsets"), what, "chunk offsets", (Size,))
         sizes = check_shape(fields.get("sizes"), what, "chunk sizes", (Size,))
@@ -323,7 +326,10 @@ def _tensor(entry: dict[str, Any], what: str) -> Tensor:
     )
 
 
-def _checked(top: Any, what: str, named: frozenset[str]) -> Folder:
+def _checked(top: Any, what: str, named: frozenset[str], budget: Budget) -> Folder:
+    """The records as a :class:`Folder`. The walk is charged to the read's ``budget`` per
+    element: a list or tuple the file shares by memo reads (one route for every key, one
+    chunk list for every tensor) is walked, and later written, at every use."""
     state = _state(top, "Metadata", what)
     entries: dict[str, Tensor | None] = {}
     sdm = _typed(state.get("state_dict_metadata"), (dict,), f"{what}: state_dict_metadata")
@@ -335,10 +341,12 @@ def _checked(top: Any, what: str, named: frozenset[str]) -> Folder:
             _state(entry, "BytesStorageMetadata", where)
             entries[fqn] = None
         else:
-            entries[fqn] = _tensor(_state(entry, "TensorStorageMetadata", where), where)
+            entries[fqn] = _tensor(_state(entry, "TensorStorageMetadata", where), where, budget)
     planner = state.get("planner_data")
     if planner is not None:  # the default planner's: fqn -> its path in the nested state dict
         for key, route in _typed(planner, (dict,), f"{what}: planner_data").items():
+            if type(route) in (tuple, list):
+                budget.charge(_VISIT * len(route), f"{what}: planner_data's routes")
             if (
                 type(key) is not str
                 or type(route) not in (tuple, list)
