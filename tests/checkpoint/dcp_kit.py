@@ -14,6 +14,7 @@ import inspect
 import os
 import pickle
 import shutil
+import struct
 import warnings
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,59 @@ def save_ranks(rank: int, world_size: int, folder: str) -> int:
         dcp.save_state_dict(state_dict, storage_writer=writer)
     dist.barrier()
     return rank
+
+
+def shared_lists(folder: Path, shared: str, uses: int = 10_000) -> Path:
+    """A folder whose ``.metadata`` (under 400 KB) shares one list among ``uses`` entries by
+    memo reads: one route tuple of 10,000 parts for every planner_data key (``"route"``), or
+    one TensorStorageMetadata with 1,000 chunks for every fqn (``"chunks"``). Walked at each
+    use, as torch's planner walks it: 10**7-10**8 steps. Named as the running torch names
+    TensorProperties (2.3 moved it), so its own hardened reader gets as far as the walk."""
+    import importlib
+
+    from torch.distributed.checkpoint.metadata import TensorProperties
+
+    from compatshim.checkpoint._downgrade import _Pickler
+
+    out = _Pickler()
+    keep, again = b"r" + struct.pack("<I", 9999), b"j" + struct.pack("<I", 9999)  # memo 9999
+    dcp_ = "torch.distributed.checkpoint.metadata"
+    home = TensorProperties.__module__
+    encoding = next(n for n in ("_MEM_FORMAT_ENCODING", "MEM_FORMAT_ENCODING")
+                    if hasattr(importlib.import_module(home), n))  # fmt: skip
+    classes = [
+        f"{dcp_}.{name}" for name in ("Metadata", "TensorStorageMetadata", "ChunkStorageMetadata")
+    ]
+    classes += [f"{home}.TensorProperties", f"{home}.{encoding}"]
+    ref = out.declare([*classes, "torch.Size", "torch.float32", "torch.serialization._get_layout"])
+    size = ref["torch.Size"] + b"((J\x01\x00\x00\x00ttR"
+    props = (
+        ref[f"{home}.TensorProperties"] + b")\x81(" + ref["torch.float32"]
+        + ref["torch.serialization._get_layout"] + out.encode(("torch.strided",)) + b"R\x89"
+        + ref[f"{home}.{encoding}"] + out.encode((0,)) + b"R\x89tb"
+    )  # fmt: skip
+    chunk = ref[f"{dcp_}.ChunkStorageMetadata"] + b")\x81}("
+    chunk += out.encode("offsets") + size + out.encode("sizes") + size + b"ub"
+    tsm = ref[f"{dcp_}.TensorStorageMetadata"]
+    if shared == "route":
+        one = b"(" + b"".join(out.encode(f"p{i}") for i in range(10_000)) + b"t"
+        planner = b"}(" + b"".join(
+            out.encode(f"k{i}") + (one + keep if i == 0 else again) for i in range(uses)
+        ) + b"u"  # fmt: skip
+        sdm = b"}"
+    else:
+        one = tsm + b")\x81}(" + out.encode("properties") + props + out.encode("size") + size
+        one += out.encode("chunks") + b"](" + chunk * 1_000 + b"eub"
+        sdm = b"}(" + b"".join(
+            out.encode(f"t{i}") + (one + keep if i == 0 else again) for i in range(uses)
+        ) + b"u"  # fmt: skip
+        planner = b"N"
+    top = ref[f"{dcp_}.Metadata"] + b")\x81}("
+    out.raw(top + out.encode("state_dict_metadata") + sdm + out.encode("planner_data"))
+    out.raw(planner + out.encode("storage_data") + b"}ub")
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(out.finish())
+    return folder
 
 
 def poison_metadata(source: Path, target: Path, marker: Path) -> None:

@@ -24,6 +24,7 @@ from tests.checkpoint.dcp_kit import (  # noqa: E402
     poison_metadata,
     run_hardened,
     save,
+    shared_lists,
     state,
 )
 from tests.checkpoint.test_hardened import TIMEOUT_S  # noqa: E402
@@ -216,3 +217,17 @@ def test_hardened_refuses_a_data_file_outside_the_folder(
     result = _run(tmp_path, "reader", moved)
     assert not result["ok"] and "outside the checkpoint folder" in result["error"], result
     assert _run(tmp_path, "reader", genuine)["ok"]
+
+
+def test_hardened_refuses_a_list_shared_by_every_entry_before_torch_walks_it(
+    tmp_path: Path,
+) -> None:
+    """One TensorStorageMetadata, 1,000 chunks, shared by 10,000 fqns through memo reads
+    (a 200 KB file): torch's reader hands it on and its load planner then walks 10**7
+    chunks. Hardened, the read counts each use against the file's budget and refuses it."""
+    folder = shared_lists(tmp_path / "shared", "chunks")
+    result = _run(tmp_path, "reader", folder)
+    assert not result["ok"] and result["compatshim_error"], result
+    assert "work budget" in result["error"], result
+    plain = _run(tmp_path, "reader", folder, hardened=False)
+    assert plain["ok"], plain  # torch's own read takes it: the cost comes after

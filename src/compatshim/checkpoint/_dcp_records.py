@@ -22,7 +22,7 @@ from typing import Any
 
 from .._text import short
 from ._dcp_folder import METADATA, _refuse_paths_outside
-from ._limits import Budget, check_shape
+from ._limits import HEADER_BYTES, VISIT_BYTES, Budget, check_shape, weight
 from ._machine import Machine, Source
 from .errors import CheckpointError, UnsafeCheckpointError
 
@@ -66,8 +66,6 @@ LAYOUTS = frozenset(("strided", "sparse_coo", "sparse_csr", "sparse_csc", "spars
 _POSIX, _WINDOWS = pathlib.PurePosixPath, pathlib.PureWindowsPath
 _PATHS = {"PosixPath": _POSIX, "PurePosixPath": _POSIX, "WindowsPath": _WINDOWS,
           "PureWindowsPath": _WINDOWS}  # fmt: skip
-_NODE_BYTES = 512  # a record and its field dict, charged against the load's budget
-_VISIT = 64  # an element of a list or tuple the records are walked through, at each use
 
 
 class _Token:
@@ -137,7 +135,7 @@ class _Reader(Machine):
     def new_object(self, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if type(cls) is not _Token or cls.kind != "class" or args or kwargs:
             raise CheckpointError(f"NEWOBJ of {short(cls)}: only DCP's classes, without arguments")
-        self.budget.charge(_NODE_BYTES, cls.name)
+        self.budget.charge(HEADER_BYTES, cls.name)  # as load's machine charges a NEWOBJ
         return Record(CLASSES[cls.name])
 
     def build(self, inst: Any, state: Any) -> None:
@@ -149,7 +147,7 @@ class _Reader(Machine):
     def call(self, func: Any, args: tuple[Any, ...]) -> Any:
         kind = func.kind if type(func) is _Token else None
         one = args[0] if len(args) == 1 else None
-        self.budget.charge(_NODE_BYTES, "a call")
+        self.budget.charge(weight(args), "a call")  # a shared tuple: at each use, by length
         if kind == "size" and type(one) is tuple:
             return Size(check_shape(one, "torch.Size"))
         if kind == "layout" and type(one) is str and one[6:] in LAYOUTS and one[:6] == "torch.":
@@ -307,7 +305,7 @@ def _tensor(entry: dict[str, Any], what: str, budget: Budget) -> Tensor:
         strides = check_shape(strides, what, "strides")
     chunks = []
     listed = _typed(entry.get("chunks"), (list,), f"{what}.chunks")
-    budget.charge(_VISIT * len(listed), f"{what}'s chunks")  # one list may serve every tensor
+    budget.charge(VISIT_BYTES * len(listed), f"{what}'s chunks")  # one list may serve all
     for chunk in listed:
         fields = _state(chunk, "ChunkStorageMetadata", f"{what}'s chunk")
         offsets = check_shape(fields.get("offsets"), what, "chunk offsets", (Size,))
@@ -346,7 +344,7 @@ def _checked(top: Any, what: str, named: frozenset[str], budget: Budget) -> Fold
     if planner is not None:  # the default planner's: fqn -> its path in the nested state dict
         for key, route in _typed(planner, (dict,), f"{what}: planner_data").items():
             if type(route) in (tuple, list):
-                budget.charge(_VISIT * len(route), f"{what}: planner_data's routes")
+                budget.charge(VISIT_BYTES * len(route), f"{what}: planner_data's routes")
             if (
                 type(key) is not str
                 or type(route) not in (tuple, list)

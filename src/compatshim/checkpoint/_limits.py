@@ -27,6 +27,9 @@ HASH_PER_BYTE = 16
 HASH_FLOOR = 1 << 24
 
 HEADER_BYTES = 16  # charged once per call or container, whatever its length
+#: an element of a list or tuple a reader walks after the load (a DCP .metadata's chunk
+#: lists and planner_data routes), charged at each use: one list may serve every entry
+VISIT_BYTES = 64
 #: bytes one item may cost once copied: a character, a pointer, a hash slot
 ITEM_BYTES: dict[type, int] = {
     str: 1,

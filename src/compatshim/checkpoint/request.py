@@ -64,7 +64,9 @@ def read(source: Any, request: Request = Request()) -> Any:
     loader = Loader(request)  # a wrong map_location is a TypeError before any read
     value = _guarded(source, loader.read, name=request.name)
     if request.expect == "dcp-metadata":
-        from ._dcp_folder import _refuse_paths_outside
+        from ._dcp_folder import _charge_uses, _refuse_paths_outside
 
-        _refuse_paths_outside(value, request.name or describe_source(source))
+        what = request.name or describe_source(source)
+        _refuse_paths_outside(value, what)
+        _charge_uses(value, loader.budget, what)
     return value
