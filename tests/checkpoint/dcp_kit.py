@@ -104,8 +104,10 @@ def shared_lists(folder: Path, shared: str, uses: int = 10_000) -> Path:
     """A folder whose ``.metadata`` (under 400 KB) shares one list among ``uses`` entries by
     memo reads: one route tuple of 10,000 parts for every planner_data key (``"route"``), or
     one TensorStorageMetadata with 1,000 chunks for every fqn (``"chunks"``). Walked at each
-    use, as torch's planner walks it: 10**7-10**8 steps. Named as the running torch names
-    TensorProperties (2.3 moved it), so its own hardened reader gets as far as the walk."""
+    use, as torch's planner walks it: 10**7-10**8 steps. ``"chunk"``: one fqn whose list
+    holds one chunk and ``uses`` memo reads of it, 2-5 bytes each, where torch writes 30+.
+    Named as the running torch names TensorProperties (2.3 moved it), so its own hardened
+    reader gets as far as the walk."""
     import importlib
 
     from torch.distributed.checkpoint.metadata import TensorProperties
@@ -138,6 +140,11 @@ def shared_lists(folder: Path, shared: str, uses: int = 10_000) -> Path:
             out.encode(f"k{i}") + (one + keep if i == 0 else again) for i in range(uses)
         ) + b"u"  # fmt: skip
         sdm = b"}"
+    elif shared == "chunk":
+        listed = chunk + keep + again * (uses - 1)
+        sdm = b"}(" + out.encode("t") + tsm + b")\x81}(" + out.encode("properties") + props
+        sdm += out.encode("size") + size + out.encode("chunks") + b"](" + listed + b"eubu"
+        planner = b"N"
     else:
         one = tsm + b")\x81}(" + out.encode("properties") + props + out.encode("size") + size
         one += out.encode("chunks") + b"](" + chunk * 1_000 + b"eub"

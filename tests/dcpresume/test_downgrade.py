@@ -373,13 +373,14 @@ def test_a_folder_rewritten_for_2_2_can_be_rewritten_again(tmp_path: Path) -> No
     assert "sched" in read_folder(tmp_path / "for2.1").entries
 
 
-@pytest.mark.parametrize("shared", ["route", "chunks"])
+@pytest.mark.parametrize("shared", ["route", "chunks", "chunk"])
 def test_a_list_shared_by_every_entry_is_charged_at_each_use(tmp_path: Path, shared: str) -> None:
     """One route tuple for every planner_data key, or one TensorStorageMetadata (with its
     chunk list) for every fqn, each written once and fetched again by a memo read: a
     200 KB file that the walk would take 10**8 steps over, and the rewrite write out
-    10**8 times. Refused by the read's budget, fast, before anything is written; so is
-    the hardened read ``dcp.load`` uses, which handed torch's planner the shared lists."""
+    10**8 times; or one chunk listed again 10,000 times (torch: 10,000 read items from
+    40 KB). Refused by the read's budget, fast, before anything is written; so is the
+    hardened read ``dcp.load`` uses, which handed torch's planner the shared lists."""
     src = shared_lists(tmp_path / "src", shared)
     assert (src / ".metadata").stat().st_size < 400_000
     start = time.perf_counter()
@@ -399,17 +400,18 @@ def test_what_torch_writes_costs_well_under_the_budget_per_byte(monkeypatch: Any
     once past the floor. The records reader charged 512 per record and per torch.Size,
     13.5-20 per byte of these files: the dry run and the rewrite refused a real 7B FSDP
     checkpoint with optimizer state on 64 ranks (about 60,000 chunks, 8 MB)."""
-    from compatshim.checkpoint import _dcp_records, _limits, _load
+    from compatshim.checkpoint import _dcp_folder, _dcp_records, _limits, _load
 
     made: list[_limits.Budget] = []
 
     class Kept(_limits.Budget):
-        def __init__(self, size: int) -> None:
-            super().__init__(size)
+        def __init__(self, size: int, floor: int = _limits.BUDGET_FLOOR) -> None:
+            super().__init__(size, floor)
             made.append(self)
 
     monkeypatch.setattr(_dcp_records, "Budget", Kept)
     monkeypatch.setattr(_load, "Budget", Kept)
+    monkeypatch.setattr(_dcp_folder, "Budget", Kept)
     spent: dict[str, list[float]] = {"records": [], "hardened": []}
     files = sorted((ROOT / "tests" / "dcpresume" / "fixtures").rglob(".metadata"))
     for metadata in files:  # written by torch 2.2.2, 2.4.1, 2.8.0, 2.11.0 and 2.15.0
@@ -421,6 +423,8 @@ def test_what_torch_writes_costs_well_under_the_budget_per_byte(monkeypatch: Any
                 assert reader == "hardened"
                 continue
             spent[reader].append((made[0].total - made[0].left) / metadata.stat().st_size)
+            uses = [b for b in made if b.total == _limits.BUDGET_PER_BYTE * b.file_size]
+            assert len(uses) == 1 and uses[0].left > uses[0].total / 2, reader  # chunks
     assert len(spent["records"]) == len(files) > 30 and spent["hardened"], spent
     assert max(spent["records"]) < _limits.BUDGET_PER_BYTE / 2, spent["records"]
     assert max(spent["hardened"]) < _limits.BUDGET_PER_BYTE * 3 / 4, spent["hardened"]

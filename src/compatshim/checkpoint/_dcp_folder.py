@@ -52,16 +52,18 @@ def _refuse_paths_outside(metadata: Any, what: str) -> None:
 
 
 def _charge_uses(metadata: Any, budget: Budget, what: str) -> None:
-    """Charge ``budget`` for what torch walks once it has the file: each tensor's chunk list
-    (a read per chunk) and each planner_data route, at every use, as ``_dcp_records`` does.
-    A file may share one list among every entry by memo reads: a 50 KB file made torch's
-    load planner build 10**6 read items (16 s) before it was counted here."""
+    """Charge for what torch walks once it has the file, at every use, as ``_dcp_records``
+    does: each planner_data route to ``budget``, each tensor's chunk list to a budget of
+    the file's size without the floor (torch's load planner makes a read item of each
+    chunk). A file may share one list among every entry by memo reads, or list one chunk
+    again and again: a 50 KB file made torch build 10**6 read items (16 s) uncounted."""
     fields = vars(metadata) if hasattr(metadata, "__dict__") else {}
     entries, planner = fields.get("state_dict_metadata"), fields.get("planner_data")
+    uses = Budget(budget.file_size, floor=0)
     for entry in entries.values() if type(entries) is dict else ():
         chunks = vars(entry).get("chunks") if hasattr(entry, "__dict__") else None
         if type(chunks) is list:
-            budget.charge(VISIT_BYTES * len(chunks), f"{what}: a tensor's chunks")
+            uses.charge(VISIT_BYTES * len(chunks), f"{what}: a tensor's chunks")
     for route in planner.values() if type(planner) is dict else ():
         if type(route) in (tuple, list):
             budget.charge(VISIT_BYTES * len(route), f"{what}: planner_data's routes")

@@ -286,7 +286,7 @@ def _typed(value: Any, kinds: tuple[type, ...], what: str) -> Any:
     return value
 
 
-def _tensor(entry: dict[str, Any], what: str, budget: Budget) -> Tensor:
+def _tensor(entry: dict[str, Any], what: str, uses: Budget) -> Tensor:
     props = entry.get("properties")
     if type(props) is not Record or props.cls != "TensorProperties":
         raise CheckpointError(f"{what}.properties is {short(props)}, not a TensorProperties")
@@ -305,7 +305,7 @@ def _tensor(entry: dict[str, Any], what: str, budget: Budget) -> Tensor:
         strides = check_shape(strides, what, "strides")
     chunks = []
     listed = _typed(entry.get("chunks"), (list,), f"{what}.chunks")
-    budget.charge(VISIT_BYTES * len(listed), f"{what}'s chunks")  # one list may serve all
+    uses.charge(VISIT_BYTES * len(listed), f"{what}'s chunks")  # one list may serve all
     for chunk in listed:
         fields = _state(chunk, "ChunkStorageMetadata", f"{what}'s chunk")
         offsets = check_shape(fields.get("offsets"), what, "chunk offsets", (Size,))
@@ -327,8 +327,10 @@ def _tensor(entry: dict[str, Any], what: str, budget: Budget) -> Tensor:
 def _checked(top: Any, what: str, named: frozenset[str], budget: Budget) -> Folder:
     """The records as a :class:`Folder`. The walk is charged to the read's ``budget`` per
     element: a list or tuple the file shares by memo reads (one route for every key, one
-    chunk list for every tensor) is walked, and later written, at every use."""
+    chunk list for every tensor) is walked, and later written, at every use. Chunks draw
+    from a budget without the floor, as in ``_dcp_folder._charge_uses``."""
     state = _state(top, "Metadata", what)
+    uses = Budget(budget.file_size, floor=0)
     entries: dict[str, Tensor | None] = {}
     sdm = _typed(state.get("state_dict_metadata"), (dict,), f"{what}: state_dict_metadata")
     for fqn, entry in sdm.items():
@@ -339,7 +341,7 @@ def _checked(top: Any, what: str, named: frozenset[str], budget: Budget) -> Fold
             _state(entry, "BytesStorageMetadata", where)
             entries[fqn] = None
         else:
-            entries[fqn] = _tensor(_state(entry, "TensorStorageMetadata", where), where, budget)
+            entries[fqn] = _tensor(_state(entry, "TensorStorageMetadata", where), where, uses)
     planner = state.get("planner_data")
     if planner is not None:  # the default planner's: fqn -> its path in the nested state dict
         for key, route in _typed(planner, (dict,), f"{what}: planner_data").items():

@@ -28,7 +28,9 @@ HASH_FLOOR = 1 << 24
 
 HEADER_BYTES = 16  # charged once per call or container, whatever its length
 #: an element of a list or tuple a reader walks after the load (a DCP .metadata's chunk
-#: lists and planner_data routes), charged at each use: one list may serve every entry
+#: lists and planner_data routes), charged at each use: one list may serve every entry.
+#: Chunk uses draw from a budget without the floor (``Budget(size, floor=0)``): torch
+#: makes a read item of each, and a chunk torch writes takes 30+ bytes of the file
 VISIT_BYTES = 64
 #: bytes one item may cost once copied: a character, a pointer, a hash slot
 ITEM_BYTES: dict[type, int] = {
@@ -69,8 +71,8 @@ class Budget:
     on top, which memo references could otherwise repeat without limit.
     """
 
-    def __init__(self, file_size: int) -> None:
-        self.total = BUDGET_PER_BYTE * max(file_size, 0) + BUDGET_FLOOR
+    def __init__(self, file_size: int, floor: int = BUDGET_FLOOR) -> None:
+        self.total = BUDGET_PER_BYTE * max(file_size, 0) + floor
         self.left = self.total
         self.file_size = file_size
 
