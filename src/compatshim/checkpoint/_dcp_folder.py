@@ -13,7 +13,7 @@ from typing import IO, Any
 
 from .._text import short
 from . import _dcp
-from ._limits import VISIT_BYTES, Budget, check_shape, count
+from ._limits import Budget, Walks, check_shape, count
 from .errors import CheckpointError, UnsafeCheckpointError
 
 METADATA = ".metadata"
@@ -52,21 +52,19 @@ def _refuse_paths_outside(metadata: Any, what: str) -> None:
 
 
 def _charge_uses(metadata: Any, budget: Budget, what: str) -> None:
-    """Charge for what torch walks once it has the file, at every use, as ``_dcp_records``
-    does: each planner_data route to ``budget``, each tensor's chunk list to a budget of
-    the file's size without the floor (torch's load planner makes a read item of each
-    chunk). A file may share one list among every entry by memo reads, or list one chunk
-    again and again: a 50 KB file made torch build 10**6 read items (16 s) uncounted."""
+    """Charge what torch walks once it has the file (:class:`~._limits.Walks`): unchecked,
+    a 50 KB file sharing one chunk list among its entries made torch build 10**6 read
+    items (16 s)."""
     fields = vars(metadata) if hasattr(metadata, "__dict__") else {}
     entries, planner = fields.get("state_dict_metadata"), fields.get("planner_data")
-    uses = Budget(budget.file_size, floor=0)
+    walks = Walks(budget)
     for entry in entries.values() if type(entries) is dict else ():
         chunks = vars(entry).get("chunks") if hasattr(entry, "__dict__") else None
         if type(chunks) is list:
-            uses.charge(VISIT_BYTES * len(chunks), f"{what}: a tensor's chunks")
+            walks.chunk_list(len(chunks), f"{what}: a tensor's chunks")
     for route in planner.values() if type(planner) is dict else ():
         if type(route) in (tuple, list):
-            budget.charge(VISIT_BYTES * len(route), f"{what}: planner_data's routes")
+            walks.route(len(route), f"{what}: planner_data's routes")
 
 
 def is_folder(f: Any) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 
 from .._text import short
 from ._dcp_folder import METADATA, _refuse_paths_outside
-from ._limits import HEADER_BYTES, VISIT_BYTES, Budget, check_shape, weight
+from ._limits import HEADER_BYTES, Budget, Walks, check_shape, weight
 from ._machine import Machine, Source
 from .errors import CheckpointError, UnsafeCheckpointError
 
@@ -286,7 +286,7 @@ def _typed(value: Any, kinds: tuple[type, ...], what: str) -> Any:
     return value
 
 
-def _tensor(entry: dict[str, Any], what: str, uses: Budget) -> Tensor:
+def _tensor(entry: dict[str, Any], what: str, walks: Walks) -> Tensor:
     props = entry.get("properties")
     if type(props) is not Record or props.cls != "TensorProperties":
         raise CheckpointError(f"{what}.properties is {short(props)}, not a TensorProperties")
@@ -305,7 +305,7 @@ def _tensor(entry: dict[str, Any], what: str, uses: Budget) -> Tensor:
         strides = check_shape(strides, what, "strides")
     chunks = []
     listed = _typed(entry.get("chunks"), (list,), f"{what}.chunks")
-    uses.charge(VISIT_BYTES * len(listed), f"{what}'s chunks")  # one list may serve all
+    walks.chunk_list(len(listed), f"{what}'s chunks")  # one list may serve every tensor
     for chunk in listed:
         fields = _state(chunk, "ChunkStorageMetadata", f"{what}'s chunk")
         offsets = check_shape(fields.get("offsets"), what, "chunk offsets", (Size,))
@@ -325,12 +325,11 @@ def _tensor(entry: dict[str, Any], what: str, uses: Budget) -> Tensor:
 
 
 def _checked(top: Any, what: str, named: frozenset[str], budget: Budget) -> Folder:
-    """The records as a :class:`Folder`. The walk is charged to the read's ``budget`` per
-    element: a list or tuple the file shares by memo reads (one route for every key, one
-    chunk list for every tensor) is walked, and later written, at every use. Chunks draw
-    from a budget without the floor, as in ``_dcp_folder._charge_uses``."""
+    """The records as a :class:`Folder`. The walk is charged per element
+    (:class:`~._limits.Walks`): a list or tuple the file shares by memo reads (one route for
+    every key, one chunk list for every tensor) is walked, and later written, at every use."""
     state = _state(top, "Metadata", what)
-    uses = Budget(budget.file_size, floor=0)
+    walks = Walks(budget)
     entries: dict[str, Tensor | None] = {}
     sdm = _typed(state.get("state_dict_metadata"), (dict,), f"{what}: state_dict_metadata")
     for fqn, entry in sdm.items():
@@ -341,12 +340,12 @@ def _checked(top: Any, what: str, named: frozenset[str], budget: Budget) -> Fold
             _state(entry, "BytesStorageMetadata", where)
             entries[fqn] = None
         else:
-            entries[fqn] = _tensor(_state(entry, "TensorStorageMetadata", where), where, uses)
+            entries[fqn] = _tensor(_state(entry, "TensorStorageMetadata", where), where, walks)
     planner = state.get("planner_data")
     if planner is not None:  # the default planner's: fqn -> its path in the nested state dict
         for key, route in _typed(planner, (dict,), f"{what}: planner_data").items():
             if type(route) in (tuple, list):
-                budget.charge(VISIT_BYTES * len(route), f"{what}: planner_data's routes")
+                walks.route(len(route), f"{what}: planner_data's routes")
             if (
                 type(key) is not str
                 or type(route) not in (tuple, list)

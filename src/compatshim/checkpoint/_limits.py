@@ -27,11 +27,7 @@ HASH_PER_BYTE = 16
 HASH_FLOOR = 1 << 24
 
 HEADER_BYTES = 16  # charged once per call or container, whatever its length
-#: an element of a list or tuple a reader walks after the load (a DCP .metadata's chunk
-#: lists and planner_data routes), charged at each use: one list may serve every entry.
-#: Chunk uses draw from a budget without the floor (``Budget(size, floor=0)``): torch
-#: makes a read item of each, and a chunk torch writes takes 30+ bytes of the file
-VISIT_BYTES = 64
+VISIT_BYTES = 64  # an element of a list walked after the load, at each use (:class:`Walks`)
 #: bytes one item may cost once copied: a character, a pointer, a hash slot
 ITEM_BYTES: dict[type, int] = {
     str: 1,
@@ -84,6 +80,24 @@ class Budget:
                 f"{self.file_size} bytes (shared references are counted at every use): "
                 "the file asks for far more work or memory than it holds"
             )
+
+
+class Walks:
+    """The lists torch walks once a DCP ``.metadata`` is read, charged at each use by both
+    readers of the file (a file may share one list among every entry by memo reads):
+    each chunk to a budget of the file's size without the floor (torch's load planner
+    makes a read item of it; a chunk torch writes takes 30+ bytes of the file), each
+    planner_data route part to the read's own budget (a real part is a 2-byte memo read)."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        self.chunks = Budget(budget.file_size, floor=0)
+
+    def chunk_list(self, length: int, what: str) -> None:
+        self.chunks.charge(VISIT_BYTES * length, what)
+
+    def route(self, length: int, what: str) -> None:
+        self.budget.charge(VISIT_BYTES * length, what)
 
 
 class Quota:
