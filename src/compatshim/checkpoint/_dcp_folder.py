@@ -58,13 +58,13 @@ def _charge_uses(metadata: Any, budget: Budget, what: str) -> None:
     fields = vars(metadata) if hasattr(metadata, "__dict__") else {}
     entries, planner = fields.get("state_dict_metadata"), fields.get("planner_data")
     walks = Walks(budget)
-    for entry in entries.values() if type(entries) is dict else ():
+    for fqn, entry in entries.items() if type(entries) is dict else ():
         chunks = vars(entry).get("chunks") if hasattr(entry, "__dict__") else None
         if type(chunks) is list:
-            walks.chunk_list(len(chunks), f"{what}: a tensor's chunks")
+            walks.chunk_list(len(chunks), f"{what}: {short(fqn)}")
     for route in planner.values() if type(planner) is dict else ():
         if type(route) in (tuple, list):
-            walks.route(len(route), f"{what}: planner_data's routes")
+            walks.route(len(route), what)
 
 
 def is_folder(f: Any) -> bool:

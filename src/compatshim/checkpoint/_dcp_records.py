@@ -305,7 +305,7 @@ def _tensor(entry: dict[str, Any], what: str, walks: Walks) -> Tensor:
         strides = check_shape(strides, what, "strides")
     chunks = []
     listed = _typed(entry.get("chunks"), (list,), f"{what}.chunks")
-    walks.chunk_list(len(listed), f"{what}'s chunks")  # one list may serve every tensor
+    walks.chunk_list(len(listed), what)  # one list may serve every tensor
     for chunk in listed:
         fields = _state(chunk, "ChunkStorageMetadata", f"{what}'s chunk")
         offsets = check_shape(fields.get("offsets"), what, "chunk offsets", (Size,))
@@ -345,7 +345,7 @@ def _checked(top: Any, what: str, named: frozenset[str], budget: Budget) -> Fold
     if planner is not None:  # the default planner's: fqn -> its path in the nested state dict
         for key, route in _typed(planner, (dict,), f"{what}: planner_data").items():
             if type(route) in (tuple, list):
-                walks.route(len(route), f"{what}: planner_data's routes")
+                walks.route(len(route), what)
             if (
                 type(key) is not str
                 or type(route) not in (tuple, list)

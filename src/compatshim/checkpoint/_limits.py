@@ -93,11 +93,13 @@ class Walks:
         self.budget = budget
         self.chunks = Budget(budget.file_size, floor=0)
 
-    def chunk_list(self, length: int, what: str) -> None:
-        self.chunks.charge(VISIT_BYTES * length, what)
+    def chunk_list(self, length: int, where: str) -> None:
+        """``where``: the file and the entry's fqn."""
+        self.chunks.charge(VISIT_BYTES * length, f"{where}: walking its chunk list")
 
-    def route(self, length: int, what: str) -> None:
-        self.budget.charge(VISIT_BYTES * length, what)
+    def route(self, length: int, where: str) -> None:
+        """``where``: the file."""
+        self.budget.charge(VISIT_BYTES * length, f"{where}: walking planner_data's routes")
 
 
 class Quota:
