@@ -213,8 +213,10 @@ def test_a_newer_releases_folder_rewritten_for_this_torch_resumes(
     objects = {"optim": opt, "sched": sched}
     if grad_scaler is not None:
         objects["scaler"] = grad_scaler
+    plan = plan_resume(folder, _template(model, opt, sched, grad_scaler), objects)
     filled = load_dcp(state, objects, **dcp_kwargs(folder))
     assert set(filled) == _expected_fills(release, name, opt, sched), filled
+    assert plan.ok and {key for key, _ in plan.filled} == set(filled), plan.text()
     _set(model, opt, sched, grad_scaler, state)
     if grad_scaler is not None:
         assert grad_scaler.state_dict() == _saved(release, name)["scaler"]
@@ -227,9 +229,6 @@ def test_the_dry_run_names_the_keys_load_dcp_fills(release: str, name: str) -> N
     """``plan_resume`` before anything loads agrees with ``load_dcp`` on every release's
     fixture: ok where it resumes, and the keys it will fill are the ones filled; unreadable
     where this torch cannot read the ``.metadata`` (issue 39 item 4)."""
-    if OLD_DCP:
-        pytest.skip("torch 2.2 plans a dict without tensors as one item: the plan does not "
-                    "look inside the saved item for the keys load_dcp fills there")  # fmt: skip
     model, opt, sched = build(name)
     grad_scaler = _scaler_for(release, name)
     objects = {"optim": opt, "sched": sched}
@@ -253,7 +252,8 @@ def test_the_dry_run_reads_an_item_saved_whole_once(monkeypatch: Any) -> None:
     from compatshim.checkpoint import _resume_plan
 
     if OLD_DCP:
-        pytest.skip("torch 2.2 plans a dict without tensors as one item (see above)")
+        pytest.skip("torch 2.2 plans the scheduler as one item itself: nothing is read whole "
+                    "for it")  # fmt: skip
     reads: list[str] = []
     real = _resume_plan._read_item
     monkeypatch.setattr(
@@ -303,6 +303,9 @@ def test_a_scheduler_key_no_release_added_still_fails_naming_it(release: str) ->
     ):
         return
     template = copy.deepcopy(state["sched"])
+    folder = _folder(release, "lambda") / "dcp"
+    plan = plan_resume(folder, copy.deepcopy(state), {"optim": opt, "sched": sched})
+    assert not plan.ok and "warmup_done" in plan.text(), plan.text()  # the dry run says so too
     if OLD_DCP:
         pytest.skip("torch 2.2's dcp.load reads the scheduler whole: see the next test")
     with pytest.raises(BaseException, match=r"(Missing key in checkpoint|lacks key).*warmup_done"):

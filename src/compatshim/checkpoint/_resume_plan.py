@@ -9,6 +9,8 @@ template the script will load into, flattened by the running torch's own
 - filled: missing, but a key ``compatshim.optim.load_dcp`` fills (``compatshim.optim.keys``,
   under a top that ``optimizers`` names), with the value it gives it;
 - whole: held by the checkpoint as one item (torch 2.2), which ``load_dcp`` asks for as saved;
+  what it fills inside such an item is found by adapting the item as ``load_dcp`` does, on
+  torch 2.2 too (which plans a dict without tensors as one item itself);
 - missing, mismatched (a tensor against a non-tensor, another shape): the resume fails;
 - refused: a non-tensor item whose pickle hardened mode would refuse (each item's bytes
   are inspected, never run: they are small, and no tensor data is read).
@@ -98,12 +100,13 @@ def plan_resume(
     template = {
         k: v.state_dict() if _stateful(v) else v for k, v in state_dict.items()
     }  # fmt: skip
-    flat, _ = flatten_state_dict(template)
+    flat, routes = flatten_state_dict(template)
     owners = dict(optimizers or {})
     loads, whole, missing, mismatched, refused = [], [], [], [], []
     filled: list[tuple[str, Any]] = []
     asked = set()
     held: dict[str, tuple[Any, str]] = {}  # each whole item, read once: _item
+    read_whole: dict[str, list[tuple[Any, ...]]] = {}  # top -> routes of items planned whole
     for fqn, value in flat.items():
         if fqn in saved.entries:
             asked.add(fqn)
@@ -112,10 +115,13 @@ def plan_resume(
                 mismatched.append(f"{fqn}: {why}")
                 continue
             loads.append(fqn)
-            if hardened and saved.entries[fqn] is None:
-                refusal = _read_item(saved, fqn)[1]
+            if saved.entries[fqn] is None:
+                refusal = _item(saved, fqn, held)[1] if hardened else ""
                 if refusal:
                     refused.append(f"{fqn}: {refusal}")
+                top = fqn.split(".", 1)[0]
+                if top in owners and _holds_dict(value):  # torch 2.2: planned whole
+                    read_whole.setdefault(top, []).append(tuple(routes[fqn]))
             continue
         prefix = _whole_prefix(fqn, saved)
         top = fqn.split(".", 1)[0]
@@ -136,11 +142,61 @@ def plan_resume(
             filled.append(fill)
         else:
             missing.append(fqn)
+    for top, items in read_whole.items():
+        done, why = _adapted(template[top], items, owners[top], saved, held)
+        filled += [_fill(path, owners[top]) or (path, None) for path in done]
+        if why:
+            missing.append(why)
     unused = tuple(k for k in saved.entries if k not in asked)
     return ResumePlan(
         path, tuple(loads), tuple(filled), tuple(whole), tuple(missing), tuple(mismatched),
         tuple(refused), tuple(running_torch_reads(saved)), unused,
     )  # fmt: skip
+
+
+def _holds_dict(value: Any) -> bool:
+    """A dict, or a list of them: a state ``load_dcp`` adapts (a scheduler's, param groups)."""
+    return bool(value) and (
+        isinstance(value, dict) or (isinstance(value, list) and any(type(v) is dict for v in value))
+    )
+
+
+def _adapted(
+    value: Any,
+    items: list[tuple[Any, ...]],
+    owner: Any,
+    saved: Folder,
+    held: dict[str, tuple[Any, str]],
+) -> tuple[list[str], str]:
+    """The paths ``load_dcp`` fills in a top whose items the running torch reads whole (torch
+    2.2 plans a dict without tensors as one item), and why it would fail (empty: it would
+    not): the top as it will load, each item in its place as saved, adapted as ``load_dcp``
+    adapts it. An item that cannot be read is reported where it is read."""
+    from ..optim import _adapt
+
+    top = items[0][0]
+    for route in items:
+        item = _item(saved, ".".join(map(str, route)), held)[0]
+        if item is _UNREAD:
+            return [], ""
+        value = _replaced(value, route[1:], item)
+    try:
+        return _adapt(value, owner, str(top))[1], ""
+    except (TypeError, ValueError) as exc:  # OptimizerStateError: a key no release added
+        return [], f"{top} (read whole): {exc}"
+
+
+def _replaced(tree: Any, route: tuple[Any, ...], value: Any) -> Any:
+    """``tree`` with ``value`` at ``route`` (a route ``flatten_state_dict`` gave for it),
+    copied along the route; the template is not changed."""
+    if not route:
+        return value
+    key, rest = route[0], route[1:]
+    if isinstance(tree, dict):
+        return {**tree, key: _replaced(tree[key], rest, value)}
+    out = list(tree)
+    out[key] = _replaced(tree[key], rest, value)
+    return out
 
 
 def _stateful(value: Any) -> bool:
