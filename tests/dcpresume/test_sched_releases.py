@@ -175,25 +175,41 @@ def test_a_plain_dcp_load_fails_where_a_release_added_a_key(release: str, name: 
     _resume_and_step(release, name, model, opt, sched)
 
 
-@pytest.mark.usefixtures("group")
-@pytest.mark.parametrize(("release", "name"), CASES)
-def test_load_dcp_resumes_schedulers_from_any_release(release: str, name: str) -> None:
+def _fresh(release: str, name: str) -> tuple[Any, ...]:
+    """A fresh model, optimizer, scheduler and GradScaler (where the checkpoint holds one and
+    this torch has one), and the objects ``load_dcp`` takes."""
     model, opt, sched = build(name)
     grad_scaler = _scaler_for(release, name)
-    state = _template(model, opt, sched, grad_scaler)
     objects = {"optim": opt, "sched": sched}
     if grad_scaler is not None:
         objects["scaler"] = grad_scaler
-    kwargs = dcp_kwargs(_folder(release, name) / "dcp")
-    if _refused_by_torch(release, lambda: load_dcp(state, objects, **kwargs)):
-        return
-    filled = load_dcp(state, objects, **kwargs)
+    return model, opt, sched, grad_scaler, objects
+
+
+def _load_dcp_and_step(release: str, name: str, folder: Path, fresh: tuple[Any, ...]) -> Any:
+    """``load_dcp`` of ``folder`` into ``fresh``: it fills the keys the saving release lacked,
+    the GradScaler continues, the next step is the uninterrupted run's. Returns the keys."""
+    model, opt, sched, grad_scaler, objects = fresh
+    state = _template(model, opt, sched, grad_scaler)
+    filled = load_dcp(state, objects, **dcp_kwargs(folder))
     assert set(filled) == _expected_fills(release, name, opt, sched), filled
     assert len(filled) == len(set(filled))
     _set(model, opt, sched, grad_scaler, state)
     if grad_scaler is not None:  # the scale and its growth tracker continue
         assert grad_scaler.state_dict() == _saved(release, name)["scaler"]
     _resume_and_step(release, name, model, opt, sched)
+    return filled
+
+
+@pytest.mark.usefixtures("group")
+@pytest.mark.parametrize(("release", "name"), CASES)
+def test_load_dcp_resumes_schedulers_from_any_release(release: str, name: str) -> None:
+    fresh = _fresh(release, name)
+    state, objects = _template(*fresh[:4]), fresh[4]
+    folder = _folder(release, name) / "dcp"
+    if _refused_by_torch(release, lambda: load_dcp(state, objects, **dcp_kwargs(folder))):
+        return
+    _load_dcp_and_step(release, name, folder, fresh)
 
 
 @pytest.mark.usefixtures("group")
@@ -203,24 +219,14 @@ def test_a_newer_releases_folder_rewritten_for_this_torch_resumes(
 ) -> None:
     """The cluster runs an older torch than the one that saved: ``downgrade_dcp`` for the
     running release (item 3), then ``load_dcp`` (item 1); the next step equals the
-    uninterrupted run's under the saving torch."""
+    uninterrupted run's under the saving torch, and the dry run (item 4) named the keys."""
     folder = tmp_path / "old"
     report = downgrade_dcp(_folder(release, name) / "dcp", folder, torch=torch.__version__)
     assert report.changes, "a release this torch cannot read needs a change"
-    model, opt, sched = build(name)
-    grad_scaler = _scaler_for(release, name)
-    state = _template(model, opt, sched, grad_scaler)
-    objects = {"optim": opt, "sched": sched}
-    if grad_scaler is not None:
-        objects["scaler"] = grad_scaler
-    plan = plan_resume(folder, _template(model, opt, sched, grad_scaler), objects)
-    filled = load_dcp(state, objects, **dcp_kwargs(folder))
-    assert set(filled) == _expected_fills(release, name, opt, sched), filled
+    fresh = _fresh(release, name)
+    plan = plan_resume(folder, _template(*fresh[:4]), fresh[4])
+    filled = _load_dcp_and_step(release, name, folder, fresh)
     assert plan.ok and {key for key, _ in plan.filled} == set(filled), plan.text()
-    _set(model, opt, sched, grad_scaler, state)
-    if grad_scaler is not None:
-        assert grad_scaler.state_dict() == _saved(release, name)["scaler"]
-    _resume_and_step(release, name, model, opt, sched)
 
 
 @pytest.mark.usefixtures("group")
