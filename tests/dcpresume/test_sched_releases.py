@@ -235,14 +235,11 @@ def test_the_dry_run_names_the_keys_load_dcp_fills(release: str, name: str) -> N
     """``plan_resume`` before anything loads agrees with ``load_dcp`` on every release's
     fixture: ok where it resumes, and the keys it will fill are the ones filled; unreadable
     where this torch cannot read the ``.metadata`` (issue 39 item 4)."""
-    model, opt, sched = build(name)
-    grad_scaler = _scaler_for(release, name)
-    objects = {"optim": opt, "sched": sched}
-    if grad_scaler is not None:
-        objects["scaler"] = grad_scaler
+    fresh = _fresh(release, name)
+    objects = fresh[4]
     folder = _folder(release, name) / "dcp"
-    plan = plan_resume(folder, _template(model, opt, sched, grad_scaler), objects)
-    state = _template(model, opt, sched, grad_scaler)
+    plan = plan_resume(folder, _template(*fresh[:4]), objects)
+    state = _template(*fresh[:4])
     if _refused_by_torch(release, lambda: load_dcp(state, objects, **dcp_kwargs(folder))):
         assert plan.unreadable and not plan.ok, plan.text()
         return
@@ -254,26 +251,19 @@ def test_the_dry_run_names_the_keys_load_dcp_fills(release: str, name: str) -> N
 @pytest.mark.usefixtures("group")
 def test_the_dry_run_reads_an_item_saved_whole_once(monkeypatch: Any) -> None:
     """2.2's scheduler, saved as one item: the dry run checks it (hardened) and looks inside
-    it for the keys load_dcp fills from one read, not one each."""
+    it for the keys load_dcp fills from one read, not one each (torch 2.2 plans it as one
+    item itself: it loads as is, and is looked into all the same)."""
     from compatshim.checkpoint import _resume_plan
 
-    if OLD_DCP:
-        pytest.skip("torch 2.2 plans the scheduler as one item itself: nothing is read whole "
-                    "for it")  # fmt: skip
     reads: list[str] = []
     real = _resume_plan._read_item
     monkeypatch.setattr(
         _resume_plan, "_read_item", lambda saved, fqn: reads.append(fqn) or real(saved, fqn)
     )
     name = sorted(SCHEDULERS)[0]
-    model, opt, sched = build(name)
-    grad_scaler = _scaler_for("2.2.2", name)
-    objects = {"optim": opt, "sched": sched}
-    if grad_scaler is not None:
-        objects["scaler"] = grad_scaler
-    plan = plan_resume(_folder("2.2.2", name) / "dcp", _template(model, opt, sched, grad_scaler),
-                       objects)  # fmt: skip
-    assert "sched" in plan.whole, plan.text()
+    fresh = _fresh("2.2.2", name)
+    plan = plan_resume(_folder("2.2.2", name) / "dcp", _template(*fresh[:4]), fresh[4])
+    assert "sched" in (plan.loads if OLD_DCP else plan.whole), plan.text()
     assert reads.count("sched") == 1, reads
 
 
@@ -312,8 +302,6 @@ def test_a_scheduler_key_no_release_added_still_fails_naming_it(release: str) ->
     folder = _folder(release, "lambda") / "dcp"
     plan = plan_resume(folder, copy.deepcopy(state), {"optim": opt, "sched": sched})
     assert not plan.ok and "warmup_done" in plan.text(), plan.text()  # the dry run says so too
-    if OLD_DCP:
-        pytest.skip("torch 2.2's dcp.load reads the scheduler whole: see the next test")
     with pytest.raises(BaseException, match=r"(Missing key in checkpoint|lacks key).*warmup_done"):
         load_dcp(state, {"optim": opt, "sched": sched}, **kwargs)
     assert state["sched"] == template, "the template is left as it was"
