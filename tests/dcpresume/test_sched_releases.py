@@ -293,13 +293,13 @@ def test_a_scheduler_key_no_release_added_still_fails_naming_it(release: str) ->
     model, opt, sched = build("lambda")
     sched.warmup_done = True  # a subclass's or a patched attribute: saved by state_dict()
     state = _template(model, opt, sched, None)
-    kwargs = dcp_kwargs(_folder(release, "lambda") / "dcp")
+    folder = _folder(release, "lambda") / "dcp"
+    kwargs = dcp_kwargs(folder)
     if _refused_by_torch(
         release, lambda: load_dcp(state, {"optim": opt, "sched": sched}, **kwargs)
     ):
         return
     template = copy.deepcopy(state["sched"])
-    folder = _folder(release, "lambda") / "dcp"
     plan = plan_resume(folder, copy.deepcopy(state), {"optim": opt, "sched": sched})
     assert not plan.ok and "warmup_done" in plan.text(), plan.text()  # the dry run says so too
     with pytest.raises(BaseException, match=r"(Missing key in checkpoint|lacks key).*warmup_done"):

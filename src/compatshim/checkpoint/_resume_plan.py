@@ -106,7 +106,7 @@ def plan_resume(
     filled: list[tuple[str, Any]] = []
     asked = set()
     held: dict[str, tuple[Any, str]] = {}  # each whole item, read once: _item
-    read_whole: dict[str, list[tuple[Any, ...]]] = {}  # top -> routes of items planned whole
+    read_whole: dict[str, dict[str, tuple[Any, ...]]] = {}  # top -> items planned whole: routes
     for fqn, value in flat.items():
         if fqn in saved.entries:
             asked.add(fqn)
@@ -121,7 +121,7 @@ def plan_resume(
                     refused.append(f"{fqn}: {refusal}")
                 top = fqn.split(".", 1)[0]
                 if top in owners and _holds_dict(value):  # torch 2.2: planned whole
-                    read_whole.setdefault(top, []).append(tuple(routes[fqn]))
+                    read_whole.setdefault(top, {})[fqn] = tuple(routes[fqn])
             continue
         prefix = _whole_prefix(fqn, saved)
         top = fqn.split(".", 1)[0]
@@ -143,7 +143,7 @@ def plan_resume(
         else:
             missing.append(fqn)
     for top, items in read_whole.items():
-        done, why = _adapted(template[top], items, owners[top], saved, held)
+        done, why = _adapted(top, template[top], items, owners[top], saved, held)
         filled += [_fill(path, owners[top]) or (path, None) for path in done]
         if why:
             missing.append(why)
@@ -162,8 +162,9 @@ def _holds_dict(value: Any) -> bool:
 
 
 def _adapted(
+    top: str,
     value: Any,
-    items: list[tuple[Any, ...]],
+    items: dict[str, tuple[Any, ...]],
     owner: Any,
     saved: Folder,
     held: dict[str, tuple[Any, str]],
@@ -171,17 +172,17 @@ def _adapted(
     """The paths ``load_dcp`` fills in a top whose items the running torch reads whole (torch
     2.2 plans a dict without tensors as one item), and why it would fail (empty: it would
     not): the top as it will load, each item in its place as saved, adapted as ``load_dcp``
-    adapts it. An item that cannot be read is reported where it is read."""
+    adapts it. ``items``: fqn -> route. An item hardened mode cannot read is not looked
+    into (the plan names it as refused where it is hardened)."""
     from ..optim import _adapt
 
-    top = items[0][0]
-    for route in items:
-        item = _item(saved, ".".join(map(str, route)), held)[0]
+    for fqn, route in items.items():
+        item = _item(saved, fqn, held)[0]
         if item is _UNREAD:
             return [], ""
         value = _replaced(value, route[1:], item)
     try:
-        return _adapt(value, owner, str(top))[1], ""
+        return _adapt(value, owner, top)[1], ""
     except (TypeError, ValueError) as exc:  # OptimizerStateError: a key no release added
         return [], f"{top} (read whole): {exc}"
 
