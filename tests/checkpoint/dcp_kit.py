@@ -105,7 +105,9 @@ def shared_lists(folder: Path, shared: str, uses: int = 10_000) -> Path:
     memo reads: one route tuple of 10,000 parts for every planner_data key (``"route"``), or
     one TensorStorageMetadata with 1,000 chunks for every fqn (``"chunks"``). Walked at each
     use, as torch's planner walks it: 10**7-10**8 steps. ``"chunk"``: one fqn whose list
-    holds one chunk and ``uses`` memo reads of it, 2-5 bytes each, where torch writes 30+.
+    holds one chunk and ``uses`` memo reads of it, 2-5 bytes each, where torch writes 120+
+    with its storage entry. ``"sizes"``: one fqn with ``uses`` chunks, each its own record
+    but all holding one ``torch.Size`` by memo reads, 16 bytes each.
     Named as the running torch names TensorProperties (2.3 moved it), so its own hardened
     reader gets as far as the walk."""
     import importlib
@@ -140,8 +142,14 @@ def shared_lists(folder: Path, shared: str, uses: int = 10_000) -> Path:
             out.encode(f"k{i}") + (one + keep if i == 0 else again) for i in range(uses)
         ) + b"u"  # fmt: skip
         sdm = b"}"
-    elif shared == "chunk":
+    elif shared in ("chunk", "sizes"):
         listed = chunk + keep + again * (uses - 1)
+        if shared == "sizes":  # memo 250, 251, 252: "offsets", the Size, "sizes"
+            head = chunk[: chunk.index(b"(") + 1]  # the class, NEWOBJ, a dict, MARK
+            key, dims, key2 = b"h\xfa", b"h\xfb", b"h\xfc"  # each fetched in 2 bytes
+            listed = head + out.encode("offsets") + b"q\xfa" + size + b"q\xfb"
+            listed += out.encode("sizes") + b"q\xfc" + dims + b"ub"
+            listed += (head + key + dims + key2 + dims + b"ub") * (uses - 1)
         sdm = b"}(" + out.encode("t") + tsm + b")\x81}(" + out.encode("properties") + props
         sdm += out.encode("size") + size + out.encode("chunks") + b"](" + listed + b"eubu"
         planner = b"N"

@@ -373,14 +373,16 @@ def test_a_folder_rewritten_for_2_2_can_be_rewritten_again(tmp_path: Path) -> No
     assert "sched" in read_folder(tmp_path / "for2.1").entries
 
 
-@pytest.mark.parametrize("shared", ["route", "chunks", "chunk"])
+@pytest.mark.parametrize("shared", ["route", "chunks", "chunk", "sizes"])
 def test_a_list_shared_by_every_entry_is_charged_at_each_use(tmp_path: Path, shared: str) -> None:
     """One route tuple for every planner_data key, or one TensorStorageMetadata (with its
     chunk list) for every fqn, each written once and fetched again by a memo read: a
     200 KB file that the walk would take 10**8 steps over, and the rewrite write out
     10**8 times; or one chunk listed again 10,000 times (torch: 10,000 read items from
-    40 KB). Refused by the read's budget, fast, before anything is written; so is the
-    hardened read ``dcp.load`` uses, which handed torch's planner the shared lists."""
+    40 KB); or 10,000 chunks sharing one torch.Size, 16 bytes each (160 KB: one read item
+    per 16 bytes, which the chunks' budget let through at one per 8). Refused by the read's
+    budget, fast, before anything is written; so is the hardened read ``dcp.load`` uses,
+    which handed torch's planner the shared lists."""
     src = shared_lists(tmp_path / "src", shared)
     assert (src / ".metadata").stat().st_size < 400_000
     walk = "walking planner_data's routes" if shared == "route" else "'t.*': walking its chunk"

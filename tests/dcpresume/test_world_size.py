@@ -127,3 +127,22 @@ def test_uninterrupted_runs_agree_across_world_sizes(layout: str, root: Path) ->
             # armed, compatshim's torch-gloo-reduce-scatter-op patch makes it average
             expected = low <= release < high and not got["gloo_patch"]
             assert got["reduce_scatter_sums"] == expected, (release, got["gloo_patch"])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_sharded_save_pays_for_its_chunks_many_times_over(layout: str, root: Path) -> None:
+    """The hardened readers let a ``.metadata`` ask torch for one read item per
+    ``CHUNK_BYTES`` of it: what torch writes at 4 ranks (FSDP2: every tensor in 4 chunks,
+    each with its storage entry) must stay far inside that, or a real folder is refused."""
+    from compatshim.checkpoint._dcp_folder import load_folder_metadata
+    from compatshim.checkpoint._dcp_records import read_folder
+    from compatshim.checkpoint._limits import CHUNK_BYTES
+
+    folder = _save_run(layout, 4, root)[0]
+    load_folder_metadata(folder)
+    tensors = read_folder(folder).tensors().values()
+    chunks = sum(len(tensor.chunks) for tensor in tensors)
+    size = (folder / ".metadata").stat().st_size
+    if layout == "fsdp2":  # each rank's shard of a parameter and its AdamW state: a chunk
+        assert max(len(tensor.chunks) for tensor in tensors) == 4
+    assert size >= 3 * CHUNK_BYTES * chunks, f"{size} bytes for {chunks} chunks"

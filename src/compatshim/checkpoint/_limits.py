@@ -28,6 +28,7 @@ HASH_FLOOR = 1 << 24
 
 HEADER_BYTES = 16  # charged once per call or container, whatever its length
 VISIT_BYTES = 64  # an element of a list walked after the load, at each use (:class:`Walks`)
+CHUNK_BYTES = 32  # the bytes of a DCP .metadata each chunk use must be paid by (:class:`Walks`)
 #: bytes one item may cost once copied: a character, a pointer, a hash slot
 ITEM_BYTES: dict[type, int] = {
     str: 1,
@@ -84,10 +85,11 @@ class Budget:
 
 class Walks:
     """The lists torch walks once a DCP ``.metadata`` is read, charged at each use by both
-    readers of the file (a file may share one list among every entry by memo reads):
-    each chunk to a budget of the file's size without the floor (torch's load planner
-    makes a read item of it; a chunk torch writes takes 30+ bytes of the file), each
-    planner_data route part to the read's own budget (a real part is a 2-byte memo read)."""
+    readers of the file (a file may share one list, or one ``torch.Size``, among every
+    entry by memo reads): each chunk :data:`CHUNK_BYTES` of the file's size, no floor
+    (torch's load planner makes a ~720-byte read item of it; a chunk torch writes takes
+    120+ bytes with its storage entry), each planner_data route part to the read's own
+    budget (a real part is a 2-byte memo read)."""
 
     def __init__(self, budget: Budget) -> None:
         self.budget = budget
@@ -95,7 +97,8 @@ class Walks:
 
     def chunk_list(self, length: int, where: str) -> None:
         """``where``: the file and the entry's fqn."""
-        self.chunks.charge(VISIT_BYTES * length, f"{where}: walking its chunk list")
+        units = BUDGET_PER_BYTE * CHUNK_BYTES * length
+        self.chunks.charge(units, f"{where}: walking its chunk list")
 
     def route(self, length: int, where: str) -> None:
         """``where``: the file."""
