@@ -118,7 +118,10 @@ def test_cli_exit_codes(folder: Path, tmp_path: Path, monkeypatch: Any,
         "    state, owners = template()\n"
         "    del state['extra'], state['cfg']\n"
         "    return state, owners\n"
+        "def broken():\n    raise RuntimeError('boom')\n"
+        "listed = [1]\n"
     )
+    (tmp_path / "unparsable.py").write_text("def f(:\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(Path(__file__).parents[2]))
     assert cli(["resume-check", str(folder), "--state", "resume_state:full"]) == 1
@@ -128,6 +131,13 @@ def test_cli_exit_codes(folder: Path, tmp_path: Path, monkeypatch: Any,
     assert grouped() or "filled by compatshim.optim" in out  # torch 2.2: see the skip above
     assert cli(["resume-check", str(folder), "--state", "resume_state:clean"]) == 0
     assert cli(["resume-check", str(folder), "--state", "nowhere"]) == 2
+    capsys.readouterr()
+    for state, named in (("resume_state:broken", "RuntimeError: boom"),  # the function raises
+                         ("resume_state:listed", "expected a dict"), ("resume_state:nothing",
+                         "AttributeError"), ("unparsable:f", "SyntaxError")):  # fmt: skip
+        assert cli(["resume-check", str(folder), "--state", state]) == 2, state
+        err = capsys.readouterr().err
+        assert f"--state {state}: " in err and named in err and "Traceback" not in err, err
     sys.modules.pop("resume_state", None)
 
 

@@ -307,10 +307,19 @@ def main(folder: str, state: str, hardened: bool) -> int:
         print("compatshim resume-check: --state must be module:function", file=sys.stderr)
         return 2
     sys.path.insert(0, os.getcwd())
+    try:  # the user's module and function may raise anything: named, never a traceback
+        found = getattr(importlib.import_module(module), function)
+        built = found() if callable(found) else found
+        template, optimizers = built if isinstance(built, tuple) else (built, None)
+        if not isinstance(template, dict):
+            raise TypeError(f"expected a dict (or a function returning one), got {short(built)}")
+    except Exception as exc:
+        print(f"compatshim resume-check: --state {state}: {type(exc).__name__}: {exc}",
+              file=sys.stderr)  # fmt: skip
+        return 2
     try:
-        build = getattr(importlib.import_module(module), function)
-        plan = plan_resume(folder, build, hardened=hardened)
-    except (CheckpointError, OSError, ImportError, AttributeError) as exc:
+        plan = plan_resume(folder, template, optimizers, hardened=hardened)
+    except (CheckpointError, OSError) as exc:
         print(f"compatshim resume-check: {exc}", file=sys.stderr)
         return 2
     print(plan.text())
