@@ -26,6 +26,8 @@ ALLOW_FILE = "COMPATSHIM_ALLOW_FILE"  # a file of such globals, one "module.name
 DEFAULT_DESYNC_TIMEOUT = 300.0
 DEFAULT_DOCTOR_TIMEOUT = 300.0
 _FALSE = ("", "0", "false", "no", "off")
+_TRUE = ("1", "true", "yes", "on")
+LOG_LEVELS = ("", "debug")
 RESOLVER_PREFIX = "omegaconf-resolver:"  # an allow entry naming an omegaconf resolver
 
 
@@ -115,16 +117,39 @@ def unknown_names() -> list[str]:
     return sorted(n for n in ours if n not in known and not n.upper().startswith(_TESTS))
 
 
-def _warn_unknown() -> None:
-    """Each unknown ``COMPATSHIM_*`` name, warned once, with the nearest known one. Runs once
-    per process, when this module is imported (by the start-up hook, in a process that never
-    imports compatshim); difflib is imported only for an unknown name."""
-    unknown = unknown_names()
+def malformed() -> list[str]:
+    """A line for each switch set to a value it does not know, and what compatshim reads it as:
+    ``COMPATSHIM_AUTO=flase`` still arms (any value but the false ones does, as the start-up
+    hook reads it; a safety switch fails closed), ``COMPATSHIM_LOG=verbose`` logs nothing."""
+    found = []
+    for name in (AUTO, SAFE_LOAD):
+        raw = os.environ.get(name)
+        if raw is not None and raw.strip().lower() not in _TRUE + _FALSE:
+            found.append(
+                f"compatshim: {name}={raw!r} is read as on (on: {', '.join(_TRUE)}; "
+                f"off: unset, empty, {', '.join(_FALSE[1:])})"
+            )
+    raw = os.environ.get(LOG)
+    if raw is not None and raw.strip().lower() not in LOG_LEVELS:
+        found.append(f"compatshim: {LOG}={raw!r} is ignored (known: debug)")
+    return found
+
+
+def _warn_settings() -> None:
+    """Each unknown ``COMPATSHIM_*`` name (with the nearest known one) and each switch set to a
+    value it does not know, warned once. Runs once per process, when this module is imported
+    (by the start-up hook, in a process that never imports compatshim); difflib is imported
+    only for an unknown name."""
+    unknown, values = unknown_names(), malformed()
+    if not unknown and not values:
+        return
+    from ._engine import decisions
+
+    for line in values:
+        decisions.warn_once("settings", line, line)
     if not unknown:
         return
     import difflib
-
-    from ._engine import decisions
 
     known = {name[len(_PREFIX) :]: name for name in _known()}
     for name in unknown:
@@ -135,4 +160,4 @@ def _warn_unknown() -> None:
         )
 
 
-_warn_unknown()
+_warn_settings()

@@ -88,6 +88,25 @@ def test_known_and_test_suite_names_are_quiet_and_cost_no_difflib() -> None:
     assert done.stderr == ""
 
 
+def test_a_switch_set_to_a_value_it_does_not_know_is_warned_once_with_what_it_reads() -> None:
+    """``COMPATSHIM_AUTO=flase`` armed every patch in silence (the hook reads any value but
+    the false ones as on); ``COMPATSHIM_LOG=verbose`` logged nothing in silence."""
+    done = _python(
+        "import compatshim.auto, compatshim.checkpoint",
+        COMPATSHIM_AUTO="flase",
+        COMPATSHIM_SAFE_LOAD="maybe",
+        COMPATSHIM_LOG="verbose",
+    )
+    lines = [line for line in done.stderr.splitlines() if "RuntimeWarning" in line]
+    assert done.returncode == 0 and len(lines) == 3, done.stderr
+    assert "COMPATSHIM_AUTO='flase' is read as on (on: 1, true, yes, on;" in lines[0]
+    assert "COMPATSHIM_SAFE_LOAD='maybe' is read as on" in lines[1]
+    assert "COMPATSHIM_LOG='verbose' is ignored (known: debug)" in lines[2]
+    quiet = _python("import compatshim", COMPATSHIM_AUTO=" Yes ", COMPATSHIM_SAFE_LOAD="off",
+                    COMPATSHIM_LOG="DEBUG")  # fmt: skip
+    assert quiet.returncode == 0 and "RuntimeWarning" not in quiet.stderr, quiet.stderr
+
+
 def test_an_unknown_name_under_warnings_as_errors_still_imports() -> None:
     done = _python("import compatshim.auto; print('IMPORTED')", "error", COMPATSHIM_AUTOO="1")
     assert done.returncode == 0 and done.stdout.strip() == "IMPORTED", done.stderr
