@@ -108,11 +108,18 @@ class Outcome(NamedTuple):
     seconds: float | None = None
 
 
-def choose(folder: Path, envs: Sequence[str], families: Sequence[str]) -> list[str]:
-    """The named sets and every set of the named families, in the folder's order."""
+def known_sets(folder: Path) -> list[str]:
+    """:func:`pin_sets`, where none (a wrong or missing ``--pins``) is a bad request: a listing
+    of nothing or a run of nothing would hide the typo."""
     known = pin_sets(folder)
     if not known:
         raise MatrixError(f"--pins {folder}: no <name>.txt pin file there")
+    return known
+
+
+def choose(folder: Path, envs: Sequence[str], families: Sequence[str]) -> list[str]:
+    """The named sets and every set of the named families, in the folder's order."""
+    known = known_sets(folder)
     if not envs and not families:
         raise MatrixError("no set chosen: name one with --env or --family (--list shows them)")
     unknown = [env for env in envs if env not in known]
@@ -204,13 +211,27 @@ def _make(env_dir: Path, python: str, installer: str, requirements: list[str], l
     return True
 
 
+def check_workdir(workdir: Path) -> None:
+    """Refuse a ``--workdir`` that is a file or lies under one, before any set is made (else
+    ``mkdir`` fails with a traceback once a set's install is due)."""
+    blocked = next((p for p in (workdir, *workdir.parents) if p.exists() or p.is_symlink()), None)
+    if blocked is not None and not blocked.is_dir():
+        where = "" if blocked == workdir else f" ({blocked} is a file)"
+        raise MatrixError(f"--workdir {workdir}: not a folder{where}")
+
+
+def check_free(env_dir: Path) -> None:
+    """Only an environment (``pyvenv.cfg``) may stand where a set's goes: anything else is the
+    user's, never deleted. :func:`main` checks every chosen set's before installing any."""
+    if (env_dir.exists() or env_dir.is_symlink()) and not (env_dir / "pyvenv.cfg").is_file():
+        raise MatrixError(f"{env_dir}: in the way and not an environment (pyvenv.cfg); move it")
+
+
 def _replace(env_dir: Path) -> None:
     """Remove an environment this command made; anything else in its place is left alone."""
-    if not env_dir.exists():
-        return
-    if not (env_dir / "pyvenv.cfg").is_file():
-        raise MatrixError(f"{env_dir}: in the way and not an environment (pyvenv.cfg); move it")
-    shutil.rmtree(env_dir)
+    check_free(env_dir)
+    if env_dir.exists():
+        shutil.rmtree(env_dir)
 
 
 def _counts(junit: Path) -> tuple[int | None, int | None, int | None]:
@@ -348,7 +369,7 @@ def main(argv: Sequence[str]) -> int:
         folder = Path(args.pins).resolve() if args.pins else default_pins()
         if args.list:
             chosen = choose(folder, args.env, args.family) if args.env or args.family else None
-            names = pin_sets(folder) if chosen is None else chosen
+            names = known_sets(folder) if chosen is None else chosen
             rows = [["env", "family", "python", "description"]]
             rows += [[n, family(n), python_of(n), describe(folder / f"{n}.txt")] for n in names]
             print(table(rows))
@@ -367,6 +388,9 @@ def main(argv: Sequence[str]) -> int:
                 "or say what to install with --install"
             )
         workdir = Path(args.workdir).resolve()
+        check_workdir(workdir)
+        for env in chosen:  # all of them first: exit 2 before anything is installed
+            check_free(workdir / env)
         outcomes = [
             run_env(
                 env,

@@ -129,6 +129,7 @@ def test_the_shipped_sets_are_the_tox_matrix() -> None:
         (["--family", "nope"], "--family nope: no such family"),
         ([], "no set chosen"),
         (["--pins", "{empty}", "--env", "x"], "no <name>.txt pin file there"),
+        (["--pins", "{missing}", "--list"], "--pins {missing}: no <name>.txt pin file there"),
     ],
 )
 def test_a_bad_request_names_its_argument_and_exits_2(
@@ -142,11 +143,14 @@ def test_a_bad_request_names_its_argument_and_exits_2(
     (tmp_path / "empty").mkdir()
     (tmp_path / "pyproject.toml").write_text("", encoding="utf-8")
     monkeypatch.chdir(tmp_path)
-    argv = [arg.format(empty=tmp_path / "empty") for arg in argv]
+    where = {"empty": tmp_path / "empty", "missing": tmp_path / "missing"}
+    argv = [arg.format(**where) for arg in argv]
     if "--pins" not in argv:
         argv += ["--pins", str(pins)]
     assert cli.main(["matrix", *argv]) == 2
-    assert named in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert named.format(**where) in captured.err
+    assert not captured.out  # --list too: no table of nothing
     assert not (tmp_path / ".compatshim-matrix").exists()
 
 
@@ -173,6 +177,52 @@ def test_a_folder_in_the_way_is_never_deleted(
     assert cli.main([*argv, "--recreate"]) == 2
     assert "in the way and not an environment" in capsys.readouterr().err
     assert mine.read_text(encoding="utf-8") == "keep me"
+
+
+@pytest.mark.parametrize("under", ["", "envs"])
+def test_a_file_as_workdir_is_a_bad_request(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    under: str,
+) -> None:
+    """A --workdir that is a file, or lies under one: exit 2 naming it, not a traceback."""
+    pins = _pins(tmp_path / "pins", "2.13.0", "2.4.6")
+    (tmp_path / "pyproject.toml").write_text("", encoding="utf-8")
+    (tmp_path / "a-file").write_text("mine", encoding="utf-8")
+    workdir = tmp_path / "a-file" / under
+    monkeypatch.chdir(tmp_path)
+    argv = ["matrix", "--pins", str(pins), "--env", ENV, "--workdir", str(workdir)]
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert f"--workdir {workdir}: " in captured.err and "Traceback" not in captured.err
+    assert captured.err.count("\n") == 1 and not captured.out
+    assert (tmp_path / "a-file").read_text(encoding="utf-8") == "mine"
+
+
+def test_a_folder_in_the_way_stops_the_run_before_any_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every chosen set's folder is checked first: a later set's does not cost an earlier
+    set's install (and its outcome, with no table printed)."""
+    pins = _pins(tmp_path / "pins", "2.13.0", "2.4.6")
+    (tmp_path / "pyproject.toml").write_text("", encoding="utf-8")
+    (tmp_path / "envs" / "other-torch9").mkdir(parents=True)  # the second set's, not an env
+    made: list[Path] = []
+
+    def make(env_dir: Path, python: str, installer: str, reqs: list[str], log: Path) -> bool:
+        made.append(env_dir)
+        log.write_text("not installed: a test\n", encoding="utf-8")
+        return False
+
+    monkeypatch.setattr(matrix_cli, "_make", make)
+    monkeypatch.chdir(tmp_path)
+    argv = ["matrix", "--pins", str(pins), "--env", ENV, "--env", "other-torch9"]
+    assert cli.main([*argv, "--workdir", "envs"]) == 2
+    captured = capsys.readouterr()
+    assert "other-torch9: in the way and not an environment" in captured.err
+    assert made == [] and not captured.out
+    assert list((tmp_path / "envs").iterdir()) == [tmp_path / "envs" / "other-torch9"]
 
 
 @pytest.mark.slow
