@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -96,6 +97,48 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "compatshim", "inspect", *args], capture_output=True, text=True
     )
+
+
+def test_a_numpy_npz_is_no_checkpoint_not_an_attack(tmp_path: Path) -> None:
+    """``np.savez`` writes a zip whose records lie in no folder: not a torch checkpoint
+    (unreadable, 2), where inspect and scan called it an attack (3: "outside the archive
+    folder"). A record outside the folder of a torch zip stays dangerous (below)."""
+    path = tmp_path / "arrays.npz"
+    np.savez(path, x=np.arange(3), y=np.ones(2))
+    for name in ("arrays.npz", "weights.bin"):  # by its contents, whatever its name
+        path = path.rename(tmp_path / name)
+        done = _cli(str(path))
+        assert done.returncode == 2, done.stderr
+        assert "not a torch zip checkpoint: its first record 'x.npy'" in done.stderr
+
+
+def test_an_allowed_global_that_cannot_be_imported_is_unreadable_here_not_an_attack(
+    tmp_path: Path,
+) -> None:
+    """inspect's own advice followed (``COMPATSHIM_ALLOW=mod.Name``) where the module does not
+    import (the ``compatshim`` console script puts no working directory on sys.path): it said
+    DANGEROUS, "treat it as an attack" (3). Unreadable here (2), saying why; loadable (0)
+    where the module imports."""
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "inspect_usermod.py").write_text("class Cfg:\n    pass\n")
+    path = tmp_path / "custom.pkl"
+    done = subprocess.run(
+        [sys.executable, "-c", "import pickle, sys, inspect_usermod as m\n"
+         "sys.stdout.buffer.write(pickle.dumps({'cfg': m.Cfg()}, protocol=2))"],
+        capture_output=True, cwd=tmp_path / "user", check=True,
+    )  # fmt: skip
+    path.write_bytes(done.stdout)
+    env = {**os.environ, "COMPATSHIM_ALLOW": "inspect_usermod.Cfg"}
+    command = [sys.executable, "-m", "compatshim", "inspect", str(path)]
+    lacking = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert lacking.returncode == 2, lacking.stdout + lacking.stderr
+    assert "is allowed but cannot be imported here: No module named 'inspect_usermod'" in (
+        lacking.stdout
+    )
+    assert "DANGEROUS" not in lacking.stdout and "attack" not in lacking.stdout
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "user"), env.get("PYTHONPATH", "")])
+    there = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert there.returncode == 0, there.stdout + there.stderr
 
 
 def test_cli_exit_codes(state_dict_file: Path, tmp_path: Path) -> None:

@@ -172,6 +172,13 @@ def test_duplicate_and_escaping_names_are_still_refused() -> None:
     other = _zip([("archive/data.pkl", PICKLE), ("other/data.pkl", PICKLE)])
     with pytest.raises(UnsafeCheckpointError, match="outside the archive folder"):
         load(io.BytesIO(other))
+    for first in ("..", "\\x", "a\\b"):  # escaping names first: still refused
+        with pytest.raises(UnsafeCheckpointError, match="outside the archive folder"):
+            load(io.BytesIO(_zip([(first, b"x"), ("archive/data.pkl", PICKLE)])))
+    flat = _zip([("x.npy", b"x"), ("archive/data.pkl", PICKLE)])  # no folder: no torch file
+    with pytest.raises(CheckpointError, match="not a torch zip checkpoint") as caught:
+        load(io.BytesIO(flat))
+    assert not isinstance(caught.value, UnsafeCheckpointError)
 
 
 def _zip64_everywhere(data: bytes) -> bytes:

@@ -196,7 +196,13 @@ def read_zip_directory(file: IO[bytes], what: str) -> ZipDirectory:
             "disagree on which one counts",
             tuple(f"duplicate zip record {cut(n)}" for n in duplicates[:5]),
         )
-    archive = all_names[0].split("/", 1)[0]
+    first = all_names[0]
+    if "/" not in first and "\\" not in first and first not in _BAD_PARTS:
+        raise CheckpointError(  # torch's reader refuses it as well: the first record's folder
+            f"{what}: not a torch zip checkpoint: its first record {short(first)} lies in no "
+            "folder, where torch keeps every record in one (a numpy .npz, another zip?)"
+        )
+    archive = first.split("/", 1)[0]
     prefix = archive + "/"
     if (
         not archive  # an absolute name

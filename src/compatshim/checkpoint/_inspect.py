@@ -689,10 +689,11 @@ class Scanned:
 
 
 def targets(paths: Iterable[str | os.PathLike[str]]) -> Iterator[str]:
-    """What ``scan`` inspects, in order: each path named; in a folder (recursively, links not
-    followed, by name), each DCP folder as one checkpoint (its ``.distcp`` files are not
-    checkpoints alone), a folder of ``.distcp`` files without ``.metadata`` (unreadable),
-    and each file named with one of :data:`SUFFIXES`."""
+    """What ``scan`` inspects, in order: each path named; in a folder (recursively, links to
+    folders not followed, by name, a folder's files before its subfolders), each DCP folder
+    as one checkpoint (its ``.distcp`` files are not checkpoints alone), a folder of
+    ``.distcp`` files without ``.metadata`` (unreadable), and each file named with one of
+    :data:`SUFFIXES`."""
     for named in paths:
         top = os.fspath(named)
         if not os.path.isdir(top) or _dcp_folder.is_folder(top):

@@ -124,8 +124,12 @@ class SafeMachine(Machine):
             return self._resolve_entry(entry)
         try:
             user = self.allow.obtain(verdict, module)
-        except (ImportError, LookupError) as exc:
-            raise refused(f"{module}.{name}", f"in allow= but cannot be imported: {exc}") from None
+        except (ImportError, LookupError) as exc:  # no attack: this process lacks the module
+            raise CheckpointError(
+                f"global {cut(f'{module}.{name}')} is allowed but cannot be imported here: "
+                f"{cut(str(exc), 400)} (an allowed global is imported where the file is loaded: "
+                "its module must be on sys.path there)"
+            ) from None
         reason = denied_object(user)  # a string entry, now that it is imported
         if reason is not None:
             raise refused(f"{module}.{name}", f"{DENIED_REFUSAL}: {reason}")

@@ -3,10 +3,10 @@ and their exit codes (docs/inspect.md).
 
 Each path gets a severity (``_inspect.SEVERITIES``: what ``load`` does with it) and the CLI
 exits with its code (scan: the worst path's, the highest): 0 loadable; 1 needs-allow (load
-refuses only globals an allow entry admits, each named); 2 unreadable (damaged, not a
-checkpoint, a folder without a DCP .metadata: one reason line on stderr, never a
-traceback; argparse's usage errors exit 2 too); 3 dangerous (load refuses what nothing
-can allow: a denied global, a hostile structure, a budget bomb).
+refuses only globals an allow entry admits, each named); 2 unreadable (damaged, a budget
+bomb included, not a checkpoint, a folder without a DCP .metadata: one reason line on
+stderr, never a traceback; argparse's usage errors exit 2 too); 3 dangerous (load refuses
+what nothing can allow: a denied global, a hostile structure).
 ``--json`` prints a record on stdout whatever the outcome.
 
 Every string that comes from the file (global names, zip record names and
@@ -179,7 +179,7 @@ def render(info: CheckpointInfo) -> str:
     if info.severity == DANGEROUS:
         lines.append(
             "  DANGEROUS: load refuses what no allow entry admits (a denied global, a hostile "
-            "structure, a budget bomb): treat it as an attack"
+            "structure): treat it as an attack"
         )
     lines.append(f"  -> {verdict}")
     return "\n".join(lines)
