@@ -1,4 +1,5 @@
-"""Command line: ``compatshim doctor``, ``inspect``, ``scan``, ``dcp-downgrade``, ``resume-check``.
+"""Command line: ``compatshim doctor``, ``inspect``, ``scan``, ``matrix``, ``dcp-downgrade``,
+``resume-check``.
 
 Also ``python -m compatshim``.
 
@@ -23,11 +24,30 @@ severities and exit codes (docs/inspect.md):
   0  loadable     compatshim.checkpoint.load reads it (a DCP folder: torch's DCP load)
   1  needs-allow  load refuses only globals an allow entry admits (named, with the
                   line that allows each)
-  2  unreadable   damaged, not a checkpoint, a folder without a DCP .metadata, or
-                  not readable by this install (also: a usage error)
+  2  unreadable   damaged (a budget bomb too: nothing of it runs), not a checkpoint,
+                  a folder without a DCP .metadata, or not readable by this install
+                  (also: a usage error)
   3  dangerous    load refuses what nothing can allow (a denied global, a hostile
-                  structure, a budget bomb): treat it as an attack
+                  structure): treat it as an attack
 --json prints a record on stdout whatever the outcome."""
+# plain text, wrapped here: argparse would break "resume-check" at its hyphen (the module
+# docstring is reST, not for a terminal)
+DESCRIPTION = """\
+Commands: matrix, doctor, inspect, scan, dcp-downgrade, resume-check.
+Each takes --help."""
+DOWNGRADE_EXIT_HELP = """\
+exit codes (each failure named on stderr):
+  0  written
+  1  refused: the release cannot hold what SRC holds (or is before torch 2.1),
+     or SRC's .metadata names what compatshim refuses to read
+  2  SRC unreadable (no DCP .metadata, damaged), --torch not a release number,
+     DST not a new or empty folder, or SRC itself (also: a usage error)"""
+RESUME_EXIT_HELP = """\
+exit codes:
+  0  the resume would succeed
+  1  it would fail (each reason in the report)
+  2  the folder unreadable, or --state not a usable module:function (also: a usage
+     error)"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,7 +80,11 @@ def _run(argv: Sequence[str] | None) -> int:
         return matrix_main(argv[1:])
     from . import __version__
 
-    parser = argparse.ArgumentParser(prog="compatshim", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="compatshim",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"compatshim {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("matrix", help="your tests on each pinned framework set (docs/matrix.md)")
@@ -98,15 +122,25 @@ def _run(argv: Sequence[str] | None) -> int:
     scan.add_argument("--json", action="store_true", help="machine-readable output")
     downgrade = commands.add_parser(
         "dcp-downgrade",
-        help="a DCP folder rewritten for an older torch (a new folder; exit 1: refused)",
+        help="a DCP folder rewritten for an older torch (a new folder; exit 1 refused, "
+        "2 unreadable)",
+        description="Write DST: the DCP checkpoint folder SRC as the torch release --torch\n"
+        "reads it. SRC is never changed.",
+        epilog=DOWNGRADE_EXIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    downgrade.add_argument("src", help="the DCP checkpoint folder (never changed)")
-    downgrade.add_argument("dst", help="the new folder (must not exist, or be empty)")
+    downgrade.add_argument("src", metavar="SRC", help="the DCP checkpoint folder (never changed)")
+    downgrade.add_argument(
+        "dst", metavar="DST", help="the new folder (must not exist, or be empty)"
+    )
     downgrade.add_argument("--torch", required=True, help="the release that will read it: 2.8")
     downgrade.add_argument("--copy", action="store_true", help="copy data files, not hard-link")
     resume = commands.add_parser(
         "resume-check",
-        help="dry run of a DCP resume: what loads, is filled, missing, refused (exit 1: fails)",
+        help="dry run of a DCP resume: what loads, is filled, missing, refused (exit 1 fails, "
+        "2 unreadable)",
+        epilog=RESUME_EXIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     resume.add_argument("folder", help="the DCP checkpoint folder")
     resume.add_argument(

@@ -104,7 +104,7 @@ def run_probes(timeout: float) -> dict[str, Any]:
                 env=env,
             )
     except subprocess.TimeoutExpired:
-        return {"error": f"live probes did not finish within {timeout:.0f}s"}
+        return {"error": f"live probes did not finish within {timeout:g}s"}
     try:
         report: dict[str, Any] = json.loads(done.stdout)
     except json.JSONDecodeError:

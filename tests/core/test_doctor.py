@@ -172,6 +172,41 @@ def test_cli_help(argv: list[str]) -> None:
     assert done.returncode == 0 and "doctor" in done.stdout
 
 
+def test_help_is_plain_text_and_names_every_command_and_exit_code(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """In-process: the top-level description names each subcommand (matrix too) without reST
+    markup; dcp-downgrade and resume-check say they exit 2 as well as 1."""
+    from compatshim.cli import main
+
+    def shown(*argv: str) -> str:
+        with pytest.raises(SystemExit) as done:
+            main(list(argv))
+        assert done.value.code == 0
+        return capsys.readouterr().out
+
+    top = shown("--help")
+    description = top.split("\n\n")[1]  # after the usage, which lists the names anyway
+    assert "``" not in top
+    for name in ("matrix", "doctor", "inspect", "scan", "dcp-downgrade", "resume-check"):
+        assert name in description, description
+    for command in ("dcp-downgrade", "resume-check"):
+        text = shown(command, "--help")
+        assert all(f"\n  {code}  " in text for code in "012"), text
+
+
+def test_a_probe_timeout_is_reported_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--timeout 0.4`` is said as 0.4s, not rounded to 0s."""
+    from compatshim import doctor
+
+    def late(*args: Any, **kwargs: Any) -> Any:
+        raise subprocess.TimeoutExpired(args[0], kwargs["timeout"])
+
+    monkeypatch.setattr(doctor.subprocess, "run", late)
+    assert doctor.run_probes(0.4) == {"error": "live probes did not finish within 0.4s"}
+    assert doctor.run_probes(30.0)["error"].endswith("within 30s")
+
+
 def test_doctor_lists_the_checkpoint_patches_and_adapter() -> None:
     _, out = _doctor("--json")
     payload = json.loads(out)

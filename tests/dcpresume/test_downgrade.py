@@ -452,6 +452,33 @@ def test_a_data_file_outside_the_folder_is_refused(tmp_path: Path) -> None:
         downgrade_dcp(src, tmp_path / "old", torch="2.8")
 
 
+def test_a_truncated_metadata_is_named_wherever_it_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The pickle machine's messages name no file: ``read_folder`` puts the ``.metadata`` path
+    before them (once), so dcp-downgrade and resume-check say which file, as inspect does."""
+    import shutil
+
+    src = Path(shutil.copytree(FIXTURE / "dcp-nested", tmp_path / "src"))
+    meta = src / ".metadata"
+    meta.write_bytes(meta.read_bytes()[: meta.stat().st_size // 2])
+    with pytest.raises(CheckpointError) as caught:
+        read_folder(src)
+    assert type(caught.value) is CheckpointError
+    assert str(caught.value).startswith(f"{meta}: ") and str(meta) not in str(caught.value)[1:]
+    assert cli(["dcp-downgrade", str(src), str(tmp_path / "old"), "--torch", "2.4"]) == 2
+    assert f"compatshim dcp-downgrade: {meta}: " in capsys.readouterr().err
+
+    def poison(out: _Pickler) -> None:  # a refusal keeps its type and what it refused
+        out.raw(out.ref("os.system") + out.encode(("true",)) + b"R")
+
+    bad = _raw(tmp_path / "bad", poison)
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        read_folder(bad)
+    assert str(refused.value).startswith(f"{bad / '.metadata'}: 'os.system' refused")
+    assert refused.value.refused == ("os.system",)
+
+
 def test_the_new_folder_rules(tmp_path: Path) -> None:
     src = FIXTURE / "dcp-nested"
     (tmp_path / "full").mkdir()

@@ -24,7 +24,7 @@ from .._text import short
 from ._dcp_folder import METADATA, _refuse_paths_outside
 from ._limits import HEADER_BYTES, Budget, Walks, check_shape, weight
 from ._machine import Machine, Source
-from .errors import CheckpointError, UnsafeCheckpointError
+from .errors import CheckpointError, UndecodableTextError, UnsafeCheckpointError, as_well
 
 DCP = "torch.distributed.checkpoint.metadata"
 SHARD = "torch.distributed._shard.sharded_tensor.metadata"  # TensorProperties' home to 2.2
@@ -258,11 +258,23 @@ def read_folder(folder: Any) -> Folder:
         reader = _Reader(Source(file), size)
         try:
             top = reader.run()
-        except CheckpointError:
-            raise
+        except CheckpointError as exc:
+            raise _named(exc, what) from None
         except (RecursionError, MemoryError, ValueError, TypeError, KeyError) as exc:
             raise CheckpointError(f"{what}: {type(exc).__name__}: {short(str(exc), 120)}") from None
     return _checked(top, what, frozenset(reader.named), reader.budget)
+
+
+def _named(exc: CheckpointError, what: str) -> CheckpointError:
+    """``exc`` with ``what`` (the ``.metadata`` path) before its message, unless it starts so:
+    the pickle machine's messages name no file, and dcp-downgrade and resume-check print them
+    as they are. Its type is kept (an UnsafeCheckpointError's ``refused``, torch's types)."""
+    message = str(exc) if str(exc).startswith(what) else f"{what}: {exc}"
+    if isinstance(exc, UnsafeCheckpointError):
+        return as_well(UnsafeCheckpointError, type(exc))(message, exc.refused)
+    if isinstance(exc, UndecodableTextError):
+        return UndecodableTextError(exc, message)
+    return as_well(CheckpointError, type(exc))(message)
 
 
 def _state(record: Any, cls: str, what: str) -> dict[str, Any]:

@@ -93,7 +93,7 @@ def plan_resume(
     try:
         saved = read_folder(path)
     except UnsafeCheckpointError as exc:
-        return ResumePlan(path, (), (), (), (), (), (f".metadata: {exc}",), (), ())
+        return ResumePlan(path, (), (), (), (), (), (str(exc),), (), ())  # names the .metadata
     import torch
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
