@@ -299,11 +299,11 @@ def _wrapped(text: str, indent: int) -> list[str]:
 
 
 LEGEND = (
-    "present: the breakage is in this install. fixable: compatshim fixes it (probed "
-    "in a child process with every patch armed). in force: armed in processes started "
-    "with this environment, by the start-up hook (COMPATSHIM_AUTO=1: every patch; "
-    "COMPATSHIM_SAFE_LOAD=1: the loading patches); in a script, compatshim.status() "
-    "tells that process."
+    "present: the breakage is in this install. fixable: compatshim fixes it (probed in a "
+    "child process with every patch armed but those COMPATSHIM_DISABLE names). in force: "
+    "armed in processes started with this environment, by the start-up hook "
+    "(COMPATSHIM_AUTO=1: every patch; COMPATSHIM_SAFE_LOAD=1: the loading patches); in a "
+    "script, compatshim.status() tells that process."
 )
 
 
