@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+import warnings
+from typing import Sequence, TextIO
 
 PIPE_CLOSED = 141  # 128 + SIGPIPE (13)
 EXIT_CODES_HELP = """\
@@ -53,12 +54,25 @@ exit codes:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         try:
-            return _run(argv)
+            with warnings.catch_warnings():  # restored on return: main may be called in-process
+                warnings.showwarning = _one_line
+                return _run(argv)
         finally:  # --help and usage errors too (argparse exits from inside)
             sys.stdout.flush()
     except BrokenPipeError:
         _quiet_stdout()
         return PIPE_CLOSED
+
+
+def _one_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+              file: TextIO | None = None, line: str | None = None) -> None:  # fmt: skip
+    """A warning on a command's stderr is its text (compatshim's start "compatshim: "), not
+    Python's ``file:line: Category`` and a source line, which in a command point nowhere useful
+    (a frame of the standard library, the console script's ``sys.exit(main())``)."""
+    text = str(message)
+    if category.__module__ != "builtins" or not text.startswith("compatshim: "):
+        text = f"{category.__name__}: {text}"  # another library's: say what it is
+    print(text, file=file or sys.stderr)
 
 
 def _quiet_stdout() -> None:

@@ -141,6 +141,21 @@ def test_an_allowed_global_that_cannot_be_imported_is_unreadable_here_not_an_att
     assert there.returncode == 0, there.stdout + there.stderr
 
 
+def test_a_warning_on_the_cli_is_one_line_of_its_text(tmp_path: Path) -> None:
+    """A malformed allow entry is warned about as one line, not Python's warning format (a
+    frame of heapq, then the console script's ``sys.exit(main())`` as the source line)."""
+    unknown = tmp_path / "u.pkl"
+    unknown.write_bytes(pickle.dumps({"box": Box(1)}))
+    env = {**os.environ, "COMPATSHIM_ALLOW": "nodots,fractions.Fraction"}
+    done = subprocess.run([sys.executable, "-m", "compatshim", "inspect", str(unknown)],
+                          capture_output=True, text=True, env=env)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [
+        "compatshim: 1 malformed allow entry skipped (the other entries of COMPATSHIM_ALLOW stay "
+        "in force): COMPATSHIM_ALLOW: 'nodots' is not a 'module.name' global"
+    ], done.stderr
+
+
 def test_cli_exit_codes(state_dict_file: Path, tmp_path: Path) -> None:
     ok = _cli(str(state_dict_file))
     assert ok.returncode == 0 and "loadable" in ok.stdout
