@@ -124,3 +124,37 @@ def test_a_nested_pickle_shares_the_requests_allow() -> None:
     with pytest.raises(checkpoint.CheckpointError) as other:
         read(io.BytesIO(data), Request(allow=[types.SimpleNamespace]))
     assert "types.SimpleNamespace" not in getattr(other.value, "refused", ())
+
+
+class _Touch:
+    """Pickles as ``pathlib.Path(marker).touch()``: what a payload would run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> object:
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize("flag", ["false", "no", "0", 0, None, 1])
+def test_trusted_and_mmap_take_a_bool_only(tmp_path: Path, flag: object) -> None:
+    """``trusted="false"`` is truthy: it ran every payload of the file through
+    ``torch.load(weights_only=False)``. Only True runs the file's code."""
+    marker = tmp_path / "ran"
+    path = tmp_path / "payload.pkl"
+    path.write_bytes(pickle.dumps({"x": _Touch(marker)}))
+    for name in ("trusted", "mmap"):
+        with pytest.raises(TypeError, match=f"{name}: expected True or False"):
+            checkpoint.load(path, **{name: flag})  # type: ignore[arg-type]
+    assert not marker.exists()
+
+
+def test_a_folder_is_a_checkpoint_error_saying_what_reads_it(tmp_path: Path) -> None:
+    """``load(folder)`` raised a bare IsADirectoryError, outside the two errors the docs
+    promise; it is a CheckpointError (still an IsADirectoryError), a DCP folder named so."""
+    with pytest.raises(checkpoint.CheckpointError, match="a folder, not a checkpoint file") as e:
+        checkpoint.load(tmp_path)
+    assert isinstance(e.value, IsADirectoryError)
+    (tmp_path / ".metadata").write_bytes(b"")
+    with pytest.raises(IsADirectoryError, match="a DCP checkpoint folder, not a file: torch"):
+        checkpoint.load(str(tmp_path))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable
 
+from .._text import short
 from .errors import CheckpointError, UnsafeCheckpointError
 
 __all__ = [
@@ -83,6 +84,9 @@ def load(
     ``torch.load(weights_only=False)``: it RUNS ANY CODE IN THE FILE; use it
     only for files you made yourself.
     """
+    for name, flag in (("trusted", trusted), ("mmap", mmap)):  # "false" is truthy: refused
+        if flag is not True and flag is not False:
+            raise TypeError(f"{name}: expected True or False, got {short(flag)}")
     if trusted:
         import torch
 

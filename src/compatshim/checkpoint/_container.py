@@ -72,11 +72,25 @@ def read(
     (``name``, else the path or the file's ``.name``)."""
     what = describe_source(f) if name is None else name
     if isinstance(f, (str, os.PathLike)):
-        with open(f, "rb") as file:
+        try:
+            file = open(f, "rb")  # noqa: SIM115 (closed below; only the open is guarded)
+        except IsADirectoryError:  # a DCP folder, most likely: say what reads it
+            raise as_well(CheckpointError, IsADirectoryError)(_folder_given(what)) from None
+        with file:
             return _guarded(reader, file, what, os.fspath(f))
     if not (hasattr(f, "read") and hasattr(f, "seek") and hasattr(f, "tell")):
         raise TypeError("expected a path or a seekable binary file object")
     return _guarded(reader, f, what, None)
+
+
+def _folder_given(what: str) -> str:
+    if os.path.isfile(os.path.join(what, ".metadata")):
+        return (
+            f"{what}: a DCP checkpoint folder, not a file: torch.distributed.checkpoint.load "
+            "reads it (hardened with COMPATSHIM_SAFE_LOAD=1; compatshim.checkpoint.inspect "
+            "judges it)"
+        )
+    return f"{what}: a folder, not a checkpoint file"
 
 
 def _guarded(
