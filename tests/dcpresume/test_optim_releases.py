@@ -327,6 +327,8 @@ def test_adapt_names_a_bad_optimizer() -> None:
         (lambda s, o: load_dcp(s, {"optim": None}, checkpoint_id="x"), TypeError, r"\['optim'\]"),
         (lambda s, o: load_dcp(s, {"model": o}, checkpoint_id="x"), ValueError, "no param gr"),
         (lambda s, o: load_dcp(s, {"optim": o}), ValueError, "checkpoint_id: pass the checkpoint"),
+        (lambda s, o: load_dcp(s, {"optim": o}, checkpoint_id=3), TypeError, "checkpoint_id: exp"),
+        (lambda s, o: load_dcp(s, {"optim": o}, storage_reader="/x"), TypeError, "storage_reader:"),
     ],
 )
 def test_load_dcp_names_a_bad_argument_before_reading(

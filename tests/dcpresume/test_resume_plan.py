@@ -222,3 +222,24 @@ def test_an_entry_length_past_its_data_file_stops_the_2_2_rewrite(
     _with_item_lengths(folder, ("sched.last_epoch",), 2**50)
     with pytest.raises(CheckpointError, match=r"sched\.last_epoch' is 1125899906842624 bytes"):
         downgrade_dcp(folder, tmp_path / "old", torch="2.2")
+
+
+def test_a_mapping_load_dcp_refuses_fails_the_dry_run_with_the_same_error(
+    folder: Path, tmp_path: Path
+) -> None:
+    """plan_resume passed mappings that load_dcp then refused (an optimizer named for a
+    scheduler's state, a key the state lacks, a str for an optimizer, a scheduler named for
+    an optimizer's state); both now raise the same error, before anything is read."""
+    _, opt, sched = _objects()
+    state, _ = template()
+    state["optim"] = opt.state_dict()
+    for owners in ({"sched": opt}, {"nokey": sched}, {"sched": "x"}, {"optim": sched}, [sched]):
+        with pytest.raises((TypeError, ValueError)) as planned:
+            plan_resume(folder, state, owners)
+        with one_rank_group(tmp_path / "store"), pytest.raises(type(planned.value)) as loaded:
+            load_dcp(state, owners, **dcp_kwargs(folder))  # type: ignore[arg-type]
+        assert str(loaded.value) == str(planned.value), owners
+    with pytest.raises(TypeError, match="folder: expected the DCP checkpoint folder"):
+        plan_resume(None, state)
+    with pytest.raises(TypeError, match=r"state_dict\(\): expected a dict or \(dict, opt"):
+        plan_resume(folder, lambda: (state, {}, 1))

@@ -83,12 +83,21 @@ def plan_resume(
     DCP does. ``hardened``: check non-tensor items as hardened mode would load them.
     A ``.metadata`` hardened mode refuses is reported as refused, not raised.
     """
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"folder: expected the DCP checkpoint folder, got {short(folder)}")
     if callable(state_dict) and not isinstance(state_dict, dict):
         built = state_dict()
+        if isinstance(built, tuple) and len(built) != 2:
+            raise TypeError(f"state_dict(): expected a dict or (dict, optimizers), got a "
+                            f"{len(built)}-tuple")  # fmt: skip
         state_dict, optimizers = built if isinstance(built, tuple) else (built, optimizers)
     if not isinstance(state_dict, dict):
         raise TypeError(f"state_dict: expected a dict (or a function returning one), got "
                         f"{short(state_dict)}")  # fmt: skip
+    if optimizers is not None:  # as load_dcp takes them: a plan that passes, load_dcp accepts
+        from ..optim import _check_owners
+
+        _check_owners(state_dict, optimizers)
     path = os.fspath(folder)
     try:
         saved = read_folder(path)

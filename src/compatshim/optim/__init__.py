@@ -29,6 +29,7 @@ Importing this package imports no torch.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -151,6 +152,13 @@ def _check_owned(state_dict: Any, owner: Any, name: str = "state_dict") -> None:
         raise TypeError(
             f"{name}: expected the {type(owner).__name__}'s state dict (a mapping, as its "
             f"state_dict() returns), got {short(state_dict)}"
+        )
+    elif _GROUPS in state_dict or any(
+        isinstance(key, str) and key.startswith(f"{_GROUPS}.") for key in state_dict
+    ):  # an optimizer's, mapped to its scheduler or scaler: the adapter would fill wrong keys
+        raise ValueError(
+            f"{name}: holds param groups (an optimizer's state dict), but the object it is "
+            f"mapped to is a {type(owner).__name__}"
         )
 
 
@@ -408,6 +416,25 @@ def _check_load_arguments(
 ) -> None:
     """Every argument of :func:`load_dcp` as it is used, before the checkpoint is read or the
     template changed."""
+    _check_owners(state_dict, optimizers)
+    if checkpoint_id is None and storage_reader is None:
+        raise ValueError(
+            "checkpoint_id: pass the checkpoint folder (or storage_reader=) to read from"
+        )
+    if checkpoint_id is not None and not isinstance(checkpoint_id, (str, os.PathLike)):
+        raise TypeError(
+            f"checkpoint_id: expected the checkpoint folder, got {short(checkpoint_id)}"
+        )
+    if storage_reader is not None and not callable(getattr(storage_reader, "read_metadata", None)):
+        raise TypeError(
+            "storage_reader: expected a torch.distributed.checkpoint StorageReader (such as "
+            f"FileSystemReader(folder)), got {short(storage_reader)}"
+        )
+
+
+def _check_owners(state_dict: Any, optimizers: Any) -> None:
+    """``state_dict`` and ``optimizers`` as :func:`load_dcp` takes them (``plan_resume`` asks
+    the same, so a dry run that passes is a call load_dcp accepts)."""
     if not isinstance(state_dict, dict):
         raise TypeError(
             f"state_dict: expected the dict dcp.load fills in place, got {short(state_dict)}"
@@ -430,7 +457,3 @@ def _check_load_arguments(
             )
         _check_optimizer(optimizer, f"optimizers[{short(top)}]")
         _check_owned(state_dict[top], optimizer, f"state_dict[{short(top)}]")
-    if checkpoint_id is None and storage_reader is None:
-        raise ValueError(
-            "checkpoint_id: pass the checkpoint folder (or storage_reader=) to read from"
-        )
