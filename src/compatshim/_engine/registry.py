@@ -143,16 +143,28 @@ def unregister(name: str) -> None:
 
 
 # -- selection ---------------------------------------------------------------------------------
-def _names(names: Iterable[str] | str | None) -> list[str] | None:
-    """A bare string is one name (``exclude="torch-processgroup-copy"``), never its letters."""
+def _names(names: Iterable[str] | str | None, argument: str) -> list[str] | None:
+    """A bare string is one name (``exclude="torch-processgroup-copy"``), never its letters;
+    anything else is a TypeError naming ``argument``, not one from deep inside ``list()``."""
     if names is None:
         return None
     if isinstance(names, str):
         return [names]
-    listed = list(names)
+    from .._text import short  # here, not at the top: importing it costs start-up ``typing``
+
+    if isinstance(names, (bytes, bytearray)):  # would iterate as ints
+        raise TypeError(f"{argument}: expected a patch name or names (str), got {short(names)}")
+    try:
+        iterator = iter(names)
+    except TypeError:
+        raise TypeError(
+            f"{argument}: expected a patch name (str), an iterable of them or None, "
+            f"got {short(names)}"
+        ) from None
+    listed = list(iterator)
     bad = [n for n in listed if not isinstance(n, str)]
     if bad:
-        raise TypeError(f"patch names must be strings, got {bad!r}")
+        raise TypeError(f"{argument}: patch names must be strings, got {short(bad[0])}")
     return listed
 
 
@@ -397,7 +409,7 @@ def install(
     twice is installing once. ``COMPATSHIM_DISABLE=name,name`` removes patches
     from the selection; a bare string for ``include``/``exclude`` is one name.
     """
-    include_names, exclude_names = _names(include), _names(exclude)
+    include_names, exclude_names = _names(include, "include"), _names(exclude, "exclude")
     missing = _dependencies_missing()
     if missing is not None:
         decisions.warn_once(
@@ -439,7 +451,7 @@ def uninstall(names: Iterable[str] | str | None = None) -> list[str]:
     """Disarm patches and restore the original objects exactly; return the names undone."""
     undone: list[str] = []
     with _lock:
-        for state in _select(_names(names)):
+        for state in _select(_names(names, "names")):
             if not state.armed:
                 continue
             for target, hook in state.hooks.items():

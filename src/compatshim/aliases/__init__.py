@@ -22,6 +22,10 @@ def needed(alias: Alias) -> bool:
     """Whether the installed release of ``alias.distribution`` is one that lacks the name."""
     from .._engine.versions import contains, installed_version
 
+    if not isinstance(alias, Alias):  # else an AttributeError that names no argument
+        from .._text import short
+
+        raise TypeError(f"alias: expected a compatshim.aliases.Alias, got {short(alias)}")
     version = installed_version(alias.distribution)
     if version is None:
         return alias.when_not_installed
@@ -33,7 +37,13 @@ def resolve(dotted: str) -> object:
     import sys
     from importlib import import_module
 
+    from .._text import short
+
+    if not isinstance(dotted, str):  # else an AttributeError that names no argument
+        raise TypeError(f"dotted: expected a name such as 'os.path.join', got {short(dotted)}")
     module_name, _, attribute = dotted.rpartition(".")
+    if not module_name or not attribute:  # else import_module's "Empty module name"
+        raise ValueError(f"dotted: expected a name such as 'os.path.join', got {short(dotted)}")
     module = sys.modules.get(module_name) or import_module(module_name)
     return getattr(module, attribute)
 

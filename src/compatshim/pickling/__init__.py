@@ -19,6 +19,7 @@ import pickle
 import sys
 from typing import Any
 
+from .._text import short
 from .finding import Finding, error_text, type_name
 from .walk import Walker
 
@@ -29,12 +30,15 @@ def find_unpicklable(
     obj: Any,
     *,
     root: str = "obj",
-    protocol: int = pickle.DEFAULT_PROTOCOL,
+    protocol: int | None = pickle.DEFAULT_PROTOCOL,
     limit: int | None = None,
 ) -> list[Finding]:
     """Every innermost object in ``obj`` that ``pickle.dumps(obj, protocol)`` cannot handle.
 
-    ``root`` names ``obj`` in the paths. ``limit`` stops after that many findings.
+    ``root`` names ``obj`` in the paths. ``protocol`` is taken as pickle takes
+    it: 0 to ``pickle.HIGHEST_PROTOCOL``, a negative one for the highest, None
+    for the default. ``limit`` (a positive int; None: no limit) stops after
+    that many findings.
     An empty list means pickle gets past every object (a failure inside a
     custom ``__reduce__`` callable at load time is out of reach). When pickle
     fails but no single object is to blame (a chain deeper than the recursion
@@ -44,8 +48,7 @@ def find_unpicklable(
     (tensor storages are stood in by a reference, as ``torch.save`` does, so
     no tensor data is copied); only when that fails is the graph walked.
     """
-    if limit is not None and limit <= 0:
-        return []
+    protocol = _checked_arguments(root, protocol, limit)
     failure = _pickling_failure(obj, protocol)
     if failure is None:
         return []
@@ -53,6 +56,29 @@ def find_unpicklable(
     if not findings:  # pickle failed somewhere no single object explains (e.g. too deep)
         findings.append(Finding(root, type_name(type(obj)), error_text(failure)))
     return findings
+
+
+def _checked_arguments(root: Any, protocol: Any, limit: Any) -> int:
+    """The protocol as a number from 0 to the highest, after a TypeError or ValueError naming
+    a bad argument: a bad one would otherwise turn into a finding on every object (or none)."""
+    if not isinstance(root, str):
+        raise TypeError(f"root: expected the name of obj in the paths (a str), got {short(root)}")
+    if protocol is None:
+        protocol = pickle.DEFAULT_PROTOCOL
+    if isinstance(protocol, bool) or not isinstance(protocol, int):
+        raise TypeError(f"protocol: expected an int or None, got {short(protocol)}")
+    if protocol > pickle.HIGHEST_PROTOCOL:
+        raise ValueError(
+            f"protocol: expected at most pickle.HIGHEST_PROTOCOL ({pickle.HIGHEST_PROTOCOL}), "
+            f"got {short(protocol)}"
+        )
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+        raise TypeError(f"limit: expected a positive int or None, got {short(limit)}")
+    if limit is not None and limit <= 0:
+        raise ValueError(f"limit: expected a positive int or None, got {short(limit)}")
+    # pickle reads a negative protocol as the highest; the walk asks __reduce_ex__ with it, and
+    # object.__reduce_ex__(-1) answers as protocol 0 would (blaming the class, not the object)
+    return pickle.HIGHEST_PROTOCOL if protocol < 0 else protocol
 
 
 class _DiscardingSink:
