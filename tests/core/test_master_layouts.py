@@ -267,3 +267,21 @@ def test_a_supported_layout_must_read_the_map() -> None:
 
     with pytest.raises(TypeError, match="master_by_id, shard_position"):
         Layout(name="x", releases="1", looks_for="y", matches=bool, precedence=1)
+
+
+def test_the_shard_position_of_a_param_the_optimizer_lacks_is_master_params_error() -> None:
+    """A plain optimizer gave a whole-param position for any tensor, held or not, where
+    master_param raises; both raise the same KeyError now."""
+    import torch
+
+    from compatshim.master import master_param, master_shard_position
+
+    held, foreign = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(3))
+    optimizer = torch.optim.SGD([held], lr=0.1)
+    assert master_shard_position(optimizer, held).length == 3
+    for param in (foreign, None):
+        with pytest.raises(KeyError, match="has no master") as position:
+            master_shard_position(optimizer, param)  # type: ignore[arg-type]
+        with pytest.raises(KeyError) as master:
+            master_param(optimizer, param)  # type: ignore[arg-type]
+        assert str(position.value) == str(master.value)

@@ -97,9 +97,9 @@ def master_param(optimizer: Any, param: Tensor) -> Tensor:
 def master_shard_position(optimizer: Any, param: Tensor) -> ShardPosition:
     """Offset, length and padding of ``param``'s master inside the flattened, padded param."""
     resolved = resolve(optimizer)
+    master = working_to_master(optimizer)[param]  # a param it does not hold: master_param's error
     if resolved.layout is None:
         return whole_param_position(param.numel())
-    master = working_to_master(optimizer)[param]
     assert resolved.layout.shard_position is not None  # supported layouts have one
     return resolved.layout.shard_position(resolved.holder, param, master)
 
