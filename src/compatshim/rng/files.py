@@ -9,6 +9,7 @@ All ranks must see ``path`` (a shared filesystem), as with any checkpoint.
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import re
@@ -16,6 +17,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Mapping, Union
 
+from .._text import short
+from .arguments import check_bool, check_policies, checked_path, checked_position
 from .capture import capture, distributed_position
 from .errors import RNGStateError
 from .formats import merge_ranks, to_file
@@ -34,18 +37,37 @@ MAX_RANK_DIGITS = 7  # a rank number of 10 million or more is no real job's
 _TORCH_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 
 
+def _about(path: PathLike, exc: OSError, hint: str = "") -> OSError:
+    """``exc`` (raised about the temporary file) as the same OS error about the user's ``path``."""
+    strerror = (exc.strerror or type(exc).__name__) + hint
+    return type(exc)(exc.errno, strerror, os.fspath(path))
+
+
 def atomic_write(path: PathLike, write: Callable[[Any], None]) -> None:
-    """Call ``write(file)`` on a temporary file beside ``path``, then rename it into place."""
+    """Call ``write(file)`` on a temporary file beside ``path``, then rename it into place.
+
+    An OS error names ``path``, never the temporary file, and leaves no temporary file.
+    """
     target = Path(path)
+    if target.is_dir():  # before anything is written: os.replace would refuse it at the end
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
     temporary = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
     # os.open with 0o666 lets the umask decide the mode, as for any file the user writes.
-    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as exc:
+        missing = isinstance(exc, FileNotFoundError) and not target.parent.is_dir()
+        hint = f" (no folder {target.parent})" if missing else ""
+        raise _about(path, exc, hint) from None
     try:
         with os.fdopen(handle, "wb") as file:
             write(file)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(temporary, target)
+        try:
+            os.replace(temporary, target)
+        except OSError as exc:
+            raise _about(path, exc) from None
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
@@ -83,19 +105,25 @@ def save(path: PathLike, *, state: Mapping[str, Any] | None = None) -> Path:
     """
     import torch
 
+    target = checked_path(path)
+    if state is not None and not isinstance(state, Mapping):
+        raise TypeError(
+            "state: expected a state dict from compatshim.rng.capture() or None, "
+            f"got {short(state)}"
+        )
     own = dict(state) if state is not None else capture()
     if not is_state(own):
         raise RNGStateError("save(state=...) takes a state from compatshim.rng.capture()")
     states = _gather(own)
     if states is not None:
         payload = make_file(states, source="compatshim", world_size=len(states))
-        atomic_write(path, lambda file: torch.save(payload, file))
+        atomic_write(target, lambda file: torch.save(payload, file))
     rank, world_size = distributed_position()
     if rank is not None and world_size is not None and world_size > 1:
         import torch.distributed as dist
 
         dist.barrier()
-    return Path(path)
+    return target
 
 
 def _load_object(path: Path, trusted: bool) -> Any:
@@ -189,7 +217,8 @@ def read(path: PathLike, trusted: bool = False) -> dict[str, Any]:
     runs no code from it); ``trusted=True`` allows a full unpickle (only for files
     you trust completely).
     """
-    target = Path(path)
+    target = checked_path(path)
+    check_bool("trusted", trusted)
     if target.is_dir():
         return _read_directory(target, trusted)
     if not target.is_file():
@@ -213,7 +242,15 @@ def load(
     on_world_size_mismatch: WorldSizePolicy = "derive",
     warn: bool = True,
 ) -> RestoreReport:
-    """``read(path)`` then ``restore`` for this rank; returns what was restored and derived."""
+    """``read(path)`` then ``restore`` for this rank; returns what was restored and derived.
+
+    Every argument is checked before the file is read.
+    """
+    checked_path(path)
+    check_bool("trusted", trusted)
+    checked_position(rank, world_size)
+    check_policies(on_device_mismatch, on_world_size_mismatch)
+    check_bool("warn", warn)
     return restore(
         read(path, trusted=trusted),
         rank=rank,

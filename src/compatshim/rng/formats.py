@@ -26,8 +26,10 @@ from typing import Any, Mapping, Sequence
 from .._text import short
 from .errors import RNGStateError
 from .state import (
+    FILE_FORMAT,
     MAX_STATE_ELEMENTS,
     PY_STATE_WORDS,
+    STATE_FORMAT,
     NumpyMT,
     Parts,
     byte_state,
@@ -77,6 +79,12 @@ LAYOUTS: dict[str, Layout] = {
     )
 }  # fmt: skip
 _SEARCH_DEPTH = 4
+
+
+def lacks_format(obj: Mapping[str, Any]) -> bool:
+    """compatshim's own state or file dict without its ``format`` key: named as such, not
+    read as another framework's layout (its ``python``/``numpy`` keys match one)."""
+    return "format" not in obj and "version" in obj and ("torch_cpu" in obj or "ranks" in obj)
 
 
 def layout_of(obj: Mapping[str, Any]) -> str | None:
@@ -186,7 +194,7 @@ def _find(obj: Any, path: str, depth: int, found: list[tuple[str, Any, str]],
     if not isinstance(obj, Mapping) or depth > _SEARCH_DEPTH or id(obj) in seen:
         return
     seen.add(id(obj))
-    if is_state(obj) or is_file(obj):
+    if is_state(obj) or is_file(obj) or lacks_format(obj):
         found.append((path, obj, "compatshim"))
         return
     layout = layout_of(obj)
@@ -222,6 +230,13 @@ def to_file(obj: Any, *, saved_rank: int | None = None, what: str = "the object"
         raise RNGStateError(f"several RNG states in {what}: {paths}; pass the one you mean")
     path, inner, layout = found[0]
     where = f"state{path}"
+    if layout == "compatshim" and lacks_format(inner):
+        at = f" at {where}" if path else ""
+        raise RNGStateError(
+            f"the RNG state{at} lacks its 'format' key, which compatshim.rng.capture() and "
+            f"save() write ({STATE_FORMAT!r} in a state, {FILE_FORMAT!r} in a saved file); "
+            "pass the dict as they wrote it"
+        )
     if is_file(inner):
         return dict(inner)
     if layout == "compatshim":
