@@ -158,3 +158,9 @@ def test_a_folder_is_a_checkpoint_error_saying_what_reads_it(tmp_path: Path) -> 
     (tmp_path / ".metadata").write_bytes(b"")
     with pytest.raises(IsADirectoryError, match="a DCP checkpoint folder, not a file: torch"):
         checkpoint.load(str(tmp_path))
+
+
+def test_inspect_of_no_path_names_its_argument() -> None:
+    """``inspect(None)`` was an AttributeError ('NoneType' object has no attribute 'tell')."""
+    with pytest.raises(TypeError, match="f: expected a path or a seekable binary file"):
+        checkpoint.inspect(None)

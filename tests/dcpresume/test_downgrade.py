@@ -479,6 +479,20 @@ def test_a_truncated_metadata_is_named_wherever_it_is_read(
     assert refused.value.refused == ("os.system",)
 
 
+def test_a_wrong_argument_is_named_before_anything_is_made(tmp_path: Path) -> None:
+    """``link="no"`` is truthy: it hard-linked and reported ``linked='no'``; a None path was
+    os.fspath's bare TypeError."""
+    src = FIXTURE / "dcp-nested"
+    for call, match in (
+        (lambda: downgrade_dcp(src, tmp_path / "a", torch="2.8", link="no"), "link: expected"),
+        (lambda: downgrade_dcp(None, tmp_path / "a", torch="2.8"), "src: expected a folder"),
+        (lambda: downgrade_dcp(src, None, torch="2.8"), "dst: expected a folder"),
+    ):
+        with pytest.raises(TypeError, match=match):
+            call()
+    assert not (tmp_path / "a").exists()
+
+
 def test_the_new_folder_rules(tmp_path: Path) -> None:
     src = FIXTURE / "dcp-nested"
     (tmp_path / "full").mkdir()

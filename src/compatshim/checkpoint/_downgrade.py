@@ -156,6 +156,11 @@ def downgrade_dcp(src: Any, dst: Any, *, torch: str, link: bool = True) -> Downg
     """
     if not isinstance(torch, str):
         raise TypeError(f"torch: expected a release such as '2.8', got {short(torch)}")
+    for name, path in (("src", src), ("dst", dst)):
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"{name}: expected a folder path, got {short(path)}")
+    if link is not True and link is not False:  # "no" is truthy: it would link
+        raise TypeError(f"link: expected True or False, got {short(link)}")
     row = release_row(torch)
     src, dst = os.fspath(src), os.fspath(dst)
     folder = read_folder(src)

@@ -391,6 +391,10 @@ def inspect(f: Any) -> CheckpointInfo:
     """See the module docstring; raises CheckpointError for a file the format reader finds
     damaged or no checkpoint (unreadable) and OSError for a path it cannot open. A file
     this install cannot read is reported, unreadable."""
+    if not isinstance(f, (str, os.PathLike)) and not all(
+        hasattr(f, name) for name in ("read", "seek", "tell")
+    ):
+        raise TypeError(f"f: expected a path or a seekable binary file object, got {short(f)}")
     if _dcp_folder.is_folder(f):
         return _inspect_folder(f)
     if isinstance(f, (str, os.PathLike)) and os.path.isdir(f):
