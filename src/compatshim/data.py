@@ -34,11 +34,17 @@ process with ``num_replicas=1, rank=0``).
 torchdata's ``StatefulDataLoader``: its position also holds ``loader.state_dict()`` (key
 ``"stateful"``) and the saving ``rank``. That state is this rank's (its sampler's iterator,
 a ``RandomSampler``'s generator, each worker's dataset state), so save one position per rank.
-At the saving world size and rank, :func:`resume` loads it (``load_state_dict``) and builds the
-iterator without drawing from a generator: the same samples in the same order, ``shuffle=True``
-and ``IterableDataset`` included. At another world size only torch's ``DistributedSampler`` over
-a dataset without state of its own is dealt again, as above; a position of another rank, an
-order only the loader's state replays, or a dataset's own state there is a DataPositionError.
+At the saving world size, rank and ``num_workers``, :func:`resume` loads it (``load_state_dict``)
+and builds the iterator without drawing from a generator: the same samples in the same order,
+``shuffle=True`` and ``IterableDataset`` included. torchdata loads a state only into as many
+workers: at another ``num_workers`` a sampler that replays its order over a dataset without
+state of its own is walked as for a ``DataLoader`` (the same samples in the same order). At
+another world size only torch's ``DistributedSampler`` over a dataset without state of its own
+is dealt again, as above. A position of another rank, an order only the loader's state replays,
+or a dataset's own state there is a DataPositionError.
+
+Every check comes before any change: on :class:`DataPositionError` (or a TypeError for an
+argument of the wrong type) the loader and its sampler are as they were.
 
 Importing this module imports no framework; torch is imported on first use.
 """
@@ -69,7 +75,9 @@ class _Pass:
 
     Same order: ``skipped`` batches were passed over. Dealt again: ``start`` samples of the
     epoch's order were consumed before it and ``limit`` more were dealt once each; ``length``
-    is the most batches a rank got (the same on every rank). ``taken`` is advanced by
+    is the most batches a rank got (the same on every rank). ``from_state``: a
+    StatefulDataLoader's pass built by ``load_state_dict`` (else the sampler's indices were
+    walked, and the loader's state does not describe the pass). ``taken`` is advanced by
     :class:`Resumed`; nothing here refers to the loader, so the loader can be collected.
     """
 
@@ -77,6 +85,7 @@ class _Pass:
         "batch_size",
         "epoch",
         "epoch_length",
+        "from_state",
         "length",
         "limit",
         "same_order",
@@ -86,10 +95,13 @@ class _Pass:
         "world_size",
     )
 
-    def __init__(self, epoch: int, *, same_order: bool, skipped: int = 0) -> None:
+    def __init__(
+        self, epoch: int, *, same_order: bool, skipped: int = 0, from_state: bool = False
+    ) -> None:
         self.epoch = epoch
         self.same_order = same_order
         self.skipped = skipped
+        self.from_state = from_state
         self.start = self.limit = self.epoch_length = self.length = 0
         self.world_size = self.batch_size = 1
         self.taken = 0
@@ -135,9 +147,23 @@ class Resumed(Iterator[Any]):
 
 
 def _count(value: Any, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise DataPositionError(f"{name} must be an int >= 0, got {short(value)}")
+    """A wrong type is the caller's mistake (TypeError); a negative count a wrong value."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name}: expected an int >= 0, got {short(value)}")
+    if value < 0:
+        raise DataPositionError(f"{name}: expected an int >= 0, got {short(value)}")
     return value
+
+
+def _check_loader(loader: Any) -> None:
+    """A DataLoader (torchdata's StatefulDataLoader is one), before anything reads it."""
+    import torch.utils.data as data
+
+    if not isinstance(loader, data.DataLoader):
+        raise TypeError(
+            "loader: expected a torch DataLoader (or torchdata's StatefulDataLoader), got "
+            + short(loader)
+        )
 
 
 class _Layout:
@@ -214,8 +240,10 @@ def position(loader: Any, *, epoch: int, batches: int) -> dict[str, Any]:
     that :func:`resume` returned, since that call (compatshim adds what it skipped). The
     result holds ints, bools and strings only, the same on every rank: keep it in a DCP
     state dict or any checkpoint. Raises :class:`DataPositionError` for a loader whose
-    order cannot be replayed, or an epoch the sampler is not in.
+    order cannot be replayed, or an epoch the sampler is not in; TypeError for an argument
+    of the wrong type.
     """
+    _check_loader(loader)
     epoch, batches = _count(epoch, "epoch"), _count(batches, "batches")
     if _is_torchdata(loader, "stateful_dataloader", "StatefulDataLoader"):
         return _stateful_position(loader, epoch, batches)
@@ -333,10 +361,11 @@ _FIELDS: dict[str, tuple[type, bool]] = {
 def _checked(state: Any) -> Mapping[str, Any]:
     """``state`` if it is a position (typed, counts >= 0); compared by type first, so a
     tensor or another object from a checkpoint never decides a comparison."""
-    if not isinstance(state, Mapping) or type(state.get("format")) is not str:
+    if not isinstance(state, Mapping):  # not a position at all: the caller's mistake
+        raise TypeError(f"state: expected a dict from compatshim.data.position, got {short(state)}")
+    if type(state.get("format")) is not str:
         raise DataPositionError(
-            "state: expected a dict from compatshim.data.position, got "
-            + (short(state) if not isinstance(state, Mapping) else "a dict without its format")
+            "state: expected a dict from compatshim.data.position, got a dict without its format"
         )
     if state["format"] != FORMAT:
         raise DataPositionError(f"state: format {short(state['format'])} is not {FORMAT!r}")
@@ -424,18 +453,23 @@ def resume(loader: Any, state: Mapping[str, Any], *, even: bool = True) -> Resum
     loaded). Otherwise (a ``DistributedSampler`` at both ends, same seed and shuffle) the
     epoch's samples not yet consumed are dealt to the ranks now present; ``even`` as in the
     module's guarantee. Draws from no generator, so it may come before or after
-    ``compatshim.rng.load``.
+    ``compatshim.rng.load``. Every check comes first: on :class:`DataPositionError` (or a
+    TypeError for an argument of the wrong type) the loader and its sampler are unchanged.
     """
     import torch.utils.data as data
 
+    _check_loader(loader)
     saved = _checked(state)
+    if type(even) is not bool:
+        raise TypeError(f"even: expected True or False, got {short(even)}")
     if saved.get("stateful") is not None and _is_torchdata(
         loader, "stateful_dataloader", "StatefulDataLoader"
     ):
         resumed = _stateful_resume(loader, saved)
         if resumed is not None:
             return resumed
-        saved = {**saved, "stateful": None}  # another world size: dealt again below
+        # another world size (dealt again) or number of workers (replayed): the fields say
+        saved = {**saved, "stateful": None}
     layout = _Layout(loader)
     epoch = int(saved["epoch"])
     if saved["dataset_length"] != layout.length:
@@ -443,7 +477,6 @@ def resume(loader: Any, state: Mapping[str, Any], *, even: bool = True) -> Resum
             f"loader: its dataset has {layout.length} samples, the position's "
             f"{saved['dataset_length']}: an epoch of another dataset cannot be resumed"
         )
-    layout.set_epoch(epoch)
     same = (
         saved["same_order"]
         and saved["sampler"] == layout.kind
@@ -459,6 +492,7 @@ def resume(loader: Any, state: Mapping[str, Any], *, even: bool = True) -> Resum
         )
     if same:
         skip = int(saved["batches"])
+        layout.set_epoch(epoch)  # checked: the sampler's order is this epoch's from here
         with _generators_kept(loader):  # a sampler of the user's may draw too
             own = list(itertools.islice(iter(loader._index_sampler), skip, None))
             iterator = _iterator(loader, own)
@@ -486,6 +520,7 @@ def resume(loader: Any, state: Mapping[str, Any], *, even: bool = True) -> Resum
             f"state: consumed={short(consumed)}, epoch_length={short(epoch_length)} do not fit "
             f"a dataset of {layout.length} samples"
         )
+    layout.set_epoch(epoch)  # checked: the next epochs are the sampler's own
     order = data.DistributedSampler(
         loader.dataset, num_replicas=1, rank=0, shuffle=sampler.shuffle, seed=sampler.seed
     )
@@ -548,9 +583,10 @@ def _stateful_position(loader: Any, epoch: int, batches: int) -> dict[str, Any]:
     replays the order) and ``loader.state_dict()``, which is this rank's (``rank``)."""
     layout, world, rank = _where(loader)
     record = _PASSES.get(loader)
-    if record is not None and record.epoch == epoch and not record.same_order:
-        # a pass compatshim dealt again at another world size: the loader's state does not
-        # describe it, the position's fields do
+    if record is not None and record.epoch == epoch and not record.from_state:
+        # a pass compatshim built from the sampler (dealt again at another world size, or
+        # replayed at another number of workers): the loader's state does not describe it,
+        # the position's fields do
         return {**_position(loader, epoch, batches, record), "rank": rank, "stateful": None}
     iterator = loader._iterator
     yielded = 0 if iterator is None else int(iterator._num_yielded)
@@ -612,10 +648,28 @@ def _holds_dataset_state(value: Any) -> bool:
     return False
 
 
+def _saved_workers(stateful: Mapping[str, Any]) -> int | None:
+    """The ``num_workers`` of the loader whose ``state_dict()`` this is; None if it is none.
+
+    torchdata asserts (a raw AssertionError, from ``iter(loader)``) that a state loads into as
+    many workers: ``_num_yielded`` for none, a ``_snapshot`` of each worker's for some.
+    """
+    snapshot = stateful.get("_snapshot")
+    if isinstance(snapshot, Mapping):
+        main, workers = snapshot.get("_main_snapshot"), snapshot.get("_worker_snapshots")
+        count = main.get("_num_workers") if isinstance(main, Mapping) else None
+        if type(count) is int and count > 0:
+            return count
+        return len(workers) if isinstance(workers, Mapping) and workers else None
+    return 0 if type(stateful.get("_num_yielded")) is int else None
+
+
 def _stateful_resume(loader: Any, saved: Mapping[str, Any]) -> Resumed | None:
-    """The rest of the pass from the loader's own state at the saving world size and rank;
-    None where compatshim deals the epoch again instead (another world size, torch's
-    DistributedSampler over a dataset without state of its own); else DataPositionError."""
+    """The rest of the pass from the loader's own state at the saving world size, rank and
+    number of workers; None where compatshim walks the sampler instead (another world size:
+    torch's DistributedSampler over a dataset without state of its own, dealt again; another
+    number of workers: a sampler that replays its order, over such a dataset); else
+    DataPositionError, with the loader and sampler unchanged."""
     import copy
 
     layout, world, rank = _where(loader)
@@ -656,6 +710,26 @@ def _stateful_resume(loader: Any, saved: Mapping[str, Any]) -> Resumed | None:
             f"{there[0]} with batch size {there[1]}, drop_last={there[2]}: its state would "
             "replay another order"
         )
+    workers, now = _saved_workers(saved["stateful"]), int(loader.num_workers)
+    if workers is None:
+        raise DataPositionError(
+            "state['stateful']: not a StatefulDataLoader's state_dict() (it has neither "
+            "'_num_yielded' nor a '_snapshot' of its workers)"
+        )
+    if workers != now:
+        if layout is None:
+            why = (
+                f"its {short(saved['sampler'])} order is in the loader's state only (a sampler "
+                "drawing from a generator, or an IterableDataset)"
+            )
+        elif _holds_dataset_state(saved["stateful"]):
+            why = "its state holds the dataset's own state, which torchdata keeps per worker"
+        else:
+            return None  # the sampler replays the order: its indices are walked below
+        raise DataPositionError(
+            f"loader: num_workers={now}, the position's num_workers={workers}: torchdata loads a "
+            f"StatefulDataLoader's state only into as many workers, and {why}"
+        )
     epoch = int(saved["epoch"])
     for owner in (loader.sampler, loader.batch_sampler):
         if hasattr(owner, "set_epoch"):
@@ -669,6 +743,6 @@ def _stateful_resume(loader: Any, saved: Mapping[str, Any]) -> Resumed | None:
         with _generators_kept(loader):
             iterator = iter(loader)
     skipped = int(saved["batches"])
-    record = _Pass(epoch, same_order=True, skipped=skipped)
+    record = _Pass(epoch, same_order=True, skipped=skipped, from_state=True)
     _PASSES[loader] = record
     return Resumed(iterator, record, same_order=True, skipped=skipped)

@@ -182,14 +182,17 @@ def test_a_distributed_sampler_is_dealt_again_at_another_world_size() -> None:
     assert sorted(consumed + served) == sorted([*range(25), *repeated])
 
 
+class Counted(TensorDataset):
+    """A map-style dataset with state of its own: the loader's state holds it."""
+
+    def state_dict(self) -> dict[str, int]:
+        return {"seen": 1}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        pass
+
+
 def test_a_stateful_dataset_at_another_world_size_is_refused() -> None:
-    class Counted(TensorDataset):
-        def state_dict(self) -> dict[str, int]:
-            return {"seen": 1}
-
-        def load_state_dict(self, state: dict[str, int]) -> None:
-            pass
-
     data = Counted(torch.arange(20))
     sampler = DistributedSampler(data, num_replicas=2, rank=0, seed=7)
     load = StatefulDataLoader(data, batch_size=2, sampler=sampler)
@@ -200,3 +203,72 @@ def test_a_stateful_dataset_at_another_world_size_is_refused() -> None:
     )
     with pytest.raises(DataPositionError, match="dataset's own state"):
         cd.resume(other, state)
+
+
+# -- another number of workers: torchdata loads a state only into as many ---------------------
+
+
+@pytest.mark.parametrize(("saved_with", "resumed_with"), [(0, 2), (2, 0)])
+def test_another_number_of_workers_walks_the_samplers_order(
+    saved_with: int, resumed_with: int
+) -> None:
+    """torchdata asserts (AssertionError from iter) that its state loads into as many workers;
+    a sampler that replays its order is walked instead: the same batches, and it composes."""
+
+    def build(workers: int, epoch: int = EPOCH) -> Any:
+        data = TensorDataset(torch.arange(25))
+        sampler = DistributedSampler(data, num_replicas=1, rank=0, seed=7)
+        sampler.set_epoch(epoch)
+        return StatefulDataLoader(data, batch_size=3, sampler=sampler, num_workers=workers)
+
+    uninterrupted = [b[0].tolist() for b in build(0)]
+    load = build(saved_with)
+    taken(load, 3)
+    state = cd.position(load, epoch=EPOCH, batches=3)
+    again = build(resumed_with, epoch=0)
+    rest = cd.resume(again, state)
+    assert again.sampler.epoch == EPOCH and rest.same_order and rest.skipped == 3
+    assert [b[0].tolist() for b in itertools.islice(rest, 2)] == uninterrupted[3:5]
+    second = cd.position(again, epoch=EPOCH, batches=2)  # the pass resume built, saved again
+    assert second["batches"] == 5 and second["stateful"] is None
+    rest = cd.resume(build(saved_with, epoch=0), second)
+    assert [b[0].tolist() for b in rest] == uninterrupted[5:]
+
+
+def test_an_order_only_the_state_replays_at_another_number_of_workers_is_refused() -> None:
+    load = shuffled()
+    taken(load, 1)
+    state = cd.position(load, epoch=0, batches=1)
+    with pytest.raises(
+        DataPositionError, match="num_workers=2, the position's num_workers=0: torchdata"
+    ):
+        cd.resume(shuffled(workers=2), state)
+
+
+def test_a_refused_stateful_resume_leaves_the_sampler_as_it_was() -> None:
+    """Each refusal comes before set_epoch: DataPositionError says nothing was changed."""
+    data = Counted(torch.arange(20))
+    load = StatefulDataLoader(data, batch_size=2, sampler=DistributedSampler(data, 1, 0, seed=7))
+    load.sampler.set_epoch(EPOCH)
+    taken(load, 1)
+    state = cd.position(load, epoch=EPOCH, batches=1)
+    cases = [
+        (state, 1, 2, 7, "dataset's own state, which torchdata keeps per worker"),
+        ({**state, "stateful": {"bogus": 1}}, 1, 0, 7, r"state\['stateful'\]: not a"),
+        (state, 3, 0, 7, "dataset's own state, which is per rank"),
+    ]
+    for position, world_size, workers, seed, match in cases:
+        sampler = DistributedSampler(data, num_replicas=world_size, rank=0, seed=seed)
+        again = StatefulDataLoader(data, batch_size=2, sampler=sampler, num_workers=workers)
+        with pytest.raises(DataPositionError, match=match):
+            cd.resume(again, position)
+        assert sampler.epoch == 0 and again.next_iter_state is None
+    # another world size, dealt again from the fields: the seed is checked before set_epoch
+    load = distributed(25, 2, 0)
+    taken(load, 1)
+    state = cd.position(load, epoch=EPOCH, batches=1)
+    data = TensorDataset(torch.arange(25))
+    sampler = DistributedSampler(data, num_replicas=3, rank=0, seed=8)
+    with pytest.raises(DataPositionError, match="seed=8, shuffle=True; the position's seed=7"):
+        cd.resume(StatefulDataLoader(data, batch_size=3, sampler=sampler), state)
+    assert sampler.epoch == 0
