@@ -344,6 +344,12 @@ BAD_CALLS: dict[str, tuple[Call, type[Exception], str]] = {
         "buffers must be one of 'average', 'copy', 'skip', got 'avg'",
     ),
     "buffers None": (lambda e, m, o: U(e, m, buffers=None), TypeError, "buffers must be one of"),
+    "decay in the optimizer's place": (  # was UnknownLayoutError on builtins.float
+        lambda e, m, o: U(e, m, 0.999),
+        TypeError,
+        "optimizer must be the optimizer (or None), got 0.999; pass the decay by name: "
+        "update_ema(ema, model, decay=0.999)",
+    ),
     "shard ema None": (
         lambda e, m, o: SHARD(None, m, o),
         TypeError,

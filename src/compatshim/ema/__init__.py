@@ -186,6 +186,11 @@ def _rebuild(
     import torch
 
     _check_arguments("update_ema", ema_model, model, exclude)
+    if isinstance(optimizer, (int, float)) and not isinstance(optimizer, bool):
+        raise TypeError(  # update_ema(ema, model, 0.999): the decay in the optimizer's place
+            f"update_ema: optimizer must be the optimizer (or None), got {optimizer!r}; "
+            f"pass the decay by name: update_ema(ema, model, decay={optimizer!r})"
+        )
     if not isinstance(sharded, int) or sharded not in (0, 1):  # bool, or 0 / 1
         raise TypeError(f"update_ema: sharded must be a bool, got {type(sharded).__name__}")
     if not isinstance(buffers, str) or buffers not in BUFFER_POLICIES:
