@@ -277,3 +277,14 @@ def test_a_malformed_item_costs_only_itself_not_its_entry_point(mixed_distributi
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once: the next load that reads them is quiet
         _refused(torch.nn.Linear)
+
+
+def test_allow_and_disallow_name_themselves_in_argument_errors() -> None:
+    """``allow(reason=5)`` said "needs a reason" (a ValueError); ``disallow(1)`` blamed
+    ``allow=``, the load argument."""
+    with pytest.raises(TypeError, match=r"allow\(\): reason must be a str .*got 5"):
+        checkpoint.allow("fractions.Fraction", reason=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^disallow\(\) takes classes"):
+        checkpoint.disallow(1)
+    with pytest.raises(TypeError, match=r"^allow\(\) takes classes"):
+        checkpoint.allow(1, reason="the test")

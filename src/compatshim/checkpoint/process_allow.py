@@ -78,9 +78,13 @@ def allow(*globals: Any, reason: str) -> None:
     ``reason`` says why they are trusted (shown by ``allowed()`` and the
     doctor). Strings are not imported here, only when a file needs them.
     """
-    if not isinstance(reason, str) or not reason.strip():
+    if not isinstance(reason, str):
+        raise TypeError(
+            f"allow(): reason must be a str (why they are trusted), got {short(reason)}"
+        )
+    if not reason.strip():
         raise ValueError("allow() needs a reason: why these globals are trusted")
-    found = [parse(item) for item in globals]  # the same items, and the same errors, as allow=
+    found = [parse(item, "allow()") for item in globals]  # the same items and errors as allow=
     for entry in found:
         why = None if entry.resolver else denied_entry(entry.key, _object(entry))
         if why is not None:
@@ -95,7 +99,7 @@ def allow(*globals: Any, reason: str) -> None:
 
 def disallow(*globals: Any) -> None:
     """Undo :func:`allow` for ``globals`` (entries from other sources stay)."""
-    found = [parse(item) for item in globals]
+    found = [parse(item, "disallow()") for item in globals]
     with _lock:
         for entry in found:
             _code.pop(entry.key, None)
