@@ -375,9 +375,10 @@ def _checked(state: Any) -> Mapping[str, Any]:
         value = state.get(name)
         if value is None and optional:
             continue
-        negative = isinstance(value, int) and value < 0
-        if type(value) is not kind or negative:
-            what = "an int >= 0" if kind is int else kind.__name__
+        least = 1 if name == "world_size" else 0  # a batch size of 0: a user's batch sampler
+        below = isinstance(value, int) and value < least
+        if type(value) is not kind or below:
+            what = f"an int >= {least}" if kind is int else kind.__name__
             raise DataPositionError(f"state[{name!r}]: expected {what}, got {short(value)}")
     return state
 
@@ -492,6 +493,14 @@ def resume(loader: Any, state: Mapping[str, Any], *, even: bool = True) -> Resum
         )
     if same:
         skip = int(saved["batches"])
+        try:
+            length = len(loader)
+        except TypeError:  # a batch sampler of the user's without a length
+            length = skip
+        if skip > length:  # position() never writes this: an epoch skipped, silently
+            raise DataPositionError(
+                f"state: batches={skip}, but the loader has only {length} batches in an epoch"
+            )
         layout.set_epoch(epoch)  # checked: the sampler's order is this epoch's from here
         with _generators_kept(loader):  # a sampler of the user's may draw too
             own = list(itertools.islice(iter(loader._index_sampler), skip, None))

@@ -293,6 +293,25 @@ def test_a_state_with_a_bad_field_is_refused(field: str, value: Any) -> None:
 
 
 @pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("batches", 999, "state: batches=999, but the loader has only 2 batches in an epoch"),
+        ("world_size", 0, r"state\['world_size'\]: expected an int >= 1, got 0"),
+    ],
+)
+def test_a_position_no_save_could_write_is_refused_and_changes_nothing(
+    field: str, value: Any, match: str
+) -> None:
+    """A tampered position named at resume: batches=999 at the same world size resumed an
+    empty epoch (the rest of it skipped, silently); world_size=0 was dealt again."""
+    state, _ = saved(10, 2, 1)
+    load = loader(10, 2, 0, epoch=0)
+    with pytest.raises(DataPositionError, match=match):
+        cd.resume(load, {**state, field: value})
+    assert load.sampler.epoch == 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
     ("consumed", "match"),
     [
         (11, "state: consumed=11, epoch_length=10 do not fit a dataset of 10 samples"),
