@@ -15,7 +15,12 @@ import pytest
 pytest.importorskip("torch")
 
 from tests.harness.dist import run_ranks
-from tests.rng.workers import load_once, load_then_draw, save_then_draw
+from tests.rng.workers import (
+    load_once,
+    load_then_draw,
+    save_then_draw,
+    save_where_rank_0_cannot_write,
+)
 
 pytestmark = pytest.mark.dist
 TIMEOUT = 240.0
@@ -66,3 +71,16 @@ def test_four_ranks_deterministic_and_uncorrelated(saved: Saved) -> None:
     # A second, separate run (this process) derives the same state for rank 3.
     again = load_once(str(path), "derive", rank=3, world_size=4)
     assert again["draws"] == results[3]["draws"]
+
+
+def test_a_save_rank_0_cannot_write_fails_on_every_rank(tmp_path: Path) -> None:
+    """Rank 0 writes the file; where it cannot, the other ranks waited at a barrier until the
+    process group's timeout (30 min by default). Each rank now raises, naming rank 0's error."""
+    results = run_ranks(
+        save_where_rank_0_cannot_write, 2, args=(str(tmp_path),), timeout=60, expect_failure=True
+    )
+    (kind0, first), (kind1, second) = results
+    assert (kind0, kind1) == ("ok", "ok"), results  # each rank returned its error, none hung
+    assert first["type"] == "FileNotFoundError" and "no folder" in first["error"], first
+    assert second["type"] == "RNGStateError", second
+    assert "rank 0 could not write" in second["error"] and "no folder" in second["error"]

@@ -51,3 +51,16 @@ def load_once(path: str, policy: str, **position: int) -> dict[str, Any]:
         "saved_rank": report.saved_rank,
         "warnings": [str(w.message) for w in caught if issubclass(w.category, rng.RNGStateWarning)],
     }
+
+
+def save_where_rank_0_cannot_write(rank: int, world_size: int, folder: str) -> dict[str, Any]:
+    """Rank 0's folder is missing (a node without the shared disk): what each rank meets."""
+    import os
+
+    path = os.path.join(folder, "missing" if rank == 0 else "here", "rng.pt")
+    os.makedirs(os.path.join(folder, "here"), exist_ok=True)
+    try:
+        rng.save(path)
+    except Exception as exc:  # the error is the result
+        return {"type": type(exc).__name__, "error": str(exc)}
+    return {"type": None}

@@ -99,9 +99,10 @@ def save(path: PathLike, *, state: Mapping[str, Any] | None = None) -> Path:
     """Write this process's RNG state, or every rank's when distributed, to ``path``.
 
     Collective when ``torch.distributed`` is initialised: every rank must call it;
-    rank 0 writes the file and all ranks return after it is in place. (Under
-    NCCL, ``gather_object`` needs each rank's ``torch.cuda.set_device`` first,
-    as any NCCL object collective does.)
+    rank 0 writes the file and all ranks return after it is in place, or raise
+    :class:`RNGStateError` naming rank 0's error where it could not write (rank 0
+    raises its own). (Under NCCL, the object collectives need each rank's
+    ``torch.cuda.set_device`` first, as any NCCL object collective does.)
     """
     import torch
 
@@ -115,14 +116,26 @@ def save(path: PathLike, *, state: Mapping[str, Any] | None = None) -> Path:
     if not is_state(own):
         raise RNGStateError("save(state=...) takes a state from compatshim.rng.capture()")
     states = _gather(own)
+    rank, world_size = distributed_position()
+    collective = rank is not None and world_size is not None and world_size > 1
+    failure: BaseException | None = None
     if states is not None:
         payload = make_file(states, source="compatshim", world_size=len(states))
-        atomic_write(target, lambda file: torch.save(payload, file))
-    rank, world_size = distributed_position()
-    if rank is not None and world_size is not None and world_size > 1:
+        try:
+            atomic_write(target, lambda file: torch.save(payload, file))
+        except Exception as exc:  # told to every rank below, then raised here
+            if not collective:
+                raise
+            failure = exc
+    if collective:  # rank 0's outcome, not a bare barrier the others would wait at
         import torch.distributed as dist
 
-        dist.barrier()
+        outcome = [None if failure is None else f"{type(failure).__name__}: {failure}"]
+        dist.broadcast_object_list(outcome, src=0)
+        if failure is not None:
+            raise failure
+        if outcome[0] is not None:
+            raise RNGStateError(f"rank 0 could not write {target}: {outcome[0]}")
     return target
 
 
