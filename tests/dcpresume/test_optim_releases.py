@@ -295,6 +295,25 @@ def test_adapt_refuses_a_missing_key_no_release_added() -> None:
         adapt_state_dict(saved, sgd)
 
 
+def test_another_optimizers_state_is_named_as_such() -> None:
+    """AdamW's state mapped to an SGD: the message said only that SGD's keys were missing."""
+    sgd = _sgd()
+    adamw = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
+    saved = adamw.state_dict()
+    saved["param_groups"][0]["initial_lr"] = 0.1  # a scheduler's: no hint of another class
+    with pytest.raises(OptimizerStateError) as caught:
+        adapt_state_dict(saved, sgd)
+    message = str(caught.value)
+    assert "lacks key(s) ['dampening', 'momentum', 'nesterov']" in message
+    assert "it holds ['amsgrad', 'betas', 'eps'], which no SGD" in message
+    assert "saved by another optimizer or scheduler class?" in message
+    del saved["param_groups"][0]["betas"], saved["param_groups"][0]["eps"]
+    del saved["param_groups"][0]["amsgrad"]
+    with pytest.raises(OptimizerStateError) as caught:
+        adapt_state_dict(saved, sgd)
+    assert "another optimizer" not in str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("state_dict", "error", "match"),
     [

@@ -39,6 +39,7 @@ from .keys import OLD_BEHAVIOUR, SCHEDULER_KEYS, old_value
 __all__ = ["OptimizerStateError", "adapt_state_dict", "load_dcp"]
 
 _GROUPS = "param_groups"
+_GROUP_KEYS = {"params", "initial_lr"}  # every param group's, beside its optimizer's defaults
 _NESTED = "_schedulers"  # where SequentialLR and ChainedScheduler keep their schedulers' states
 
 
@@ -69,14 +70,23 @@ def _path(prefix: str, key: Any) -> str:
 
 
 def _refuse(
-    missing: set[str], owner: Any, where: str, known: Mapping[str, Any]
+    missing: set[str], owner: Any, where: str, known: Mapping[str, Any], foreign: list[str]
 ) -> OptimizerStateError:
+    """``foreign``: saved keys neither the running object nor any release has (another
+    class's state, e.g. AdamW's betas mapped to an SGD)."""
     import torch
 
+    name = type(owner).__name__
+    other = (
+        f"; it holds {foreign[:8]}, which no {name} of any known release has: saved by "
+        "another optimizer or scheduler class?"
+        if foreign
+        else ""
+    )
     return OptimizerStateError(
-        f"compatshim.optim: the saved {type(owner).__name__} state lacks key(s) "
+        f"compatshim.optim: the saved {name} state lacks key(s) "
         f"{sorted(missing)} (at {where or 'its top level'}) and no torch release is known to "
-        f"have added them (running torch {torch.__version__}; known: {sorted(known)})"
+        f"have added them (running torch {torch.__version__}; known: {sorted(known)}){other}"
     )
 
 
@@ -94,7 +104,9 @@ def _fix_keys(
     missing = expected - set(saved)
     unknown = missing - set(known)
     if unknown:
-        raise _refuse(unknown, owner, where, known)
+        ours = expected | set(known) | _GROUP_KEYS
+        foreign = sorted(k for k in saved if isinstance(k, str) and k not in ours)
+        raise _refuse(unknown, owner, where, known, foreign)
     fixed = {k: v for k, v in saved.items() if k in expected or k not in known}
     fixed.update({key: known[key] for key in sorted(missing)})
     return fixed, [_path(where, key) for key in sorted(missing)]
