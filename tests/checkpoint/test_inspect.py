@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, inspect, load
+from compatshim.checkpoint.inspect_cli import render
 from tests.checkpoint.corpus import Scripted
 from tests.checkpoint.helpers import Box, bytes_read
 
@@ -72,6 +73,12 @@ def test_torchscript_is_reported_and_refused(tmp_path: Path) -> None:
     torch.jit.save(torch.jit.script(Scripted()), str(path))
     info = inspect(path)
     assert info.container == "torchscript" and not info.loadable
+    # torch.save's records say nothing of a jit file's writer (it said "torch 2.1 .. 2.5")
+    assert info.writer.torch == "torch.jit.save (which torch release is not recorded)"
+    text = render(info)
+    assert "TorchScript archive holds code, which torch.jit.load runs" in text
+    assert "treat it as an attack" not in text
+    assert "tensors: not counted" in text and "pickle protocol None" not in text
 
 
 def test_damaged_file_raises_checkpoint_error(tmp_path: Path) -> None:

@@ -285,6 +285,8 @@ def _torch_hint(directory: ZipDirectory | None, container: str) -> str | None:
         return "torch.save(..., _use_new_zipfile_serialization=False) (legacy format)"
     if directory is None:
         return None
+    if container == "torchscript":  # torch.jit.save's records differ from torch.save's
+        return "torch.jit.save (which torch release is not recorded)"
     if ".format_version" in directory.records:
         return "torch >= 2.6 (has .format_version)"
     if "byteorder" in directory.records:  # first written by 2.1 (2.0.1 and 1.13.1 do not)

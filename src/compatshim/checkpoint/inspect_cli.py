@@ -154,18 +154,21 @@ def _dcp_lines(info: CheckpointInfo) -> list[str]:
 def render(info: CheckpointInfo) -> str:
     w = info.writer
     dtypes = ", ".join(f"{printable(k, 40)} x{v}" for k, v in info.dtypes.items())
-    lines = [
-        f"{printable(info.path, 1000)}: {info.container}",
-        f"  tensors: {info.tensors} in {info.storages} storages, {_size(info.tensor_bytes)}"
-        + (f" ({dtypes})" if dtypes else ""),
-    ]
+    tensors = (
+        "  tensors: not counted (a TorchScript archive is never unpickled)"
+        if info.container == "torchscript"
+        else f"  tensors: {info.tensors} in {info.storages} storages, {_size(info.tensor_bytes)}"
+        + (f" ({dtypes})" if dtypes else "")
+    )
+    lines = [f"{printable(info.path, 1000)}: {info.container}", tensors]
     if info.container == "safetensors":
         lines += _tensor_lines(info)
         lines.append("  globals: none (safetensors holds no pickle)")
     else:
         lines += _dcp_lines(info)
         lines += [
-            f"  writer: pickle protocol {w.pickle_protocol}"
+            "  writer: "
+            + (f"pickle protocol {w.pickle_protocol}" if w.pickle_protocol else "no pickle read")
             + (f", archive version {printable(w.archive_version)}" if w.archive_version else "")
             + (f", byteorder {printable(w.byteorder)}" if w.byteorder else "")
             + (f", {w.torch}" if w.torch else "")
@@ -176,7 +179,12 @@ def render(info: CheckpointInfo) -> str:
     for refusal in info.refusals:
         lines.append(f"  REFUSED: {printable(refusal, 2 * MAX_SHOWN)}")
     verdict = f"loadable by {info.loaded_by}" if info.loadable else "NOT loadable as is"
-    if info.severity == DANGEROUS:
+    if info.severity == DANGEROUS and info.container == "torchscript":
+        lines.append(
+            "  DANGEROUS: a TorchScript archive holds code, which torch.jit.load runs: load "
+            "it only from a source you trust, with torch.jit.load"
+        )
+    elif info.severity == DANGEROUS:
         lines.append(
             "  DANGEROUS: load refuses what no allow entry admits (a denied global, a hostile "
             "structure): treat it as an attack"
