@@ -69,7 +69,9 @@ bases = [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) a
 (target / "00_compatshim_leg_2_base.pth").write_text(
     "".join(f"import site; site.addsitedir({p!r})\n" for p in bases))
 shutil.copyfile(root / "src" / "compatshim_auto.pth", target / "compatshim_auto.pth")
-version = re.search(r'^version = "([^"]+)"', (root / "pyproject.toml").read_text(), re.M)[1]
+# the one version source (pyproject.toml's version is dynamic, read by hatch from here)
+init = (root / "src" / "compatshim" / "__init__.py").read_text()
+version = re.search(r'^__version__ = "([^"]+)"', init, re.M)[1]
 info = target / f"compatshim-{version}.dist-info"
 info.mkdir()
 (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: compatshim\nVersion: {version}\n")
