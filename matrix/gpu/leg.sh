@@ -68,7 +68,11 @@ bases = [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) a
 (target / "00_compatshim_leg_1_src.pth").write_text(f"{root / 'src'}\n")
 (target / "00_compatshim_leg_2_base.pth").write_text(
     "".join(f"import site; site.addsitedir({p!r})\n" for p in bases))
-shutil.copyfile(root / "src" / "compatshim_auto.pth", target / "compatshim_auto.pth")
+# the three start-up files, as an editable install of the wheel places them (its RECORD below
+# lists them, so tests/core/test_startup_files.py checks them here as in a tox env)
+HOOK = ("compatshim_auto.pth", "compatshim_auto.start", "compatshim_auto.py")
+for name in HOOK:
+    shutil.copyfile(root / "src" / name, target / name)
 # the one version source (pyproject.toml's version is dynamic, read by hatch from here)
 init = (root / "src" / "compatshim" / "__init__.py").read_text()
 version = re.search(r'^__version__ = "([^"]+)"', init, re.M)[1]
@@ -76,6 +80,8 @@ info = target / f"compatshim-{version}.dist-info"
 info.mkdir()
 (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: compatshim\nVersion: {version}\n")
 (info / "INSTALLER").write_text("matrix/gpu/leg.sh\n")
+(info / "RECORD").write_text("".join(f"{name},," + "\n" for name in (*HOOK, *(
+    f"{info.name}/{part}" for part in ("METADATA", "INSTALLER", "RECORD")))))
 print("overlay over", bases)
 EOF
 # the wheels, unpacked as pip --target --no-deps would (the machine may have no pip)

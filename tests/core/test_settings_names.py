@@ -28,7 +28,12 @@ def _python(
     the tree, then this interpreter's site-packages, on the path), so the names are checked
     when ``code`` imports compatshim; the hook's own check is tested below."""
     env = {k: v for k, v in os.environ.items() if k[:11].upper() != "COMPATSHIM_"}
-    paths = dict.fromkeys((SRC, sysconfig.get_path("purelib"), sysconfig.get_path("platlib")))
+    # every site dir this interpreter sees: a venv over the system's (the GPU leg's overlay)
+    # adds those by .pth lines, which -S does not run
+    sites = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    paths = dict.fromkeys(
+        (SRC, sysconfig.get_path("purelib"), sysconfig.get_path("platlib"), *sites)
+    )
     env.update(PYTHONPATH=os.pathsep.join(paths), **variables)
     return subprocess.run(
         [sys.executable, "-S", "-W", action, "-c", textwrap.dedent(code)],
