@@ -172,7 +172,7 @@ def render(out: Path, command: str, seconds: str, benches: list[str]) -> str:
     for name in benches:
         lines += bench_section(out, name)
     if not benches:
-        lines += ["None ran (none of the named benchmarks is in this checkout).", ""]
+        lines += ["None ran (`GPU_BENCHES` named none, or none it named is here).", ""]
     return "\n".join([*lines, END]) + "\n"
 
 
