@@ -278,6 +278,15 @@ def _fields(
     }
 
 
+def _length(loader: Any, batches: int) -> int:
+    """Batches in the loader's epoch; ``batches`` for a batch sampler of the user's without a
+    length (its epoch cannot be bounded: position and resume take the count as given)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return batches
+
+
 def _position(loader: Any, epoch: int, batches: int, record: _Pass | None) -> dict[str, Any]:
     """The position of a loader whose order a sampler replays; ``record``: the pass that
     :func:`resume` started, if any."""
@@ -309,7 +318,7 @@ def _position(loader: Any, epoch: int, batches: int, record: _Pass | None) -> di
             state["batches"] = record.skipped + batches
         else:
             state["same_order"] = False
-    elif batches > len(loader):
+    elif batches > _length(loader, batches):
         raise DataPositionError(f"batches={batches}, but the loader has only {len(loader)}")
     if not layout.distributed:
         return state
@@ -493,10 +502,7 @@ def resume(loader: Any, state: Mapping[str, Any], *, even: bool = True) -> Resum
         )
     if same:
         skip = int(saved["batches"])
-        try:
-            length = len(loader)
-        except TypeError:  # a batch sampler of the user's without a length
-            length = skip
+        length = _length(loader, skip)
         if skip > length:  # position() never writes this: an epoch skipped, silently
             raise DataPositionError(
                 f"state: batches={skip}, but the loader has only {length} batches in an epoch"

@@ -404,3 +404,20 @@ def test_a_refused_resume_leaves_the_sampler_as_it_was(
 def test_more_batches_than_the_loader_has_is_refused() -> None:
     with pytest.raises(DataPositionError, match="batches=3, but the loader has only 2"):
         cd.position(loader(10, 2, 0), epoch=EPOCH, batches=3)
+
+
+class _Pairs:
+    """A batch sampler of the user's without ``__len__`` (a streaming or bucketing one)."""
+
+    def __iter__(self) -> Any:
+        for start in range(0, 10, 2):
+            yield [start, start + 1]
+
+
+def test_a_batch_sampler_without_a_length_is_saved_and_resumed_as_given() -> None:
+    """position() raised a bare ``TypeError: object of type ... has no len()`` where resume()
+    took the same loader: its epoch cannot be bounded, so both take the count as given."""
+    data = TensorDataset(torch.arange(10))
+    state = cd.position(DataLoader(data, batch_sampler=_Pairs()), epoch=0, batches=2)
+    resumed = cd.resume(DataLoader(data, batch_sampler=_Pairs()), state)
+    assert samples(resumed) == [4, 5, 6, 7, 8, 9]
