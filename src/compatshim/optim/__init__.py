@@ -77,16 +77,17 @@ def _refuse(
     import torch
 
     name = type(owner).__name__
-    other = (
-        f"; it holds {foreign[:8]}, which no {name} of any known release has: saved by "
-        "another optimizer or scheduler class?"
-        if foreign
-        else ""
-    )
+    at = f"at {where or 'its top level'}"
+    running = f"running torch {torch.__version__}; known: {sorted(known)}"
+    if foreign:  # the likely cause first: the keys only another class has
+        return OptimizerStateError(
+            f"compatshim.optim: the saved {name} state ({at}) looks saved by another optimizer "
+            f"or scheduler class: it holds {foreign[:8]}, which no {name} of any known release "
+            f"has, and lacks key(s) {sorted(missing)} ({running})"
+        )
     return OptimizerStateError(
-        f"compatshim.optim: the saved {name} state lacks key(s) "
-        f"{sorted(missing)} (at {where or 'its top level'}) and no torch release is known to "
-        f"have added them (running torch {torch.__version__}; known: {sorted(known)}){other}"
+        f"compatshim.optim: the saved {name} state lacks key(s) {sorted(missing)} ({at}) and "
+        f"no torch release is known to have added them ({running})"
     )
 
 
