@@ -4,8 +4,9 @@
 # The machine's own Python, CUDA torch and frameworks are used as they are; nothing is installed
 # into them. What they lack comes as wheels in .whl/ (matrix/gpu/wheels.sh makes them on a machine
 # with a package index) and goes, with this checkout's compatshim as an editable install (its
-# start-up hook compatshim_auto.pth included, so COMPATSHIM_AUTO=1 arms the children the tests
-# start), into an overlay venv over the machine's site-packages. Then, side by side:
+# start-up files compatshim_auto.pth/.start/.py and a RECORD naming them, so COMPATSHIM_AUTO=1
+# arms the children the tests start), into an overlay venv over the machine's site-packages.
+# Then, side by side:
 #   1. the whole suite but the gpu/multigpu tests, `-n $GPU_WORKERS` with pytest-xdist;
 #   2. the gpu/multigpu tests (CUDA RNG, ColossalAI on CUDA, 1-rank NCCL copies, EMA), one process;
 # then 3. the GPU benchmarks (bench/run_all.py, one at a time, missing ones left out), and writes
