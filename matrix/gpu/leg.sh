@@ -15,8 +15,10 @@
 # On a machine without CUDA it runs to the end and GPU.md says "no CUDA device" (a rehearsal).
 #
 # Knobs: OUT (default .gpu-out), GPU_PYTHON (python3), GPU_WORKERS (14), GPU_TESTS (tests),
-# GPU_SUITE_S (300), GPU_BENCHES (bench_ema bench_checkpoint bench_map_location), GPU_BENCH_S (60);
-# the benches run with BENCH_QUICK=1 (bench_map_location: the 512 MiB file, "fresh pages" heap, 3 repeats).
+# GPU_SUITE_S (300), GPU_BENCHES (bench_ema bench_checkpoint bench_map_location; "" runs none),
+# GPU_BENCH_S (60), GPU_PACK (unset; 1: $OUT ends as GPU.md and raw.tar.gz, the rest packed, for a
+# tool that brings back few files); the benches run with BENCH_QUICK=1 (bench_map_location: the
+# 512 MiB file, "fresh pages" heap, 3 repeats).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -26,7 +28,7 @@ PY=${GPU_PYTHON:-python3}
 WORKERS=${GPU_WORKERS:-14}
 TESTS=${GPU_TESTS:-tests}
 SUITE_S=${GPU_SUITE_S:-300}
-BENCHES=${GPU_BENCHES:-bench_ema bench_checkpoint bench_map_location}
+BENCHES=${GPU_BENCHES-bench_ema bench_checkpoint bench_map_location}  # set and empty: none
 BENCH_S=${GPU_BENCH_S:-60}
 START=$(date +%s)
 log() { echo "[t+$(($(date +%s) - START))s] $*" | tee -a "$OUT/leg.log"; }
@@ -146,3 +148,8 @@ COMMAND="bash matrix/gpu/leg.sh (GPU_WORKERS=$WORKERS GPU_TESTS=$TESTS GPU_SUITE
     --benches "${RAN[*]:-}" --write matrix/GPU.md
 cp matrix/GPU.md "$OUT/GPU.md"
 log "done; GPU.md in $OUT"
+if [ -n "${GPU_PACK:-}" ]; then  # every raw file in one archive beside GPU.md
+    (cd "$OUT" && find . -maxdepth 1 -type f ! -name GPU.md ! -name raw.tar.gz -printf '%P\n' \
+        | tar -czf raw.tar.gz -T - && find . -maxdepth 1 -type f ! -name GPU.md \
+        ! -name raw.tar.gz -delete) || echo "packing failed: the raw files stay in $OUT"
+fi
