@@ -6,7 +6,7 @@
 # with a package index) and goes, with this checkout's compatshim as an editable install (its
 # start-up files compatshim_auto.pth/.start/.py and a RECORD naming them, so COMPATSHIM_AUTO=1
 # arms the children the tests start), into an overlay venv over the machine's site-packages.
-# Then, side by side:
+# Then the doctor (COMPATSHIM_AUTO=1) and, side by side:
 #   1. the whole suite but the gpu/multigpu tests, `-n $GPU_WORKERS` with pytest-xdist;
 #   2. the gpu/multigpu tests (CUDA RNG, ColossalAI on CUDA, 1-rank NCCL copies, EMA), one process;
 # then 3. the GPU benchmarks (bench/run_all.py, one at a time, missing ones left out), and writes
@@ -114,6 +114,11 @@ VPY=$VENV/bin/python
 "$VPY" -c 'import compatshim, torch; print("compatshim from", compatshim.__file__, "torch", torch.__version__)' \
     >>"$OUT/overlay.txt" 2>&1 || { log "overlay python cannot import compatshim/torch"; cat "$OUT/overlay.txt"; exit 2; }
 log "overlay ready: $VPY"
+
+# 1b. the doctor, the main job, as a user arms compatshim (before the suites load the machine)
+COMPATSHIM_AUTO=1 timeout 120 "$VPY" -m compatshim doctor >"$OUT/doctor.txt" 2>&1
+echo $? >"$OUT/doctor.rc"
+log "doctor rc=$(cat "$OUT/doctor.rc")"
 
 # 2. the suite (xdist where installed) and the gpu tests, side by side
 PARALLEL=()

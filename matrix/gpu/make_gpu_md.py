@@ -118,6 +118,17 @@ def bench_section(out: Path, name: str) -> list[str]:
     return [head, "", *(keep[-60:] or ["(no output)"]), ""]
 
 
+def doctor_section(out: Path) -> list[str]:
+    """``compatshim doctor`` as the leg ran it (COMPATSHIM_AUTO=1), or nothing if it did not."""
+    text, rc = out / "doctor.txt", out / "doctor.rc"
+    if not text.is_file():
+        return []
+    code = rc.read_text().strip() if rc.is_file() else "?"
+    body = text.read_text(errors="replace").rstrip().splitlines()[-80:]
+    head = f"### `COMPATSHIM_AUTO=1 python -m compatshim doctor`: exit {code}"
+    return [head, "", "```text", *body, "```", ""]
+
+
 def render(out: Path, command: str, seconds: str, benches: list[str]) -> str:
     info = machine()
     gpu = info["device"] != "no CUDA device" and not info["device"].startswith("no CUDA")
@@ -168,6 +179,7 @@ def render(out: Path, command: str, seconds: str, benches: list[str]) -> str:
         lines += ["### Failures", "", *(f"- `{n}` ({r}): {m}" for n, r, m in bad), ""]
     if not (out / "suite.xml").is_file():
         lines += ["The suite wrote no junit file (killed before its summary): see suite.txt.", ""]
+    lines += doctor_section(out)
     lines += ["### Benchmarks", ""]
     for name in benches:
         lines += bench_section(out, name)
