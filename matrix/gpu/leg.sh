@@ -83,8 +83,8 @@ info = target / f"compatshim-{version}.dist-info"
 info.mkdir()
 (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: compatshim\nVersion: {version}\n")
 (info / "INSTALLER").write_text("matrix/gpu/leg.sh\n")
-(info / "RECORD").write_text("".join(f"{name},," + "\n" for name in (*HOOK, *(
-    f"{info.name}/{part}" for part in ("METADATA", "INSTALLER", "RECORD")))))
+own = (f"{info.name}/{part}" for part in ("METADATA", "INSTALLER", "RECORD"))
+(info / "RECORD").write_text("".join(f"{name},,\n" for name in (*HOOK, *own)))
 print("overlay over", bases)
 EOF
 # the wheels, unpacked as pip --target --no-deps would (the machine may have no pip)

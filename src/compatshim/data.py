@@ -318,8 +318,8 @@ def _position(loader: Any, epoch: int, batches: int, record: _Pass | None) -> di
             state["batches"] = record.skipped + batches
         else:
             state["same_order"] = False
-    elif batches > _length(loader, batches):
-        raise DataPositionError(f"batches={batches}, but the loader has only {len(loader)}")
+    elif batches > (length := _length(loader, batches)):
+        raise DataPositionError(f"batches={batches}, but the loader has only {length}")
     if not layout.distributed:
         return state
     sampler = layout.sampler
