@@ -22,11 +22,15 @@ load into a template without them; ``load_dcp`` takes the running template and f
 Part ``rewrite`` (issue 39: the dry run and the ``.metadata`` rewrite read no tensor data,
 "time <= 1.10x of reading ``.metadata`` alone"): the folder of part ``readers`` (its
 ``extra`` item is a dict without tensors, which a rewrite for torch 2.2 reads and saves
-whole), then, interleaved in this process: torch's own read of ``.metadata``
+whole), or with ``--training`` a training state of about ``MiB`` on disk (a model of a
+third of it in ``tensors`` Linear layers, its AdamW moments, a warmup+cosine SequentialLR
+and a GradScaler, each rank saving the whole replicated state, as DDP does); then,
+interleaved in this process: torch's own read of ``.metadata``
 (``FileSystemReader.read_metadata``, an unchecked ``pickle.load``), compatshim's hardened
 read of it (``_dcp_records.read_folder``, what the other two start with),
 ``downgrade_dcp`` for 2.4 and for 2.2 into a fresh folder each call (data files
-hard-linked), and ``plan_resume`` against the zeroed template.
+hard-linked), and ``plan_resume`` against the zeroed template (``--training``: the same
+model built from another seed, as a resuming script builds it).
 """
 
 from __future__ import annotations
@@ -85,25 +89,39 @@ def _load(folder: str, state: dict[str, Any]) -> None:
 
 
 def _rank_save(
-    rank: int, ranks: int, port: int, folder: str, mib: int, count: int, timeout: float
+    rank: int,
+    ranks: int,
+    port: int,
+    folder: str,
+    mib: int,
+    count: int,
+    timeout: float,
+    training: bool = False,
 ) -> None:
-    """One spawned rank: join the gloo group, save its share of the state."""
+    """One spawned rank: join the gloo group, save its share of the state (``training``:
+    the whole replicated training state, which DCP spreads over the ranks' files)."""
     warnings.simplefilter("ignore")
     faulthandler.dump_traceback_later(timeout, exit=True)  # a stuck rank says where, and ends
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks
     )
     try:
-        _save(folder, _state(mib, count, zero=False, ranks=ranks, rank=rank), no_dist=False)
+        if training:
+            state = _template(*_training(mib // 3, count))
+        else:
+            state = _state(mib, count, zero=False, ranks=ranks, rank=rank)
+        _save(folder, state, no_dist=False)
     finally:
         dist.destroy_process_group()
 
 
-def _save_ranks(folder: str, mib: int, count: int, ranks: int, timeout: float = 600) -> None:
+def _save_ranks(
+    folder: str, mib: int, count: int, ranks: int, timeout: float = 600, training: bool = False
+) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
-    args = (ranks, port, folder, mib, count, timeout)
+    args = (ranks, port, folder, mib, count, timeout, training)
     context = mp.start_processes(_rank_save, args, ranks, join=False, start_method="spawn")
     try:
         for _ in range(int(timeout)):
@@ -262,14 +280,18 @@ def adapter(mib: int = 96, count: int = 48, repeats: int = 7) -> None:
     )
 
 
-def _saved_folder(prefix: str, mib: int, count: int, ranks: int) -> str:
-    """A new folder holding the state, saved by this process or by ``ranks`` gloo ranks."""
+def _saved_folder(prefix: str, mib: int, count: int, ranks: int, training: bool = False) -> str:
+    """A new folder holding the state, saved by this process or by ``ranks`` gloo ranks
+    (``training``: a model of ``mib // 3`` MiB in ``count`` layers with its AdamW moments,
+    its scheduler and GradScaler, about ``mib`` MiB on disk)."""
     folder = tempfile.mkdtemp(prefix=prefix)
     try:
-        if ranks == 1:
+        if ranks == 1 and training:
+            _save(folder, _template(*_training(mib // 3, count)), no_dist=True)
+        elif ranks == 1:
             _save(folder, _state(mib, count, zero=False), no_dist=True)
         else:
-            _save_ranks(folder, mib, count, ranks)
+            _save_ranks(folder, mib, count, ranks, training=training)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
@@ -333,17 +355,22 @@ def main(mib: int = 256, count: int = 64, ranks: int = 1, repeats: int = 7) -> N
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def rewrite(mib: int = 1024, count: int = 64, ranks: int = 4, repeats: int = 7) -> None:
+def rewrite(
+    mib: int = 1024, count: int = 64, ranks: int = 4, repeats: int = 7, training: bool = False
+) -> None:
     """Reading ``.metadata`` alone against the dry run and the rewrite, interleaved."""
     from compatshim.checkpoint import downgrade_dcp, plan_resume
     from compatshim.checkpoint._dcp_records import read_folder
 
     warnings.simplefilter("ignore")
-    folder = _saved_folder("bench-dcp-rewrite-", mib, count, ranks)
+    folder = _saved_folder("bench-dcp-rewrite-", mib, count, ranks, training)
     out = tempfile.mkdtemp(prefix="bench-dcp-rewrite-out-")
     made = [0]
     try:
-        template = _state(mib, count, zero=True)
+        if training:  # the running script's state: another seed, as a resume builds it
+            template = _template(*_training(mib // 3, count, seed=1))
+        else:
+            template = _state(mib, count, zero=True)
         plans: list[Any] = []
 
         def downgrade(release: str) -> Any:
@@ -359,7 +386,7 @@ def rewrite(mib: int = 1024, count: int = 64, ranks: int = 4, repeats: int = 7) 
             ).read_metadata(),
             "compatshim's hardened read of .metadata": lambda: read_folder(folder),
             "downgrade_dcp(torch='2.4')": downgrade("2.4"),
-            "downgrade_dcp(torch='2.2'): the extra item saved whole": downgrade("2.2"),
+            "downgrade_dcp(torch='2.2'): the dicts without tensors saved whole": downgrade("2.2"),
             "plan_resume (dry run, hardened)": lambda: plans.append(plan_resume(folder, template)),
         }
         load_avg = os.getloadavg()[0]
@@ -371,8 +398,16 @@ def rewrite(mib: int = 1024, count: int = 64, ranks: int = 4, repeats: int = 7) 
         files = list(Path(folder).iterdir())
         size = sum(f.stat().st_size for f in files)
         meta = (Path(folder) / ".metadata").stat().st_size
+        held = read_folder(folder)
+        shape = (
+            f"a model of {count} Linear layers with its AdamW moments, a SequentialLR and a "
+            f"GradScaler ({len(held.tensors())} tensors + {len(held.entries) - len(held.tensors())}"
+            " other items)"
+            if training
+            else f"{count} tensors + 2 items"
+        )
         print(
-            f"\ntorch {torch.__version__}: {size / 2**20:.0f} MiB in {count} tensors + 2 items, "
+            f"\ntorch {torch.__version__}: {size / 2**20:.0f} MiB in {shape}, "
             f"saved by {ranks} rank(s), .metadata {meta / 1024:.1f} KiB; {repeats} interleaved "
             f"calls each, in balanced orders (each contender first, and right after each other "
             "one, equally often), medians; load average "
@@ -401,9 +436,16 @@ if __name__ == "__main__":
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--only", choices=("readers", "adapter", "rewrite"))
+    parser.add_argument(
+        "--training",
+        action="store_true",
+        help="rewrite: a training state of about MiB on disk in `tensors` layers",
+    )
     options = parser.parse_args()
     if options.only == "rewrite":
-        rewrite(options.mib or 1024, options.tensors, options.ranks, options.repeats)
+        rewrite(
+            options.mib or 1024, options.tensors, options.ranks, options.repeats, options.training
+        )
     elif options.only != "adapter":
         main(options.mib or 256, options.tensors, options.ranks, options.repeats)
     if options.only in (None, "adapter"):
