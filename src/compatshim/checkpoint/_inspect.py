@@ -15,8 +15,9 @@ them) with every storage on ``meta``, so no tensor data is read (a zip file's st
 made on ``meta``, a safetensors file is mapped, never read; a legacy-format file's storages
 are read, as ``load`` reads them, then dropped). What it does is the severity: it loads
 (loadable), it refuses only globals an allow entry admits (needs-allow, each named), it
-refuses anything else (dangerous: a denied object, a budget or structure refusal, what it
-builds being hostile), or the file is no checkpoint it can read (unreadable: raised).
+refuses anything else (dangerous: a denied object, a structure refusal, what it builds
+being hostile), or the file is no checkpoint it can read (unreadable: raised; a file over the
+work budget too, as docs/inspect.md says: no writer makes one, and nothing of it runs).
 A DCP folder: its ``.metadata`` as torch reads it hardened, then each non-tensor item of
 its ``.distcp`` files as hardened DCP reads it (``torch.load`` of the item's bytes), each
 by ``load``'s machine; the folder gets the worst severity.
