@@ -347,23 +347,24 @@ def _position(loader: Any, epoch: int, batches: int, record: _Pass | None) -> di
     return state
 
 
-# name -> (type, None allowed): None only for what a DistributedSampler alone has
-_FIELDS: dict[str, tuple[type, bool]] = {
-    "epoch": (int, False),
-    "batches": (int, False),
-    "sampler": (str, False),
-    "dataset_length": (int, False),
-    "world_size": (int, False),
-    "batch_size": (int, False),
-    "drop_last": (bool, False),
-    "same_order": (bool, False),
-    "seed": (int, True),
-    "shuffle": (bool, True),
-    "sampler_drop_last": (bool, True),
-    "epoch_length": (int, True),
-    "consumed": (int, True),
-    "rank": (int, True),  # a StatefulDataLoader's position only: its state is this rank's
-    "stateful": (dict, True),  # StatefulDataLoader.state_dict()
+# name -> (type, None allowed, least int): None only for what a DistributedSampler alone has;
+# counts >= 0 (a batch size of 0: a user's batch sampler), a seed any int (manual_seed's)
+_FIELDS: dict[str, tuple[type, bool, int | None]] = {
+    "epoch": (int, False, 0),
+    "batches": (int, False, 0),
+    "sampler": (str, False, None),
+    "dataset_length": (int, False, 0),
+    "world_size": (int, False, 1),
+    "batch_size": (int, False, 0),
+    "drop_last": (bool, False, None),
+    "same_order": (bool, False, None),
+    "seed": (int, True, None),
+    "shuffle": (bool, True, None),
+    "sampler_drop_last": (bool, True, None),
+    "epoch_length": (int, True, 0),
+    "consumed": (int, True, 0),
+    "rank": (int, True, 0),  # a StatefulDataLoader's position only: its state is this rank's
+    "stateful": (dict, True, None),  # StatefulDataLoader.state_dict()
 }
 
 
@@ -380,14 +381,13 @@ def _checked(state: Any) -> Mapping[str, Any]:
         raise DataPositionError(f"state: format {short(state['format'])} is not {FORMAT!r}")
     if type(state.get("version")) is not int or state["version"] != VERSION:
         raise DataPositionError(f"state: version {short(state.get('version'))} is not {VERSION}")
-    for name, (kind, optional) in _FIELDS.items():
+    for name, (kind, optional, least) in _FIELDS.items():
         value = state.get(name)
         if value is None and optional:
             continue
-        least = 1 if name == "world_size" else 0  # a batch size of 0: a user's batch sampler
-        below = isinstance(value, int) and value < least
+        below = least is not None and type(value) is int and value < least
         if type(value) is not kind or below:
-            what = f"an int >= {least}" if kind is int else kind.__name__
+            what = kind.__name__ if least is None else f"an int >= {least}"
             raise DataPositionError(f"state[{name!r}]: expected {what}, got {short(value)}")
     return state
 

@@ -91,6 +91,18 @@ def test_same_world_size_continues_the_samplers_own_batches(length: int, batches
         assert resumed.repeated == resumed.dropped == ()
 
 
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_negative_seed_resumes(world_size: int) -> None:
+    """DistributedSampler takes any int seed (torch.Generator.manual_seed(-5) is legal): a
+    position saved with one resumes, at the same world size and at another."""
+    state, consumed = saved(24, 2, 2, seed=-5)
+    assert state["seed"] == -5
+    rest = []
+    for rank in range(world_size):
+        rest += samples(cd.resume(loader(24, world_size, rank, seed=-5, epoch=0), state))
+    assert sorted(consumed + rest) == sorted(epoch_order(24, seed=-5))
+
+
 def test_skipped_batches_are_never_loaded() -> None:
     class Counting(TensorDataset):
         loads: list[int] = []
