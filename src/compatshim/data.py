@@ -13,8 +13,9 @@ yet consumed are dealt to the new ranks as ``DistributedSampler`` deals an epoch
 takes every ``M``-th from ``r``): no sample of the epoch is repeated or skipped, except that
 when their number is not a multiple of ``M`` and ``even=True`` (the default: every rank gets
 as many batches, as DDP needs), up to ``M - 1`` are repeated (the sampler's
-``drop_last=False``) or left out (``drop_last=True``), as ``DistributedSampler`` itself does;
-:attr:`Resumed.repeated` and :attr:`Resumed.dropped` name them. ``even=False`` deals each
+``drop_last=False``) or left out (``drop_last=True``), as ``DistributedSampler`` itself does, and the loader's
+``drop_last=True`` cuts each new rank's last partial batch; :attr:`Resumed.repeated` and
+:attr:`Resumed.dropped` name them. ``even=False`` deals each
 exactly once (ranks then differ by at most one sample).
 
 RNG. :func:`resume` builds the loader's iterator itself and leaves torch's default generator
@@ -51,6 +52,7 @@ Importing this module imports no framework; torch is imported on first use.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import math
@@ -115,8 +117,10 @@ class Resumed(Iterator[Any]):
 
     ``same_order``: True when it continues the sampler's own order (the uninterrupted run's
     batches); ``skipped``: this rank's batches passed over without loading them;
-    ``repeated`` / ``dropped``: dataset indices served twice or left out so that every rank
-    gets as many samples (``even=True`` at another world size; empty otherwise).
+    ``repeated`` / ``dropped``: dataset indices served twice, or left out (so that every rank
+    gets as many samples, ``even=True``, or cut by the loader's ``drop_last``), at another
+    world size; empty otherwise. ``len()`` is the batches left; an empty rest is still true,
+    as iterators are (``rest.epoch if rest else 0`` must not restart at epoch 0).
     """
 
     def __init__(
@@ -128,8 +132,10 @@ class Resumed(Iterator[Any]):
         skipped: int,
         repeated: Sequence[int] = (),
         dropped: Sequence[int] = (),
+        length: int | None,
     ) -> None:
         self.iterator = iterator
+        self._length = length
         self.epoch = record.epoch
         self.same_order = same_order
         self.skipped = skipped
@@ -143,7 +149,12 @@ class Resumed(Iterator[Any]):
         return batch
 
     def __len__(self) -> int:
-        return len(self.iterator)
+        if self._length is None:  # a loader without a length (a batch sampler of the user's)
+            raise TypeError("this rest of an epoch has no length: its loader has none")
+        return self._length
+
+    def __bool__(self) -> bool:
+        return True
 
 
 def _count(value: Any, name: str) -> int:
@@ -220,8 +231,22 @@ class _Layout:
         sampler = self.sampler
         return int(sampler.total_size) if sampler.drop_last else self.length
 
+    def owners(self) -> list[Any]:
+        """The batch sampler, the sampler, and the samplers a batch sampler of the user's holds
+        as ``.sampler`` (torch's convention: a bucketing sampler over a DistributedSampler),
+        each once: every one whose epoch decides the order."""
+        found: list[Any] = []
+        for start in (self.batcher, self.sampler):
+            node = start
+            for _ in range(4):  # a chain of wrappers, not a walk of the user's objects
+                if node is None or any(node is seen for seen in found):
+                    break
+                found.append(node)
+                node = getattr(node, "sampler", None)
+        return found
+
     def set_epoch(self, epoch: int) -> None:
-        for owner in (self.sampler, self.batcher):
+        for owner in self.owners():
             if hasattr(owner, "set_epoch"):
                 owner.set_epoch(epoch)
 
@@ -300,19 +325,22 @@ def _position(loader: Any, epoch: int, batches: int, record: _Pass | None) -> di
         layout.batch_size,
         layout.drop_last,
     )
-    sampler_epoch = getattr(layout.sampler, "epoch", epoch)
-    if layout.distributed and sampler_epoch != epoch:
-        raise DataPositionError(
-            f"epoch={epoch}, but the DistributedSampler is in epoch {short(sampler_epoch)} "
-            "(sampler.set_epoch(epoch) not called?): the position must name the epoch whose "
-            "order the loader used"
-        )
-    if record is not None and record.epoch == epoch:  # a pass that resume() started
-        if batches != record.taken:
+    import torch.utils.data as data
+
+    for owner in layout.owners():  # a batch sampler of the user's may hold one
+        sampler_epoch = getattr(owner, "epoch", epoch)
+        if isinstance(owner, data.DistributedSampler) and sampler_epoch != epoch:
             raise DataPositionError(
-                f"batches={batches}, but {record.taken} batches were taken from the iterator "
-                f"compatshim.data.resume returned for epoch {epoch}: count the batches of "
-                "this pass, not of the whole epoch"
+                f"epoch={epoch}, but the DistributedSampler is in epoch {short(sampler_epoch)} "
+                "(sampler.set_epoch(epoch) not called?): the position must name the epoch "
+                "whose order the loader used"
+            )
+    if record is not None and record.epoch == epoch:  # a pass that resume() started
+        if batches > record.taken:  # fewer: fetched, not yet trained on (served again)
+            raise DataPositionError(
+                f"batches={batches}, but only {record.taken} batches were taken from the "
+                f"iterator compatshim.data.resume returned for epoch {epoch}: count the batches "
+                "of this pass, not of the whole epoch"
             )
         if record.same_order:
             state["batches"] = record.skipped + batches
@@ -393,23 +421,52 @@ def _checked(state: Any) -> Mapping[str, Any]:
 
 
 def _deal(
-    remaining: list[int], world_size: int, rank: int, even: bool, drop_last: bool
-) -> tuple[list[int], list[int], list[int]]:
-    """This rank's share of ``remaining``, dealt as DistributedSampler deals an epoch.
-
-    Returns (share, repeated, dropped).
+    remaining: list[int], world_size: int, even: bool, drop_last: bool, batch_size: int, cut: bool
+) -> tuple[list[list[int]], list[int], list[int]]:
+    """Every rank's share of ``remaining``, dealt as DistributedSampler deals an epoch (rank
+    ``r`` takes every ``world_size``-th from ``r``; ``even``: padded with repeats, or cut
+    with the sampler's ``drop_last``), less each rank's last partial batch where the loader's
+    ``drop_last`` (``cut``) leaves it out. Returns (shares, repeated, dropped): the copies
+    served more than once, and the samples no rank serves, in the epoch's order.
     """
-    repeated: list[int] = []
-    dropped: list[int] = []
+    padding: list[int] = []
+    dealt = remaining
     extra = len(remaining) % world_size
     if even and extra and drop_last:
-        dropped = remaining[len(remaining) - extra :]
-        remaining = remaining[: len(remaining) - extra]
+        dealt = remaining[: len(remaining) - extra]
     elif even and extra:
         need = world_size - extra
-        repeated = (remaining * math.ceil(need / len(remaining)))[:need]
-        remaining = remaining + repeated
-    return remaining[rank::world_size], repeated, dropped
+        padding = (remaining * math.ceil(need / len(remaining)))[:need]
+        dealt = remaining + padding
+    shares = [dealt[rank::world_size] for rank in range(world_size)]
+    if cut:
+        shares = [share[: len(share) // batch_size * batch_size] for share in shares]
+    served = collections.Counter(i for share in shares for i in share)
+    dropped = [i for i in remaining if not served[i]]
+    repeated = []
+    for i in padding:  # a copy the loader cut is not served twice
+        if served[i] > 1:
+            repeated.append(i)
+            served[i] -= 1
+    return shares, repeated, dropped
+
+
+def _check_dataset(length: int, saved: Mapping[str, Any]) -> None:
+    if saved["dataset_length"] != length:
+        raise DataPositionError(
+            f"loader: its dataset has {length} samples, the position's "
+            f"{saved['dataset_length']}: an epoch of another dataset cannot be resumed"
+        )
+
+
+def _check_seed(sampler: Any, saved: Mapping[str, Any]) -> None:
+    """A DistributedSampler's order is its seed's and shuffle's: the saved ones, or another."""
+    if (saved["seed"], saved["shuffle"]) != (sampler.seed, sampler.shuffle):
+        raise DataPositionError(
+            f"loader: its DistributedSampler has seed={sampler.seed}, shuffle={sampler.shuffle}; "
+            f"the position's seed={short(saved['seed'])}, shuffle={short(saved['shuffle'])}: "
+            "the epoch's order would differ"
+        )
 
 
 def _batches(indices: list[int], batch_size: int, drop_last: bool) -> list[list[int]]:
@@ -451,8 +508,17 @@ def _generators_kept(loader: Any) -> Iterator[None]:
 
 
 def _iterator(loader: Any, index_sampler: list[Any]) -> Any:
-    """``loader``'s own iterator class over ``index_sampler`` (call under _generators_kept)."""
-    return type(loader)._get_iterator(_LoaderView(loader, index_sampler))
+    """``loader``'s own iterator class over ``index_sampler`` (call under _generators_kept).
+
+    With ``persistent_workers`` the loader keeps it, as it keeps the iterator of every pass:
+    its next ``iter(loader)`` resets it over the loader's own sampler (no new workers, no
+    base seed drawn), as in the uninterrupted run. This pass reads ``index_sampler`` already.
+    """
+    iterator = type(loader)._get_iterator(_LoaderView(loader, index_sampler))
+    if loader.persistent_workers and loader.num_workers > 0:
+        iterator._index_sampler = loader._index_sampler
+        loader._iterator = iterator
+    return iterator
 
 
 def resume(loader: Any, state: Mapping[str, Any], *, even: bool = True) -> Resumed:
@@ -482,11 +548,7 @@ def resume(loader: Any, state: Mapping[str, Any], *, even: bool = True) -> Resum
         saved = {**saved, "stateful": None}
     layout = _Layout(loader)
     epoch = int(saved["epoch"])
-    if saved["dataset_length"] != layout.length:
-        raise DataPositionError(
-            f"loader: its dataset has {layout.length} samples, the position's "
-            f"{saved['dataset_length']}: an epoch of another dataset cannot be resumed"
-        )
+    _check_dataset(layout.length, saved)
     same = (
         saved["same_order"]
         and saved["sampler"] == layout.kind
@@ -512,23 +574,19 @@ def resume(loader: Any, state: Mapping[str, Any], *, even: bool = True) -> Resum
             own = list(itertools.islice(iter(loader._index_sampler), skip, None))
             iterator = _iterator(loader, own)
         record = _Pass(epoch, same_order=True, skipped=skip)
-        resumed = Resumed(iterator, record, same_order=True, skipped=skip)
+        resumed = Resumed(iterator, record, same_order=True, skipped=skip, length=len(own))
         _PASSES[loader] = record
         return resumed
     if not (layout.distributed and isinstance(saved.get("consumed"), int)):
         raise DataPositionError(
             f"loader: saved with {saved['sampler']} at world size {saved['world_size']}, batch "
-            f"size {saved['batch_size']}; here {layout.kind} at world size {layout.world_size}, "
-            f"batch size {layout.batch_size}: only a DistributedSampler's epoch (with torch's "
-            "BatchSampler) is dealt again at another world size or batch size"
+            f"size {saved['batch_size']}, drop_last={saved['drop_last']}; here {layout.kind} at "
+            f"world size {layout.world_size}, batch size {layout.batch_size}, "
+            f"drop_last={layout.drop_last}: only a DistributedSampler's epoch (with torch's "
+            "BatchSampler) is dealt again at another world size, batch size or drop_last"
         )
     sampler = layout.sampler
-    if (saved["seed"], saved["shuffle"]) != (sampler.seed, sampler.shuffle):
-        raise DataPositionError(
-            f"loader: its DistributedSampler has seed={sampler.seed}, shuffle={sampler.shuffle}; "
-            f"the position's seed={short(saved['seed'])}, shuffle={short(saved['shuffle'])}: "
-            "the epoch's order would differ"
-        )
+    _check_seed(sampler, saved)
     epoch_length, consumed = saved["epoch_length"], saved["consumed"]
     if not isinstance(epoch_length, int) or not 0 <= consumed <= epoch_length <= layout.length:
         raise DataPositionError(
@@ -541,9 +599,15 @@ def resume(loader: Any, state: Mapping[str, Any], *, even: bool = True) -> Resum
     )
     order.set_epoch(epoch)  # the epoch's order once, without padding: torch's own shuffle
     remaining = list(order)[consumed:epoch_length]
-    share, repeated, dropped = _deal(
-        remaining, layout.world_size, layout.rank, even, bool(sampler.drop_last)
+    shares, repeated, dropped = _deal(
+        remaining,
+        layout.world_size,
+        even,
+        bool(sampler.drop_last),
+        layout.batch_size,
+        layout.drop_last and loader.batch_sampler is not None,
     )
+    share = shares[layout.rank]
     batches = _batches(share, layout.batch_size, layout.drop_last)
     indices: list[Any] = batches if loader.batch_sampler is not None else share
     record = _Pass(epoch, same_order=False)
@@ -553,8 +617,7 @@ def resume(loader: Any, state: Mapping[str, Any], *, even: bool = True) -> Resum
         layout.world_size,
         layout.batch_size,
     )
-    most = math.ceil((record.limit + len(repeated)) / layout.world_size)  # rank 0's share
-    record.length = most // layout.batch_size if layout.drop_last else -(-most // layout.batch_size)
+    record.length = max(-(-len(one) // layout.batch_size) for one in shares)  # cut: whole
     with _generators_kept(loader):
         iterator = _iterator(loader, indices)
     resumed = Resumed(
@@ -564,6 +627,7 @@ def resume(loader: Any, state: Mapping[str, Any], *, even: bool = True) -> Resum
         skipped=0,
         repeated=repeated,
         dropped=dropped,
+        length=len(indices),
     )
     _PASSES[loader] = record
     return resumed
@@ -617,7 +681,8 @@ def _stateful_position(loader: Any, epoch: int, batches: int) -> dict[str, Any]:
     if yielded != total:
         raise DataPositionError(
             f"batches={batches}, but the StatefulDataLoader yielded {yielded} batches in this "
-            "pass: count the batches taken from iter(loader) (or from compatshim.data.resume)"
+            "pass: count the batches taken from iter(loader) (or from compatshim.data.resume); "
+            "its state counts every batch yielded, so save after the training step"
         )
     if layout is not None:
         state = _position(loader, epoch, total, None)
@@ -725,6 +790,10 @@ def _stateful_resume(loader: Any, saved: Mapping[str, Any]) -> Resumed | None:
             f"{there[0]} with batch size {there[1]}, drop_last={there[2]}: its state would "
             "replay another order"
         )
+    if layout is not None:  # the state replays the saved sampler's iterator: the same order?
+        _check_dataset(layout.length, saved)
+        if layout.distributed:
+            _check_seed(layout.sampler, saved)
     workers, now = _saved_workers(saved["stateful"]), int(loader.num_workers)
     if workers is None:
         raise DataPositionError(
@@ -746,18 +815,36 @@ def _stateful_resume(loader: Any, saved: Mapping[str, Any]) -> Resumed | None:
             f"StatefulDataLoader's state only into as many workers, and {why}"
         )
     epoch = int(saved["epoch"])
-    for owner in (loader.sampler, loader.batch_sampler):
-        if hasattr(owner, "set_epoch"):
-            owner.set_epoch(epoch)
+    owners = [o for o in (loader.sampler, loader.batch_sampler) if hasattr(o, "set_epoch")]
+    before = [(owner, getattr(owner, "epoch", None)) for owner in owners]
+    kept = (loader.next_iter_state, loader._iterator)
+    for owner in owners:
+        owner.set_epoch(epoch)
     own = copy.deepcopy(dict(saved["stateful"]))
-    loader.load_state_dict(own)
-    if own.get("_iterator_finished") is True:
-        # a finished pass: iter(loader) would start the next one under the saved epoch
-        iterator: Any = _Finished()
-    else:
-        with _generators_kept(loader):
-            iterator = iter(loader)
+    try:  # torchdata checks the state's inside only here: a failure puts everything back
+        loader.load_state_dict(own)
+        if own.get("_iterator_finished") is True:
+            # a finished pass: iter(loader) would start the next one under the saved epoch
+            iterator: Any = _Finished()
+        else:
+            with _generators_kept(loader):
+                iterator = iter(loader)
+    except (KeyError, IndexError, TypeError, ValueError, AssertionError) as exc:
+        loader.next_iter_state, loader._iterator = kept
+        for owner, was in before:
+            if was is not None:
+                owner.set_epoch(was)
+        raise DataPositionError(
+            f"state['stateful']: torchdata could not load it ({type(exc).__name__}: "
+            f"{short(str(exc))}); the loader is as it was"
+        ) from None
     skipped = int(saved["batches"])
     record = _Pass(epoch, same_order=True, skipped=skipped, from_state=True)
     _PASSES[loader] = record
-    return Resumed(iterator, record, same_order=True, skipped=skipped)
+    left: int | None = 0
+    if not isinstance(iterator, _Finished):
+        try:
+            left = max(len(loader) - skipped, 0)
+        except TypeError:  # an IterableDataset without a length
+            left = None
+    return Resumed(iterator, record, same_order=True, skipped=skipped, length=left)

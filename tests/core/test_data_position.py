@@ -16,9 +16,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from torch.utils.data import (  # noqa: E402
+    BatchSampler,
     DataLoader,
     DistributedSampler,
     IterableDataset,
+    Sampler,
     TensorDataset,
 )
 
@@ -190,7 +192,7 @@ def test_a_resumed_pass_saved_again_composes() -> None:
         load = loader(40, 3, rank)
         resumed = cd.resume(load, state, even=False)
         consumed += samples(itertools.islice(resumed, 1))
-        with pytest.raises(DataPositionError, match="batches=3, but 1 batches were taken"):
+        with pytest.raises(DataPositionError, match="batches=3, but only 1 batches were taken"):
             cd.position(load, epoch=EPOCH, batches=3)  # counted over the epoch: refused
         middle_states.append(cd.position(load, epoch=EPOCH, batches=1))
     assert all(s == middle_states[0] for s in middle_states)
@@ -433,3 +435,140 @@ def test_a_batch_sampler_without_a_length_is_saved_and_resumed_as_given() -> Non
     state = cd.position(DataLoader(data, batch_sampler=_Pairs()), epoch=0, batches=2)
     resumed = cd.resume(DataLoader(data, batch_sampler=_Pairs()), state)
     assert samples(resumed) == [4, 5, 6, 7, 8, 9]
+
+
+# -- found by an audit as a user would (2026-12-04): each failed before its fix ----------------
+
+
+def test_an_empty_rest_is_still_a_resume() -> None:
+    """A position saved at the end of a pass resumes as an empty iterator that is truthy, as
+    iterators are: ``rest.epoch if rest else 0`` must not restart the run at epoch 0."""
+    state, _ = saved(12, 1, 4)
+    rest = cd.resume(loader(12, 1, 0, epoch=0), state)
+    assert len(rest) == 0 and list(rest) == []
+    assert rest and rest.epoch == EPOCH
+
+
+class Buckets(Sampler[list[int]]):
+    """A batch sampler of the user's over a DistributedSampler (bucketing), held as .sampler."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+
+    def __iter__(self) -> Any:
+        it = iter(self.sampler)
+        while chunk := list(itertools.islice(it, 3)):
+            yield chunk
+
+    def __len__(self) -> int:
+        return -(-len(self.sampler) // 3)
+
+
+class Wrapped(BatchSampler):
+    """torch's BatchSampler with its own __iter__ (only wrapping super's)."""
+
+    def __iter__(self) -> Any:
+        yield from super().__iter__()
+
+
+@pytest.mark.parametrize("make", [Buckets, lambda s: Wrapped(s, 3, False)], ids=["own", "sub"])
+def test_a_batch_sampler_over_a_distributed_sampler_gets_the_epoch(make: Any) -> None:
+    """resume sets the epoch of the samplers a batch sampler holds (torch's ``.sampler``), so
+    the replayed order is the saved epoch's, not epoch 0's."""
+
+    def build() -> tuple[Any, DataLoader[Any]]:
+        data = TensorDataset(torch.arange(12))
+        sampler = DistributedSampler(data, num_replicas=1, rank=0, seed=0)
+        return sampler, DataLoader(data, batch_sampler=make(sampler))
+
+    sampler, load = build()
+    sampler.set_epoch(1)
+    uninterrupted = [b[0].tolist() for b in load]
+    state = cd.position(load, epoch=1, batches=2)
+    sampler, load = build()
+    rest = cd.resume(load, state)
+    assert sampler.epoch == 1
+    assert [b[0].tolist() for b in rest] == uninterrupted[2:]
+    with pytest.raises(DataPositionError, match="DistributedSampler is in epoch 1"):
+        cd.position(load, epoch=2, batches=0)  # the inner sampler's epoch is checked too
+
+
+def test_a_resumed_pass_saved_before_the_step_composes() -> None:
+    """The docs' loop saves ``taken`` inside ``enumerate(batches)``: the batch fetched, not yet
+    trained. In a pass resume returned that is one fewer than fetched; the fetched batch is
+    served again after the next resume."""
+    state, _ = saved(24, 1, 3)
+    load = loader(24, 1, 0, epoch=0)
+    rest = cd.resume(load, state)
+    for taken_, _batch in enumerate(rest):
+        if taken_ == 2:
+            position = cd.position(load, epoch=EPOCH, batches=taken_)
+            break
+    assert position["batches"] == 3 + 2
+    with pytest.raises(DataPositionError, match="only 3 batches were taken"):
+        cd.position(load, epoch=EPOCH, batches=4)
+    uninterrupted = [b[0].tolist() for b in loader(24, 1, 0)]
+    again = cd.resume(loader(24, 1, 0, epoch=0), position)
+    assert [b[0].tolist() for b in again] == uninterrupted[5:]
+
+
+@pytest.mark.parametrize("even", [True, False])
+def test_a_loaders_drop_last_at_another_world_size_names_what_it_leaves_out(even: bool) -> None:
+    """The loader's drop_last cuts each new rank's last partial batch: those samples are named
+    in ``dropped``, and ``repeated`` names only copies that are served."""
+    state, consumed = saved(40, 2, 3, batch_size=4, drop_last=True)
+    served: list[int] = []
+    rests = []
+    for rank in range(3):
+        rest = cd.resume(
+            loader(40, 3, rank, batch_size=4, drop_last=True, epoch=0), state, even=even
+        )
+        served += samples(rest)
+        rests.append(rest)
+    assert all(r.dropped == rests[0].dropped and r.repeated == rests[0].repeated for r in rests)
+    rest = rests[0]
+    left = [i for i in epoch_order(40) if i not in consumed]
+    assert sorted(served + list(rest.dropped)) == sorted(left + list(rest.repeated))
+    assert not set(rest.dropped) & set(served)
+    assert all(served.count(i) >= 2 for i in rest.repeated)
+
+
+def test_another_drop_last_is_named_in_the_refusal() -> None:
+    data = TensorDataset(torch.arange(12))
+    state = cd.position(DataLoader(data, batch_size=5), epoch=0, batches=1)
+    with pytest.raises(DataPositionError, match=r"drop_last=False.*drop_last=True"):
+        cd.resume(DataLoader(data, batch_size=5, drop_last=True), state)
+
+
+def test_persistent_workers_keep_the_streams_of_the_next_epochs() -> None:
+    """With persistent_workers the uninterrupted loader draws the workers' base seed once and
+    reuses its iterator: the resumed loader keeps the one resume built, so the next epoch's
+    ``iter(loader)`` draws nothing either, and no second set of workers is started."""
+
+    def build() -> tuple[Any, DataLoader[Any]]:
+        data = TensorDataset(torch.arange(8))
+        sampler = DistributedSampler(data, num_replicas=1, rank=0, seed=0)
+        return sampler, DataLoader(
+            data, batch_size=2, sampler=sampler, num_workers=1, persistent_workers=True
+        )
+
+    def run(sampler: Any, load: Any, rest: Any = None, save_at: Any = None) -> Any:
+        draws, found = [], None
+        for epoch in range(rest.epoch if rest is not None else 0, 3):
+            sampler.set_epoch(epoch)
+            batches = rest if rest is not None and epoch == rest.epoch else iter(load)
+            for count, batch in enumerate(batches):
+                if (epoch, count) == save_at:
+                    found = cd.position(load, epoch=epoch, batches=count), torch.get_rng_state()
+                    draws.clear()
+                draws.append((samples([batch]), torch.rand(()).item()))  # stands for dropout
+        return draws, found
+
+    torch.manual_seed(0)
+    uninterrupted, (state, rng) = run(*build(), save_at=(1, 1))
+    sampler, load = build()
+    torch.set_rng_state(rng)  # what compatshim.rng.load does
+    rest = cd.resume(load, state)
+    assert load._iterator is rest.iterator
+    assert run(sampler, load, rest)[0] == uninterrupted
+    assert load._iterator is rest.iterator  # every later epoch reset it: one set of workers

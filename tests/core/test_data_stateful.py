@@ -272,3 +272,57 @@ def test_a_refused_stateful_resume_leaves_the_sampler_as_it_was() -> None:
     with pytest.raises(DataPositionError, match="seed=8, shuffle=True; the position's seed=7"):
         cd.resume(StatefulDataLoader(data, batch_size=3, sampler=sampler), state)
     assert sampler.epoch == 0
+
+
+# -- found by an audit as a user would (2026-12-04): each failed before its fix ----------------
+
+
+def test_the_rest_has_the_length_it_yields() -> None:
+    load = distributed(24, 1, 0, batch_size=2)
+    taken(load, 4)
+    rest = cd.resume(distributed(24, 1, 0, batch_size=2), cd.position(load, epoch=EPOCH, batches=4))
+    assert len(rest) == 8 == len(list(rest))
+
+
+@pytest.mark.parametrize(
+    ("length", "seed", "shuffle", "match"),
+    [
+        (26, 7, True, "its dataset has 26 samples, the position's 24"),
+        (24, 8, True, "seed=8, shuffle=True; the position's seed=7"),
+        (24, 7, False, "seed=7, shuffle=False; the position's seed=7, shuffle=True"),
+    ],
+)
+def test_another_order_at_the_same_world_size_is_refused(
+    length: int, seed: int, shuffle: bool, match: str
+) -> None:
+    """As for a plain DataLoader: the loader's state would replay the saved sampler's iterator
+    over another order, silently."""
+    load = distributed(24, 1, 0, batch_size=2)
+    taken(load, 2)
+    state = cd.position(load, epoch=EPOCH, batches=2)
+    data = TensorDataset(torch.arange(length))
+    sampler = DistributedSampler(data, num_replicas=1, rank=0, seed=seed, shuffle=shuffle)
+    again = StatefulDataLoader(data, batch_size=2, sampler=sampler)
+    with pytest.raises(DataPositionError, match=match):
+        cd.resume(again, state)
+    assert sampler.epoch == 0 and again.next_iter_state is None
+
+
+def test_a_state_torchdata_cannot_load_is_refused_and_changes_nothing() -> None:
+    load = distributed(24, 1, 0, batch_size=2)
+    taken(load, 2)
+    state = cd.position(load, epoch=EPOCH, batches=2)
+    again = distributed(24, 1, 0, batch_size=2)
+    again.sampler.set_epoch(0)
+    with pytest.raises(DataPositionError, match=r"state\['stateful'\]: torchdata could not load"):
+        cd.resume(again, {**state, "stateful": {"_num_yielded": 1}})
+    assert again.sampler.epoch == 0 and again.next_iter_state is None
+
+
+def test_a_count_before_the_step_says_to_save_after_it() -> None:
+    load = distributed(24, 1, 0, batch_size=2)
+    for count, _batch in enumerate(load):
+        if count == 3:
+            with pytest.raises(DataPositionError, match="save after the training step"):
+                cd.position(load, epoch=EPOCH, batches=count)
+            break
