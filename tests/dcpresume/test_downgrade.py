@@ -231,17 +231,27 @@ def _craft(folder: Path, records: Folder, row: int = -1) -> Path:
     return folder
 
 
-def test_a_dtype_the_older_release_lacks_is_refused_by_name(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "older", "newer"),
+    [
+        ("uint16", "2.2", "2.8"),  # torch 2.3+
+        ("float8_e4m3fn", "2.1", "2.2"),  # saved with _rebuild_tensor_v3, which 2.1 lacks
+        ("complex32", "2.1", "2.2"),
+    ],
+)
+def test_a_dtype_the_older_release_lacks_is_refused_by_name(
+    tmp_path: Path, dtype: str, older: str, newer: str
+) -> None:
     records = read_folder(FIXTURE / "dcp-nested")
     tensor = records.entries["model.0.weight"]
     assert tensor is not None
-    tensor.dtype = "uint16"  # torch 2.3+
+    tensor.dtype = dtype
     src = _craft(tmp_path / "src", records)
-    with pytest.raises(DowngradeError, match=r"uint16 \(model\.0\.weight\).*torch 2\.2"):
-        downgrade_dcp(src, tmp_path / "old", torch="2.2")
+    with pytest.raises(DowngradeError, match=rf"{dtype} \(model\.0\.weight\).*torch {older}"):
+        downgrade_dcp(src, tmp_path / "old", torch=older)
     assert not (tmp_path / "old").exists(), "nothing is written when refused"
-    downgrade_dcp(src, tmp_path / "ok", torch="2.8")
-    assert read_folder(tmp_path / "ok").entries["model.0.weight"].dtype == "uint16"  # type: ignore[union-attr]
+    downgrade_dcp(src, tmp_path / "ok", torch=newer)
+    assert read_folder(tmp_path / "ok").entries["model.0.weight"].dtype == dtype  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("older", ["2.4", "2.2"])  # 2.2: before its whole items are read

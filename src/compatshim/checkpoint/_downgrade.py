@@ -21,7 +21,8 @@ release  differs from the row above
 2.1      TensorProperties, MEM_FORMAT_ENCODING in torch.distributed._shard.
          sharded_tensor.metadata (5 fields); Metadata: state_dict_metadata,
          planner_data, storage_data; _StorageInfo: relative_path, offset, length
-2.2      dtypes float8_e4m3fnuz, float8_e5m2fnuz
+2.2      dtypes float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz, complex32,
+         bits8-16 (saved with ``_rebuild_tensor_v3``, which 2.2 added: torch 2.1.2 fails)
 2.4      TensorProperties, _MEM_FORMAT_ENCODING in torch.distributed.checkpoint.
          metadata; Metadata.storage_meta; StorageMeta: checkpoint_id, save_id,
          load_id (dtypes: 2.2's, the ones known to be there)
@@ -57,12 +58,14 @@ from ._dcp_records import DCP, FS, SHARD, Folder, Size, Storage, Tensor, read_fo
 from .errors import CheckpointError
 
 _D21_NAMES = (
-    "bfloat16 bits16 bits1x8 bits2x4 bits4x2 bits8 bool cdouble cfloat chalf complex128 "
-    "complex32 complex64 double float float16 float32 float64 float8_e4m3fn float8_e5m2 half "
-    "int int16 int32 int64 int8 long qint32 qint8 quint2x4 quint4x2 quint8 short uint8"
+    "bfloat16 bool cdouble cfloat complex128 complex64 double float float16 float32 float64 "
+    "half int int16 int32 int64 int8 long qint32 qint8 quint2x4 quint4x2 quint8 short uint8"
 )
 _D21 = frozenset(_D21_NAMES.split())
-_D22 = _D21 | {"float8_e4m3fnuz", "float8_e5m2fnuz"}
+# newer releases save these with torch._utils._rebuild_tensor_v3, which 2.2 added: torch 2.1
+# cannot load them ("Can't get attribute '_rebuild_tensor_v3'"), nor save its own float8
+_V3 = {"bits16", "bits1x8", "bits2x4", "bits4x2", "bits8", "chalf", "complex32"}
+_D22 = _D21 | _V3 | {"float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"}
 _D28 = _D22 | {"bit", "float4_e2m1fn_x2", "float8_e8m0fnu", "uint16", "uint32", "uint64"}
 _D28 |= {f"{kind}{bits}" for kind in ("int", "uint") for bits in range(1, 8)}
 _D215 = _D28 | {"bcomplex32"}
