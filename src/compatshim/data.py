@@ -13,9 +13,9 @@ yet consumed are dealt to the new ranks as ``DistributedSampler`` deals an epoch
 takes every ``M``-th from ``r``): no sample of the epoch is repeated or skipped, except that
 when their number is not a multiple of ``M`` and ``even=True`` (the default: every rank gets
 as many batches, as DDP needs), up to ``M - 1`` are repeated (the sampler's
-``drop_last=False``) or left out (``drop_last=True``), as ``DistributedSampler`` itself does, and the loader's
-``drop_last=True`` cuts each new rank's last partial batch; :attr:`Resumed.repeated` and
-:attr:`Resumed.dropped` name them. ``even=False`` deals each
+``drop_last=False``) or left out (``drop_last=True``), as ``DistributedSampler`` itself
+does, and the loader's ``drop_last=True`` cuts each new rank's last partial batch;
+:attr:`Resumed.repeated` and :attr:`Resumed.dropped` name them. ``even=False`` deals each
 exactly once (ranks then differ by at most one sample).
 
 RNG. :func:`resume` builds the loader's iterator itself and leaves torch's default generator

@@ -565,3 +565,32 @@ def test_every_tensors_properties_survive_the_rewrite(tmp_path: Path, group: Any
         assert [(c.offsets, c.sizes) for c in new.chunks] == [
             (c.offsets, c.sizes) for c in old.chunks
         ], key
+
+
+def test_a_release_between_rows_is_named_as_asked(tmp_path: Path) -> None:
+    records = read_folder(FIXTURE / "dcp-nested")
+    tensor = records.entries["model.0.weight"]
+    assert tensor is not None
+    tensor.dtype = "uint16"
+    src = _craft(tmp_path / "src", records)
+    with pytest.raises(DowngradeError, match=r"torch 2\.5 \(whose DCP reads as torch 2\.4's\)"):
+        downgrade_dcp(src, tmp_path / "old", torch="2.5")
+
+
+def test_an_entry_the_2_2_merge_refuses_is_named_with_the_way_out(
+    tmp_path: Path, group: Any
+) -> None:
+    """A value hardened mode refuses inside a dict torch 2.2 reads whole: the message names
+    the item, not a buffer, and offers what downgrade_dcp takes (no allow=)."""
+    import decimal
+
+    dcp.save(
+        {"w": torch.ones(2), "cfg": {"x": decimal.Decimal("1.5"), "y": 1}},
+        **dcp_kwargs(tmp_path / "src"),
+    )
+    with pytest.raises(UnsafeCheckpointError) as caught:
+        downgrade_dcp(tmp_path / "src", tmp_path / "old", torch="2.2")
+    message = str(caught.value)
+    assert "item 'cfg.x'" in message and "BytesIO" not in message
+    assert "allow=" not in message and "torch 2.4+" in message
+    downgrade_dcp(tmp_path / "src", tmp_path / "new", torch="2.4")

@@ -55,7 +55,7 @@ from typing import Any, Callable
 from .._text import names, short
 from ._dcp_folder import METADATA
 from ._dcp_records import DCP, FS, SHARD, Folder, Size, Storage, Tensor, read_folder
-from .errors import CheckpointError
+from .errors import CheckpointError, as_well
 
 _D21_NAMES = (
     "bfloat16 bool cdouble cfloat complex128 complex64 double float float16 float32 float64 "
@@ -168,7 +168,7 @@ def downgrade_dcp(src: Any, dst: Any, *, torch: str, link: bool = True) -> Downg
     src, dst = os.fspath(src), os.fspath(dst)
     folder = read_folder(src)
     files = _other_files(src, folder)
-    _refuse_unrepresentable(folder, row)  # before anything is read for the merge
+    _refuse_unrepresentable(folder, row, torch)  # before anything is read for the merge
     folder, whole, merged = _merge_whole(src, folder, row, files)
     data, changes = _emit(folder, row)
     _make_folder(src, dst)
@@ -215,7 +215,8 @@ def _merge_whole(
         raise DowngradeError(f"{src}: already holds a file named {WHOLE_FILE}, which it writes")
     import torch
 
-    from ._load import load
+    from .errors import UnsafeCheckpointError
+    from .request import read
 
     out, storage, merged = io.BytesIO(), list(folder.storage), []
     entries, planner = dict(folder.entries), dict(folder.planner_data)
@@ -226,7 +227,17 @@ def _merge_whole(
             if place is None:
                 raise CheckpointError(f"{src}: item {short(fqn)} has no storage_data entry")
             blob = io.BytesIO(folder.stored(place))
-            _put(value, full[len(route) :], load(blob), len(held))
+            blob.name = f"{src}: item {short(fqn)}"  # what a refusal names
+            try:
+                item = read(blob)
+            except UnsafeCheckpointError as exc:
+                raise as_well(UnsafeCheckpointError, type(exc))(
+                    f"{exc}: torch {_name(row)} reads {name} whole, so compatshim reads its "
+                    "entries to write it so, and reads nothing it refuses; save plain values "
+                    "there, or rewrite for torch 2.4+ (entries are kept as they are)",
+                    exc.refused,
+                ) from None
+            _put(value, full[len(route) :], item, len(held))
         start = out.tell()
         torch.save(value, out)
         entries[name], planner[name] = None, route
@@ -312,11 +323,14 @@ def _make_folder(src: str, dst: str) -> None:
             raise FileExistsError(f"dst: {dst} exists and is not an empty folder") from None
 
 
-def _refuse_unrepresentable(folder: Folder, row: Release) -> None:
+def _refuse_unrepresentable(folder: Folder, row: Release, target: str) -> None:
     """DowngradeError naming what ``row`` cannot represent: a dtype it lacks, data files
-    written through a transform before 2.8."""
+    written through a transform before 2.8. ``target``: the release asked for."""
     tensors = folder.tensors()
     where = f"torch {_name(row)}"
+    asked = tuple(int(part) for part in target.split("+")[0].split(".")[:2])  # release_row's
+    if asked != row.version:  # a release between two rows: named as asked
+        where = f"torch {target} (whose DCP reads as torch {_name(row)}'s)"
     lacking = sorted({t.dtype for t in tensors.values()} - row.dtypes)
     if lacking:
         held = [fqn for fqn, t in tensors.items() if t.dtype in lacking]
