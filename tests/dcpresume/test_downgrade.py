@@ -207,7 +207,8 @@ def test_the_rewrite_and_the_dry_run_read_no_tensor_data(
     assert (opened, read) == ([], []), "the rewrite for 2.4 links the data files, unread"
     template = {"w": torch.zeros(1024, 1024), "sched": {"last_epoch": 0, "lrs": [0.0, 0.0]}}
     plan = plan_resume(src, template)
-    assert plan.ok, plan.text()
+    # torch 2.2's plain dcp.load reads the top-level sched and puts the template's back
+    assert plan.ok if RUNNING[:2] >= (2, 3) else plan.dropped == ("sched",), plan.text()
     assert 0 < sum(read) <= items, (opened, read)
     if RUNNING[:2] >= (2, 3):  # where torch saves the scheduler entry by entry
         read.clear()
@@ -577,6 +578,7 @@ def test_a_release_between_rows_is_named_as_asked(tmp_path: Path) -> None:
         downgrade_dcp(src, tmp_path / "old", torch="2.5")
 
 
+@pytest.mark.skipif(RUNNING[:2] < (2, 3), reason="torch 2.2 saves the dict whole: no merge")
 def test_an_entry_the_2_2_merge_refuses_is_named_with_the_way_out(
     tmp_path: Path, group: Any
 ) -> None:

@@ -46,12 +46,16 @@ class ResumePlan:
     refused: tuple[str, ...]  # "path: why" (hardened mode)
     unreadable: tuple[str, ...]  # why the running torch cannot read the .metadata
     unused: tuple[str, ...]
+    # top-level items the running torch's plain dcp.load reads and drops (2.2): load_dcp keeps
+    dropped: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
         """Whether the resume would succeed (through ``compatshim.optim.load_dcp`` where
         anything is filled or read whole)."""
-        return not (self.missing or self.mismatched or self.refused or self.unreadable)
+        return not (
+            self.missing or self.mismatched or self.refused or self.unreadable or self.dropped
+        )
 
     def text(self) -> str:
         lines = [f"{self.folder}: {'resumes' if self.ok else 'WOULD FAIL'}"]
@@ -63,6 +67,11 @@ class ResumePlan:
         lines += [f"  MISSING from the checkpoint: {p}" for p in self.missing]
         lines += [f"  MISMATCHED: {p}" for p in self.mismatched]
         lines += [f"  REFUSED by hardened mode: {p}" for p in self.refused]
+        lines += [
+            f"  DROPPED by this torch's dcp.load: {p} (a top-level non-tensor item keeps the "
+            "template's value; compatshim.optim.load_dcp loads it)"
+            for p in self.dropped
+        ]
         if self.unused:
             lines.append(f"  in the checkpoint, not asked for: {names(list(self.unused), 10)}")
         return "\n".join(lines)
@@ -132,6 +141,8 @@ def plan_resume(
                 if top in owners and _holds_dict(value):  # torch 2.2: planned whole
                     read_whole.setdefault(top, {})[fqn] = tuple(routes[fqn])
             continue
+        if optimizers is not None and isinstance(value, (dict, list)) and not value:
+            continue  # torch 2.3+ saves no entry for an empty one; load_dcp keeps it
         prefix = _whole_prefix(fqn, saved)
         top = fqn.split(".", 1)[0]
         fill = _fill(fqn, owners.get(top)) if top in owners else None
@@ -157,10 +168,28 @@ def plan_resume(
         if why:
             missing.append(why)
     unused = tuple(k for k in saved.entries if k not in asked)
+    dropped = () if optimizers is not None else _dropped(state_dict, saved, torch)
     return ResumePlan(
         path, tuple(loads), tuple(filled), tuple(whole), tuple(missing), tuple(mismatched),
-        tuple(refused), tuple(running_torch_reads(saved)), unused,
+        tuple(refused), tuple(running_torch_reads(saved)), unused, dropped,
     )  # fmt: skip
+
+
+def _dropped(state_dict: dict[str, Any], saved: Folder, torch: Any) -> tuple[str, ...]:
+    """The tops a plain ``dcp.load`` of torch before 2.3 reads and drops: it loads a top-level
+    non-Stateful item into a copy of the state dict and puts the template's object back (a
+    tensor is loaded in place; an int, or a dict torch 2.2 reads whole, is not)."""
+    from .._engine.versions import contains
+
+    if contains("<2.3", str(torch.__version__)) is not True:  # 2.2's load, read in its source
+        return ()
+    return tuple(
+        top
+        for top, value in state_dict.items()
+        if saved.entries.get(top, 0) is None
+        and not _stateful(value)
+        and not isinstance(value, torch.Tensor)
+    )
 
 
 def _holds_dict(value: Any) -> bool:

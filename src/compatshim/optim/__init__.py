@@ -122,7 +122,21 @@ def _fix_scheduler(
             f"compatshim.optim: the saved {type(owner).__name__} state at "
             f"{where or 'its top level'} is {short(saved)}, not a scheduler's state (a dict)"
         )
-    fixed, filled = _fix_keys(saved, running, SCHEDULER_KEYS, where, owner)
+    known = SCHEDULER_KEYS
+    func = running.get("anneal_func")
+    if func is not None and "anneal_func" not in saved and "_anneal_func_type" in saved:
+        # OneCycleLR: newer releases save the strategy's name where older ones kept the bound
+        # method; the running scheduler's own method stands for it where the names agree
+        strategy = saved["_anneal_func_type"]
+        if getattr(func, "__name__", None) != f"_annealing_{strategy}":
+            raise OptimizerStateError(
+                f"compatshim.optim: the saved {type(owner).__name__} state at "
+                f"{where or 'its top level'} anneals by {short(strategy)}, the running one by "
+                f"{getattr(func, '__name__', short(func))}: build it with "
+                f"anneal_strategy={short(strategy)}"
+            )
+        known = {**SCHEDULER_KEYS, "anneal_func": func}
+    fixed, filled = _fix_keys(saved, running, known, where, owner)
     want = running.get(_NESTED)
     if isinstance(want, list):
         inner = fixed.get(_NESTED)
@@ -325,7 +339,8 @@ def _whole_items(
 class _Slot:
     """A top-level item DCP reads whole, handed to ``dcp.load`` as a Stateful: torch 2.2's
     ``dcp.load`` reads a top-level non-Stateful item into a copy of the state dict and drops
-    it (a scheduler saved under 2.2 and resumed there kept its fresh state)."""
+    it (a scheduler saved under 2.2 and resumed there kept its fresh state; an ``epoch``
+    int kept the template's); 2.3+ put the item in its place, as this does."""
 
     def __init__(self, value: Any) -> None:
         self.value = value
@@ -337,12 +352,56 @@ class _Slot:
         self.value = value
 
 
-def _one_item_tops(state_dict: dict[str, Any], tops: Mapping[str, Any]) -> list[str]:
-    """The tops the running torch plans as one item (a dict or list without tensors on
-    torch 2.2, or one :func:`_whole_items` made a leaf)."""
+def _one_item_tops(state_dict: dict[str, Any]) -> list[str]:
+    """The tops the running torch plans as one item and loads by replacing it (an int, a
+    dict or list without tensors on torch 2.2, one :func:`_whole_items` made a leaf); not a
+    tensor (loaded in place) nor a Stateful (DCP calls its load_state_dict)."""
+    import torch
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
-    return [top for top in tops if list(flatten_state_dict({top: state_dict[top]})[0]) == [top]]
+    return [
+        top
+        for top, value in state_dict.items()
+        if not isinstance(value, torch.Tensor)
+        and not (hasattr(value, "state_dict") and hasattr(value, "load_state_dict"))
+        and not (  # a model's: a tensor at once, never one item (and not flattened again)
+            isinstance(value, dict) and any(isinstance(v, torch.Tensor) for v in value.values())
+        )
+        and list(flatten_state_dict({top: value})[0]) == [top]
+    ]
+
+
+def _empties(value: Any, path: str) -> list[tuple[dict[Any, Any], Any, str]]:
+    """(dict, key, DCP path) of each empty dict or list held by a dict under ``value`` (never
+    inside a tensor or another object; one in a list stays: its index would move): torch
+    2.3+ saves no entry for one."""
+    found = []
+    for key in value if isinstance(value, dict) else range(len(value)):
+        inner, where = value[key], _path(path, key)
+        if isinstance(inner, (dict, list)) and not inner:
+            found += [(value, key, where)] if isinstance(value, dict) else []
+        elif isinstance(inner, (dict, list)):
+            found += _empties(inner, where)
+    return found
+
+
+def _with_empties(loaded: Any, template: Any) -> Any:
+    """``loaded`` (an item read whole) with the empty dicts and lists of ``template`` that it
+    lacks: a 2.3+ save has no entry for them, so an item rebuilt from its entries (a folder
+    rewritten for torch 2.2) misses them, or holds None for one inside a list."""
+    if isinstance(template, dict) and isinstance(loaded, dict):
+        for key, value in template.items():
+            if isinstance(value, (dict, list)) and not value and key not in loaded:
+                loaded[key] = type(value)()
+            elif key in loaded:
+                loaded[key] = _with_empties(loaded[key], value)
+    elif isinstance(template, list) and isinstance(loaded, list):
+        for i, (got, value) in enumerate(zip(loaded, template)):
+            if got is None and isinstance(value, (dict, list)) and not value:
+                loaded[i] = type(value)()
+            else:
+                loaded[i] = _with_empties(got, value)
+    return loaded
 
 
 def load_dcp(
@@ -386,12 +445,16 @@ def load_dcp(
             # any other missing key is left in the plan: DCP's own error names it
             if _absent(path, saved):
                 left_out.append((container, key, container.pop(key)))
+    # torch 2.3+ saves no entry for an empty dict or list (and plans none); 2.2 plans one as
+    # an item: one the checkpoint lacks stays as it is, as on 2.3+
+    kept = [(c, k, c.pop(k)) for c, k, path in _empties(state_dict, "") if _absent(path, saved)]
     whole = [(c, k, path, c[k]) for c, k, path in _whole_items(state_dict, optimizers, saved)]
     for container, key, _, _ in whole:
         container[key] = None  # a leaf: DCP reads the saved item in its place
-    template = {top: state_dict[top] for top in optimizers}
-    for top in _one_item_tops(state_dict, optimizers):
-        state_dict[top] = _Slot(state_dict[top])
+    template = dict(state_dict)
+    slots = {top: state_dict[top] for top in _one_item_tops(state_dict)}
+    for top, value in slots.items():
+        state_dict[top] = _Slot(value)
     # torch 2.2's load has no checkpoint_id (the reader, made from it above, names the folder)
     where = {}
     if checkpoint_id is not None and "checkpoint_id" in inspect.signature(load).parameters:
@@ -400,9 +463,12 @@ def load_dcp(
         load(
             state_dict, storage_reader=reader, planner=planner, process_group=process_group, **where
         )
-        for top, value in state_dict.items():
-            if isinstance(value, _Slot):
-                state_dict[top] = value.value
+        for container, key, value in kept:
+            container[key] = value
+        for top, value in slots.items():
+            state_dict[top] = _with_empties(state_dict[top].value, value)
+        for container, key, _, value in whole:
+            container[key] = _with_empties(container[key], value)
         unread = [path for container, key, path, _ in whole if container[key] is None]
         if unread:
             raise OptimizerStateError(
@@ -417,7 +483,7 @@ def load_dcp(
         state_dict.update(template)  # the caller's template as it was
         for container, key, _, value in whole:
             container[key] = value
-        for container, key, value in left_out:
+        for container, key, value in [*left_out, *kept]:
             container[key] = value
         raise
     state_dict.update(adapted)

@@ -26,6 +26,11 @@ differ, and only between 2.4.1 and 2.8.0:
 - ``verbose`` (up to 2.4.1 at least, gone in 2.8.0): whether ``step()`` printed
   the new learning rate. A release without the key never prints, and a scheduler
   built with the default (``verbose="deprecated"``) holds False.
+
+``OneCycleLR`` (not in ``sched_job``; ``tests/dcpresume/test_edge_state.py``): 2.2.2
+keeps the bound ``anneal_func`` in its state, 2.5.1 and 2.15.0 the strategy's name,
+``_anneal_func_type``. A state with the name loads into 2.2 with the running
+scheduler's own method where the two agree (``compatshim.optim._fix_scheduler``).
 """
 
 from __future__ import annotations
