@@ -605,7 +605,7 @@ def resume(loader: Any, state: Mapping[str, Any], *, even: bool = True) -> Resum
         even,
         bool(sampler.drop_last),
         layout.batch_size,
-        layout.drop_last and loader.batch_sampler is not None,
+        layout.drop_last,  # False without a batch sampler (batch_size=None): _Layout's
     )
     share = shares[layout.rank]
     batches = _batches(share, layout.batch_size, layout.drop_last)
@@ -815,7 +815,8 @@ def _stateful_resume(loader: Any, saved: Mapping[str, Any]) -> Resumed | None:
             f"StatefulDataLoader's state only into as many workers, and {why}"
         )
     epoch = int(saved["epoch"])
-    owners = [o for o in (loader.sampler, loader.batch_sampler) if hasattr(o, "set_epoch")]
+    chain = layout.owners() if layout is not None else [loader.sampler, loader.batch_sampler]
+    owners = [owner for owner in chain if hasattr(owner, "set_epoch")]
     before = [(owner, getattr(owner, "epoch", None)) for owner in owners]
     kept = (loader.next_iter_state, loader._iterator)
     for owner in owners:

@@ -326,3 +326,35 @@ def test_a_count_before_the_step_says_to_save_after_it() -> None:
             with pytest.raises(DataPositionError, match="save after the training step"):
                 cd.position(load, epoch=EPOCH, batches=count)
             break
+
+
+def test_a_batch_sampler_over_a_distributed_sampler_gets_the_epoch() -> None:
+    """As for a DataLoader: the loader's state replays the batch sampler, whose order is the
+    epoch of the DistributedSampler it holds as ``.sampler``."""
+
+    class Buckets(torch.utils.data.Sampler[list[int]]):
+        def __init__(self, sampler: Any) -> None:
+            self.sampler = sampler
+
+        def __iter__(self) -> Any:
+            it = iter(self.sampler)
+            while chunk := list(itertools.islice(it, 3)):
+                yield chunk
+
+        def __len__(self) -> int:
+            return -(-len(self.sampler) // 3)
+
+    def build() -> tuple[Any, Any]:
+        data = TensorDataset(torch.arange(12))
+        sampler = DistributedSampler(data, num_replicas=1, rank=0, seed=0)
+        return sampler, StatefulDataLoader(data, batch_sampler=Buckets(sampler))
+
+    sampler, load = build()
+    sampler.set_epoch(1)
+    uninterrupted = [b[0].tolist() for b in load]
+    before, _ = taken(load, 2)
+    state = cd.position(load, epoch=1, batches=2)
+    sampler, load = build()
+    rest = cd.resume(load, state)
+    assert sampler.epoch == 1
+    assert before + [b[0].tolist() for b in rest] == uninterrupted
