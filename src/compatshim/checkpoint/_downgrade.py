@@ -129,13 +129,18 @@ def _name(row: Release) -> str:
     return ".".join(map(str, row.version))
 
 
-def release_row(target: str) -> Release:
-    """The newest row of :data:`RELEASES` at or before ``target`` ("2.4", "2.4.1", "2.8.0+cpu")."""
+def _minor(target: str) -> tuple[int, int]:
+    """``(2, 4)`` for "2.4", "2.4.1", "2.4.1+cpu"; ValueError naming anything else."""
     try:
         major, minor = (int(part) for part in target.split("+")[0].split(".")[:2])
     except (ValueError, AttributeError):
         raise ValueError(f"torch: expected a release such as '2.8', got {short(target)}") from None
-    rows = [r for r in RELEASES if r.version <= (major, minor)]
+    return major, minor
+
+
+def release_row(target: str) -> Release:
+    """The newest row of :data:`RELEASES` at or before ``target`` ("2.4", "2.4.1", "2.8.0+cpu")."""
+    rows = [r for r in RELEASES if r.version <= _minor(target)]
     if not rows:
         raise DowngradeError(
             f"torch {target}: DCP folders before torch 2.1 are not known to compatshim "
@@ -328,8 +333,7 @@ def _refuse_unrepresentable(folder: Folder, row: Release, target: str) -> None:
     written through a transform before 2.8. ``target``: the release asked for."""
     tensors = folder.tensors()
     where = f"torch {_name(row)}"
-    asked = tuple(int(part) for part in target.split("+")[0].split(".")[:2])  # release_row's
-    if asked != row.version:  # a release between two rows: named as asked
+    if _minor(target) != row.version:  # a release between two rows: named as asked
         where = f"torch {target} (whose DCP reads as torch {_name(row)}'s)"
     lacking = sorted({t.dtype for t in tensors.values()} - row.dtypes)
     if lacking:
