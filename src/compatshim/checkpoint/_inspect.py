@@ -50,6 +50,7 @@ from ._container import (
 )
 from ._dcp_folder import DcpInfo
 from ._dtypes import BY_TORCH
+from ._expand import transformed
 from ._gate import ALLOWLIST, Verdict, judge
 from ._machine import Source
 from ._names import RESOLVER, parse
@@ -604,8 +605,7 @@ def _with_item(
             vars(exact)["name"] = label  # what messages call it (io.BufferedReader shows it)
             view: Any = io.BufferedReader(exact)
             if transforms:  # compressed by a DCP extension: read whole, as torch reads it
-                view = io.BytesIO(_transformed(view, transforms).read())
-                view.name = label
+                view = transformed(view, transforms, length, label)
             item = inspect(view)
     except (CheckpointError, OSError, ValueError) as exc:
         why = plain_text(exc).removeprefix(f"{label}: ")
@@ -627,20 +627,6 @@ def _with_item(
 def _item_result(info: CheckpointInfo, severity: str, refusal: str) -> CheckpointInfo:
     return replace(info, severity=worst(info.severity, severity),
                    refusals=(*info.refusals, refusal))  # fmt: skip
-
-
-def _transformed(view: IO[bytes], transforms: Any) -> IO[bytes]:
-    """The item's bytes through the DCP stream extensions its descriptors name (torch's own
-    registry: ``FileSystemReader`` reads an item so)."""
-    from torch.distributed.checkpoint import filesystem
-
-    if not (isinstance(transforms, (list, tuple)) and all(type(t) is str for t in transforms)):
-        raise CheckpointError(f"transform descriptors {short(transforms)} are not strings")
-    made = getattr(filesystem, "_StorageReaderTransforms", None)
-    if made is None:
-        raise CheckpointError(f"this torch reads no DCP transforms ({short(transforms)})")
-    stream: IO[bytes] = made().transform_load_stream(None, transforms, view)
-    return stream
 
 
 def _headers(file: IO[bytes], what: str, path: str | None = None) -> CheckpointInfo:

@@ -26,6 +26,11 @@ MAX_ITEMS = 2**62  # per dimension and in all: more than any array holds, far un
 HASH_PER_BYTE = 16
 HASH_FLOOR = 1 << 24
 
+# bytes a DCP item written through a stream transform (zstd, 2.8+) may expand to: this many
+# per stored byte, plus, for a tensor's item, the bytes .metadata declares for it (what the
+# template already holds): a 33 KB zstd frame of zeros is 1 GiB, which torch reads whole
+EXPANSION_PER_BYTE = 64
+
 HEADER_BYTES = 16  # charged once per call or container, whatever its length
 VISIT_BYTES = 64  # an element of a list walked after the load, at each use (:class:`Walks`)
 CHUNK_BYTES = 32  # the bytes of a DCP .metadata each chunk use must be paid by (:class:`Walks`)

@@ -6,7 +6,8 @@
 request down to the pickle machine. A refusal leaves :func:`read` as an
 :class:`~compatshim.checkpoint.UnsafeCheckpointError` whose ``refused`` lists what was
 refused, with no advice: each caller words its own (``checkpoint.load``: ``allow=`` and
-``trusted=``; the hardened patches: ``patches/_safe_pickle.py``).
+``trusted=``; the hardened patches: ``patches/_safe_pickle.py``). A DCP item written through
+stream transforms is read through :class:`Bounded` (``_expand``) by every reader of it.
 """
 
 from __future__ import annotations
@@ -16,11 +17,22 @@ from typing import Any, Iterable, Literal
 
 from ._container import describe_source
 from ._container import read as _guarded
+from ._expand import Bounded
+from ._expand import limit as expansion_limit
 from ._load import Loader
 from ._machine import MAX_LINE, py2_str_encoding
 from .errors import CheckpointError, UnsafeCheckpointError
 
-__all__ = ["MAX_LINE", "CheckpointError", "Expect", "Request", "UnsafeCheckpointError", "read"]
+__all__ = [
+    "MAX_LINE",
+    "Bounded",
+    "CheckpointError",
+    "Expect",
+    "Request",
+    "UnsafeCheckpointError",
+    "expansion_limit",
+    "read",
+]
 
 #: what the source must be: any format ``load`` reads, a pickle (``numpy.load``'s), or a
 #: DCP ``.metadata`` (a pickle whose data files lie inside its folder)

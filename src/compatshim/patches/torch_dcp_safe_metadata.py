@@ -58,6 +58,13 @@ The fix
     still catches it, and so do ``except compatshim.checkpoint.CheckpointError`` and
     ``except Exception`` (torch's own is a ``BaseException``).
 
+    From torch 2.8 an item may be written through stream transforms (zstd), and torch
+    reads it whole: a 33 KB frame of zeros made 2.3 GB of memory. Hardened, the module's
+    ``_StorageReaderTransforms.transform_load_stream`` hands torch the stream bounded
+    (``checkpoint/_expand.py``): at most 64 bytes per stored byte, plus, for a tensor's
+    item, the bytes ``.metadata`` declares for its chunk (at most its tensor's, which the
+    planner checks the template holds), recorded by ``FileSystemReader.set_up_storage_reader``.
+
 Confirmed
     Right after the fix by :func:`confirm` (the stand-in is in place); end to
     end by the probe when ``status()`` or the doctor asks.
@@ -71,6 +78,7 @@ from __future__ import annotations
 import functools
 import io
 import threading
+import weakref
 
 from .._engine.patching import mark
 from ._safe_pickle import SafePickle
@@ -296,6 +304,69 @@ def _file_slice(file: Any, offset: int, length: int) -> Any:
     return io.BufferedReader(_Slice(file, offset, length))
 
 
+# a reader's transforms -> the .metadata it was set up with (set_up_storage_reader)
+_declared: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _recording(real: Any) -> Any:
+    """``set_up_storage_reader`` that keeps the ``.metadata`` for its reader's transforms."""
+
+    @functools.wraps(real)
+    def set_up_storage_reader(self: Any, metadata: Any, *args: Any, **kwargs: Any) -> Any:
+        result = real(self, metadata, *args, **kwargs)
+        transforms = vars(self).get("transforms")
+        if transforms is not None:
+            _declared[transforms] = metadata
+        return result
+
+    return mark(set_up_storage_reader, _compatshim=True)
+
+
+def _chunk_bytes(metadata: Any, fqn: Any, offsets: Any) -> int:
+    """The bytes ``.metadata`` declares for the chunk of tensor ``fqn`` at ``offsets``, at
+    most its tensor's (0 where it declares none)."""
+    import math
+
+    found = vars(metadata).get("state_dict_metadata", {}).get(fqn)
+    size, props = getattr(found, "size", None), getattr(found, "properties", None)
+    itemsize = getattr(getattr(props, "dtype", None), "itemsize", 0)
+    if not isinstance(itemsize, int) or size is None:
+        return 0
+    want = tuple(offsets or ())
+    for chunk in getattr(found, "chunks", ()):
+        if tuple(chunk.offsets) == want:
+            return int(min(math.prod(chunk.sizes), math.prod(size)) * itemsize)
+    return 0
+
+
+def _bounding(real: Any) -> Any:
+    """``transform_load_stream`` whose stream stops past what the item may expand to."""
+
+    @functools.wraps(real)
+    def transform_load_stream(self: Any, read_item: Any, descriptors: Any, raw: Any) -> Any:
+        from ..checkpoint.request import Bounded, expansion_limit
+
+        if not descriptors:
+            return real(self, read_item, descriptors, raw)
+        here = raw.tell()
+        stored = raw.seek(0, io.SEEK_END) - here
+        raw.seek(here)
+        index = getattr(read_item, "storage_index", None)
+        fqn = getattr(index, "fqn", None)
+        declared = 0
+        metadata = _declared.get(self)
+        if metadata is not None and getattr(read_item.type, "name", "") == "TENSOR":
+            declared = _chunk_bytes(metadata, fqn, getattr(index, "offset", None))
+        what = f"DCP item {fqn!r}" if isinstance(fqn, str) else "a DCP item"
+        file = getattr(_reading, "file", None)
+        if isinstance(file, str):
+            what += f" in {file}"
+        stream = real(self, read_item, descriptors, raw)
+        return Bounded(stream, expansion_limit(stored, declared), what)
+
+    return mark(transform_load_stream, _compatshim=True)
+
+
 def apply(module: ModuleType, patcher: Patcher) -> None:
     import pickle
 
@@ -321,3 +392,11 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
     # same bytes loads the same.
     if vars(module).get("_create_file_view") is not None:
         patcher.setattr(module, "_create_file_view", _file_slice)
+    # torch 2.8+: items written through stream transforms, read whole: bounded
+    transforms = vars(module).get("_StorageReaderTransforms")
+    reader = vars(module).get("FileSystemReader")
+    if isinstance(transforms, type) and isinstance(reader, type):
+        patcher.setattr(transforms, "transform_load_stream",
+                        _bounding(vars(transforms)["transform_load_stream"]))  # fmt: skip
+        patcher.setattr(reader, "set_up_storage_reader",
+                        _recording(vars(reader)["set_up_storage_reader"]))  # fmt: skip
