@@ -105,3 +105,32 @@ def test_mmap_without_torch_says_so(tmp_path: Path) -> None:
     )
     done = _without_torch(tmp_path, code)
     assert "mmap=True needs torch, which is not installed" in done.stdout, done.stderr[-2000:]
+
+
+SCAN = r"""
+import sys
+from compatshim.cli import main
+sys.exit(main(["scan", *sys.argv[1:]]))
+"""
+
+
+@pytest.mark.parametrize("kind", ["weights", "dcp"])
+def test_scan_calls_a_genuine_checkpoint_unreadable_here_not_dangerous(
+    tmp_path: Path, kind: str
+) -> None:
+    """torch's own names where torch is absent: unreadable (exit 2), not an attack (exit 3)
+    or an allow to add (exit 1), as docs/inspect.md says; the report says what is missing."""
+    path = tmp_path / kind
+    if kind == "weights":
+        torch.save({"w": torch.ones(3), "step": 1}, path)
+    else:  # its .metadata names torch.serialization._get_layout (denied: torch.serialization.*)
+        pytest.importorskip("torch.distributed.checkpoint")
+        from tests.checkpoint.dcp_kit import save
+
+        save(path, {"w": torch.ones(3), "step": 1})
+    done = _without_torch(tmp_path, SCAN, str(path))
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert done.stdout.startswith("unreadable"), done.stdout
+    assert "torch is not installed" in done.stdout, done.stdout
+    shown = _without_torch(tmp_path, SCAN.replace('"scan"', '"inspect"'), str(path)).stdout
+    assert "COMPATSHIM_ALLOW" not in shown and "dangerous" not in shown.lower(), shown

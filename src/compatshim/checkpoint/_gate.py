@@ -121,6 +121,7 @@ class Verdict:
     allowed: Allowed | None = None  # the process-wide entry that admits it
     why: str | None = None  # refused: why
     dangerous: str | None = None  # denied, or reached through getattr: nothing admits it
+    absent: bool = False  # allow-listed, its distribution not installed: it cannot exist here
 
     @property
     def admitted(self) -> bool:
@@ -145,6 +146,8 @@ def judge(module: str, name: str, allow: Allow | None = None, reached: bool = Fa
         if member is None:  # bounded by the table (a file may name any number of members)
             _LISTED[key] = verdict
         return verdict
+    if entry is not None and entry.absent():  # neither dangerous nor allowable: not here
+        return Verdict(key, entry, member, why=entry.problem(), absent=True)
     danger = GETATTR_ONLY if reached else denied_global(key)
     if danger is not None:
         why = danger if reached else f"{DENIED_REFUSAL}: {danger}"

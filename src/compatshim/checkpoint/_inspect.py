@@ -230,7 +230,7 @@ def _use(
     if verdict.source == ALLOWLIST and entry is not None:
         return GlobalUse(name, count, entry.qualname, entry.kind)
     allowed_by = verdict.allowed
-    plain = verdict.dangerous is None and allowed_by is None
+    plain = verdict.dangerous is None and allowed_by is None and not verdict.absent
     return GlobalUse(
         name,
         count,
@@ -476,9 +476,19 @@ def severity_of(error: CheckpointError | None, listed: dict[str, GlobalUse]) -> 
     if isinstance(error, UndecodableTextError) or not isinstance(error, UnsafeCheckpointError):
         return UNREADABLE
     refused = getattr(error, "refused", ())
+    if refused and all(map(_absent, refused)):  # torch's names where torch is not installed
+        return UNREADABLE
     if refused and all(_allowable(name, listed) for name in refused):
         return NEEDS_ALLOW
     return DANGEROUS
+
+
+def _absent(name: str) -> bool:
+    """Whether ``name`` is allow-listed for a distribution that is not installed."""
+    module, _, attr = name.rpartition(".")
+    if not module or not all(part.isidentifier() for part in name.split(".")):
+        return False
+    return judge(module, attr).absent
 
 
 def _judged(info: CheckpointInfo, error: CheckpointError | None) -> CheckpointInfo:

@@ -495,7 +495,7 @@ class Loader:
         if not others:
             return first
         return UnsafeCheckpointError(
-            f"{first}; the file also names {names(others)}, not allow-listed either",
+            f"{first}; the file also names {names(others)}, refused as well",
             (*first.refused, *others),
         )
 

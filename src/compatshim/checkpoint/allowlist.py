@@ -132,6 +132,10 @@ class Entry:
         """Whether the installed distribution (or Python) is inside :attr:`versions`."""
         return _version_problem(self) is None
 
+    def absent(self) -> bool:
+        """Whether its distribution is not installed: nothing it names can exist here."""
+        return self.distribution is not None and _installed(_distribution(self)) is None
+
     def resolve(self) -> Any:
         """The object this entry names in this process; LookupError says why not.
 
@@ -207,6 +211,13 @@ def _installed(distribution: str) -> str | None:
     return installed_version(distribution)
 
 
+def _distribution(entry: Entry) -> str:
+    """The distribution whose version decides ``entry`` (one with a distribution)."""
+    if _mirror(entry.module) is not None:  # read in Lightning's unified package, whose
+        return _MIRROR[2]  # releases are numbered as the standalone one's
+    return str(entry.distribution)
+
+
 def _version_problem(entry: Entry) -> str | None:
     from .._engine.versions import contains
 
@@ -214,9 +225,7 @@ def _version_problem(entry: Entry) -> str | None:
         version = ".".join(map(str, sys.version_info[:3]))
         what = "Python"
     else:
-        what = entry.distribution
-        if _mirror(entry.module) is not None:  # read in Lightning's unified package, whose
-            what = _MIRROR[2]  # releases are numbered as the standalone one's
+        what = _distribution(entry)
         found = _installed(what)
         if found is None:
             return f"{entry.distribution} is not installed"

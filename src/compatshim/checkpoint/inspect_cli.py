@@ -114,6 +114,8 @@ def _global_lines(info: CheckpointInfo) -> list[str]:
             lines.append("      for every load in the process (torch.load too), one of:")
             for line in use.allow_everywhere:
                 lines.append(f"        {printable(line, 2 * MAX_SHOWN)}")
+        elif use.entry is not None:  # allow-listed; its distribution is not installed here
+            lines.append("      allow-listed where its distribution is installed: install it")
         elif "." in use.name and all(p.isidentifier() for p in use.name.split(".")):
             lines.append(
                 "      a nested name: allow the object itself (allow=[Outer.Inner] or "
