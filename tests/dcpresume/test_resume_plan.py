@@ -120,8 +120,15 @@ def test_cli_exit_codes(folder: Path, tmp_path: Path, monkeypatch: Any,
         "    return state, owners\n"
         "def broken():\n    raise RuntimeError('boom')\n"
         "listed = [1]\n"
+        "def leaves():\n    raise SystemExit(0)\n"
+        "def stranger():\n"
+        "    state, owners = template()\n"
+        "    return state, {'elsewhere': next(iter(owners.values()))}\n"
     )
     (tmp_path / "unparsable.py").write_text("def f(:\n")
+    (tmp_path / "parses_argv.py").write_text(
+        "import argparse\nargparse.ArgumentParser().parse_args(['--lr', '1'])\ndef f(): pass\n"
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(Path(__file__).parents[2]))
     assert cli(["resume-check", str(folder), "--state", "resume_state:full"]) == 1
@@ -134,11 +141,17 @@ def test_cli_exit_codes(folder: Path, tmp_path: Path, monkeypatch: Any,
     capsys.readouterr()
     for state, named in (("resume_state:broken", "RuntimeError: boom"),  # the function raises
                          ("resume_state:listed", "expected a dict"), ("resume_state:nothing",
-                         "AttributeError"), ("unparsable:f", "SyntaxError")):  # fmt: skip
+                         "AttributeError"), ("unparsable:f", "SyntaxError"),
+                         # a clean exit is no state (it read 0: a green gate), argparse at import
+                         # neither; an owner that is not a key of the state is the state's fault
+                         ("resume_state:leaves", "exited (SystemExit 0)"),
+                         ("parses_argv:f", "exited (SystemExit 2)"),
+                         ("resume_state:stranger", "'elsewhere' is not a key")):  # fmt: skip
         assert cli(["resume-check", str(folder), "--state", state]) == 2, state
         err = capsys.readouterr().err
         assert f"--state {state}: " in err and named in err and "Traceback" not in err, err
-    sys.modules.pop("resume_state", None)
+    for module in ("resume_state", "parses_argv"):
+        sys.modules.pop(module, None)
 
 
 def test_a_folder_this_torch_cannot_read_is_named_with_the_way_out() -> None:

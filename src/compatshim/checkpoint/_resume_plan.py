@@ -355,6 +355,11 @@ def main(folder: str, state: str, hardened: bool) -> int:
         template, optimizers = built if isinstance(built, tuple) else (built, None)
         if not isinstance(template, dict):
             raise TypeError(f"expected a dict (or a function returning one), got {short(built)}")
+    except SystemExit as exc:  # sys.exit(0) read 0 (a green gate); argparse at import, 2
+        print(f"compatshim resume-check: --state {state}: exited (SystemExit {short(exc.code)}) "
+              "instead of returning the state: give a function that builds it, in a module "
+              "that does not parse the command line on import", file=sys.stderr)  # fmt: skip
+        return 2
     except Exception as exc:
         print(f"compatshim resume-check: --state {state}: {type(exc).__name__}: {exc}",
               file=sys.stderr)  # fmt: skip
@@ -363,6 +368,9 @@ def main(folder: str, state: str, hardened: bool) -> int:
         plan = plan_resume(folder, template, optimizers, hardened=hardened)
     except (CheckpointError, OSError) as exc:
         print(f"compatshim resume-check: {exc}", file=sys.stderr)
+        return 2
+    except (TypeError, ValueError) as exc:  # what the function returned: the state's fault
+        print(f"compatshim resume-check: --state {state}: {exc}", file=sys.stderr)
         return 2
     print(plan.text())
     return 0 if plan.ok else 1
