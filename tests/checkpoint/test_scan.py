@@ -320,3 +320,32 @@ def test_progress_goes_to_stderr_only_when_long(four: dict[str, Path]) -> None:
     progress.last -= 10
     progress.step(2)
     assert quiet.getvalue() == "compatshim scan: 2/3 paths\n"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+@pytest.mark.timeout(120)
+def test_a_fifo_is_unreadable_not_a_hang(tmp_path: Path) -> None:
+    """A FIFO named like a checkpoint (a tar unpacks one), as a file or inside a DCP folder:
+    the open blocked until a writer came, i.e. forever (scan, inspect, load, the dry run)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch.distributed.checkpoint")
+    from compatshim.checkpoint import plan_resume
+    from tests.checkpoint.dcp_kit import save
+
+    os.mkfifo(tmp_path / "weights.pt")
+    done = _cli("scan", str(tmp_path))
+    assert done.returncode == 2, done
+    assert "not a regular file" in done.stdout, done.stdout
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        load(tmp_path / "weights.pt")
+    for swapped in (".metadata", "__0_0.distcp"):
+        folder = tmp_path / swapped.strip("._")
+        save(folder, {"w": torch.ones(2), "note": {"step": 3}})
+        (folder / swapped).unlink()
+        os.mkfifo(folder / swapped)
+        info = _cli("inspect", str(folder))
+        assert info.returncode == 2, info  # a FIFO .metadata: "a DCP folder without its .metadata"
+        if swapped != ".metadata":  # the dry run reads the items' bytes
+            assert "not a regular file" in info.stdout + info.stderr, info
+            plan = plan_resume(folder, {"w": torch.zeros(2), "note": {"step": 0}})
+            assert not plan.ok and "not a regular file" in plan.refused[0], plan

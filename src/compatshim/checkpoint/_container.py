@@ -35,6 +35,7 @@ import contextlib
 import functools
 import os
 import re
+import stat
 import struct
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Literal, NamedTuple, TypeVar
@@ -72,15 +73,34 @@ def read(
     (``name``, else the path or the file's ``.name``)."""
     what = describe_source(f) if name is None else name
     if isinstance(f, (str, os.PathLike)):
-        try:
-            file = open(f, "rb")  # noqa: SIM115 (closed below; only the open is guarded)
-        except IsADirectoryError:  # a DCP folder, most likely: say what reads it
-            raise as_well(CheckpointError, IsADirectoryError)(_folder_given(what)) from None
-        with file:
+        with open_regular(f, what) as file:
             return _guarded(reader, file, what, os.fspath(f))
     if not (hasattr(f, "read") and hasattr(f, "seek") and hasattr(f, "tell")):
         raise TypeError("expected a path or a seekable binary file object")
     return _guarded(reader, f, what, None)
+
+
+def open_regular(path: Any, what: str, buffering: int = -1) -> IO[bytes]:
+    """``path`` opened to read, if it is a regular file: a FIFO (a name in a downloaded
+    folder) would block the open, then the read, forever; a device may never end. Opened
+    without blocking and checked on the open file, so nothing swapped in after a check
+    blocks either. A folder is IsADirectoryError (and CheckpointError) saying what reads it."""
+    fd = os.open(path, os.O_RDONLY | _NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):  # a DCP folder, most likely: say what reads it
+            raise as_well(CheckpointError, IsADirectoryError)(_folder_given(what))
+        if not stat.S_ISREG(mode):
+            raise CheckpointError(f"{what}: not a regular file (a FIFO, a device or a socket)")
+        if _NONBLOCK:
+            os.set_blocking(fd, True)
+        return open(fd, "rb", buffering=buffering)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 def _folder_given(what: str) -> str:

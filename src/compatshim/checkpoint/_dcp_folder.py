@@ -13,6 +13,7 @@ from typing import IO, Any
 
 from .._text import short
 from . import _dcp
+from ._container import open_regular
 from ._limits import Budget, Walks, check_shape, count
 from .errors import CheckpointError, UnsafeCheckpointError
 
@@ -149,7 +150,8 @@ def describe(
 
 def load_folder_metadata(folder: Any) -> Any:
     """The Metadata of a DCP folder (path), read safely; UnsafeCheckpointError on refusal."""
-    with open(os.path.join(folder, METADATA), "rb") as file:
+    path = os.path.join(folder, METADATA)
+    with open_regular(path, path) as file:
         return read_metadata(file)
 
 

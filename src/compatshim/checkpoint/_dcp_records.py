@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._text import short
+from ._container import open_regular
 from ._dcp_folder import METADATA, _refuse_paths_outside
 from ._limits import HEADER_BYTES, Budget, Walks, check_shape, weight
 from ._machine import Machine, Source
@@ -231,7 +232,8 @@ class Folder:
         is checked before anything that long is allocated."""
         info = storage.info
         offset, length, name = info["offset"], info["length"], info["relative_path"]
-        with open(os.path.join(self.path, name), "rb", buffering=0) as file:
+        path = os.path.join(self.path, name)
+        with open_regular(path, f"{self.path}: {short(name)}", buffering=0) as file:
             size = os.fstat(file.fileno()).st_size
             if offset + length > size:
                 raise CheckpointError(
@@ -250,7 +252,7 @@ def read_folder(folder: Any) -> Folder:
     """
     path = os.path.join(os.fspath(folder), METADATA)
     what = path
-    with open(path, "rb") as file:
+    with open_regular(path, what) as file:
         size = os.fstat(file.fileno()).st_size
         if file.read(1) != b"\x80":
             raise CheckpointError(f"{what}: a DCP .metadata is a pickle; this file is not one")

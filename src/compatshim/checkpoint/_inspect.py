@@ -41,6 +41,7 @@ from ._container import (
     ScanResult,
     ZipDirectory,
     describe_source,
+    open_regular,
     plain_text,
     read,
     read_legacy,
@@ -610,7 +611,7 @@ def _with_item(
     file, offset, length, transforms = place
     label += f" in {short(file, 200)}"
     try:
-        with open(os.path.join(folder, file), "rb") as raw:
+        with open_regular(os.path.join(folder, file), label) as raw:
             exact = _Slice(raw, offset, length)  # hardened DCP's exact view of the item
             vars(exact)["name"] = label  # what messages call it (io.BufferedReader shows it)
             view: Any = io.BufferedReader(exact)
