@@ -17,6 +17,7 @@ import dataclasses
 import io
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import time
@@ -512,6 +513,13 @@ def test_the_new_folder_rules(tmp_path: Path) -> None:
         downgrade_dcp(src, tmp_path / "full", torch="2.8")
     with pytest.raises(ValueError, match=r"dst.*is src"):
         downgrade_dcp(src, src, torch="2.8")
+    copy = tmp_path / "src"  # inside src: src changed (it was accepted, a folder made there)
+    shutil.copytree(src, copy)
+    (tmp_path / "alias").symlink_to(copy)
+    for inside in (copy / "sub", copy / "a" / "b", tmp_path / "alias" / "sub"):
+        with pytest.raises(ValueError, match=r"dst.*is src or lies inside it"):
+            downgrade_dcp(copy, inside, torch="2.8")
+    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in src.iterdir())
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     with pytest.raises(FileExistsError, match="dst"):  # not a folder: nothing is made there
         downgrade_dcp(src, tmp_path / "dangling", torch="2.8")

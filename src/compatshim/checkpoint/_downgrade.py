@@ -317,13 +317,17 @@ def _other_files(src: str, folder: Folder) -> list[str]:
 
 
 def _make_folder(src: str, dst: str) -> None:
+    inside = os.path.realpath(src)  # links resolved: src by another name is src
+    if os.path.commonpath([inside, os.path.realpath(dst)]) == inside:
+        raise ValueError(
+            f"dst: {dst} is src or lies inside it; the rewrite goes to a new folder outside "
+            "src, which is never changed"
+        )
     try:
         os.mkdir(dst)
     except FileNotFoundError:
         os.makedirs(dst)
-    except FileExistsError:  # an empty folder will do; src itself, a file, a link to none won't
-        if os.path.isdir(dst) and os.path.samefile(src, dst):
-            raise ValueError(f"dst: {dst} is src; the rewrite goes to a new folder") from None
+    except FileExistsError:  # an empty folder will do; a file, a link to none won't
         if not os.path.isdir(dst) or os.listdir(dst):
             raise FileExistsError(f"dst: {dst} exists and is not an empty folder") from None
 
