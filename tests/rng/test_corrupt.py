@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import zipfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -123,6 +125,68 @@ def test_specific_corruptions_name_the_problem(
     before = snapshot()
     with pytest.raises(rng.RNGStateError, match=message):
         rng.restore(mutate(BASE, path, "replace", value))
+    assert same(snapshot(), before)
+
+
+def zero_key(words: int, top_bit: bool = False) -> torch.Tensor:
+    """An MT19937 key of zeros (the first word's top bit set if ``top_bit``: still valid)."""
+    key = torch.zeros(words, dtype=torch.int64)
+    key[0] = 0x80000000 if top_bit else 0x7FFFFFFF  # the low 31 bits of word 0 are never used
+    return key
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("python", "internal"), torch.zeros(625, dtype=torch.int64)),
+        (("numpy", "key"), zero_key(624)),
+    ],
+)
+def test_an_all_zero_mt19937_key_is_refused_as_torch_refuses_one(
+    path: tuple[str, ...], value: torch.Tensor
+) -> None:
+    """A zeroed Python or numpy key was accepted and left a generator returning only zeros."""
+    before = snapshot()
+    with pytest.raises(rng.RNGStateError, match=f"{path[0]}.*all-zero MT19937 key"):
+        rng.restore(mutate(BASE, path, "replace", value))
+    assert same(snapshot(), before)
+
+
+def test_an_all_zero_mt19937_key_in_another_frameworks_dict_is_refused() -> None:
+    import random
+
+    import numpy as np
+
+    numpy_state = ("MT19937", np.zeros(624, dtype=np.uint32), 624, 0, 0.0)
+    with pytest.raises(rng.RNGStateError, match=r"state\.numpy.*all-zero MT19937 key"):
+        rng.restore({"python": random.getstate(), "numpy": numpy_state, "cpu": BASE["torch_cpu"]})
+    python_state = (3, (0,) * 624 + (624,), None)
+    with pytest.raises(rng.RNGStateError, match=r"state\.python.*all-zero MT19937 key"):
+        rng.restore({"python": python_state, "numpy": np.random.get_state()})
+
+
+def test_a_key_whose_only_set_bit_is_the_top_of_word_0_is_valid() -> None:
+    """MT19937 uses only that bit of word 0: numpy seeds so, and the stream is not zeros."""
+    state = mutate(BASE, ("numpy", "key"), "replace", zero_key(624, top_bit=True))
+    rng.restore(state)
+    import numpy as np
+
+    assert np.random.rand(4).any()
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_a_flipped_bit_in_a_saved_file_is_refused(tmp_path: Path, trusted: bool) -> None:
+    """Neither torch's reader nor compatshim.checkpoint.load checks the zip CRC32s: one flipped
+    bit in the numpy key changed its stream while the report said exact."""
+    path = rng.save(tmp_path / "rng.pt")
+    raw = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as archive:
+        record = next(i for i in archive.infolist() if i.filename.endswith("data/1"))
+    raw[record.header_offset + 30 + len(record.filename) + len(record.extra) + 100] ^= 0x01
+    path.write_bytes(bytes(raw))
+    before = snapshot()
+    with pytest.raises(rng.RNGStateError, match=r"data/1.*CRC"):
+        rng.load(path, trusted=trusted)
     assert same(snapshot(), before)
 
 

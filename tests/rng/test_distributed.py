@@ -18,6 +18,7 @@ from tests.harness.dist import run_ranks
 from tests.rng.workers import (
     load_once,
     load_then_draw,
+    restore_rank_0_checkpoint,
     save_then_draw,
     save_where_rank_0_cannot_write,
 )
@@ -84,3 +85,13 @@ def test_a_save_rank_0_cannot_write_fails_on_every_rank(tmp_path: Path) -> None:
     assert first["type"] == "FileNotFoundError" and "no folder" in first["error"], first
     assert second["type"] == "RNGStateError", second
     assert "rank 0 could not write" in second["error"] and "no folder" in second["error"]
+
+
+def test_rank_0s_captured_state_is_derived_on_the_other_rank(tmp_path: Path) -> None:
+    """Rank 0 alone writes the checkpoint with its capture(); restoring it on rank 1 gave
+    rank 1 rank 0's stream (identical dropout masks), reported exact and unwarned."""
+    path = tmp_path / "ckpt.pt"
+    zero, one = run_ranks(restore_rank_0_checkpoint, 2, args=(str(path),), timeout=TIMEOUT)
+    assert zero["exact"] and not zero["warnings"]
+    assert not one["exact"] and "torch_cpu" in one["derived"] and len(one["warnings"]) == 1
+    assert one["draws"] != zero["draws"]

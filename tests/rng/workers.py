@@ -64,3 +64,23 @@ def save_where_rank_0_cannot_write(rank: int, world_size: int, folder: str) -> d
     except Exception as exc:  # the error is the result
         return {"type": type(exc).__name__, "error": str(exc)}
     return {"type": None}
+
+
+def restore_rank_0_checkpoint(rank: int, world_size: int, path: str) -> dict[str, Any]:
+    """Rank 0 alone saves a checkpoint holding its ``capture()``; every rank restores from it."""
+    import torch.distributed as dist
+
+    torch.manual_seed(1000 + rank)
+    if rank == 0:
+        torch.save({"step": 10, "rng": rng.capture()}, path)
+    dist.barrier()
+    checkpoint = torch.load(path, weights_only=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = rng.restore(checkpoint["rng"])
+    return {
+        "draws": draws(),
+        "exact": report.exact,
+        "derived": list(report.derived),
+        "warnings": [str(w.message) for w in caught if issubclass(w.category, rng.RNGStateWarning)],
+    }

@@ -8,11 +8,12 @@ Guarantee: with the same world size and device count, every generator
 continues bit-identically. Otherwise ranks and devices present in the save
 get their saved state, and the others a deterministic state derived from the
 saved material and their index (never another rank's or device's stream);
-a file holding one rank's state (another framework's per-rank file, or one
-job-wide state as Sana keeps) is restored on its own rank (rank 0 when
-unknown) and derived on the others. Accelerator generators of a kind the
-save never held (a CPU-trained checkpoint resumed on a GPU machine) are
-reported as new, not as an inexact restore. The returned :class:`RestoreReport`
+a file or state holding one rank's state (another framework's per-rank file,
+one job-wide state as Sana keeps, or a ``capture()`` only rank 0 kept) is
+restored on its own rank (rank 0 when unknown) and derived on the others.
+Accelerator generators of a kind the save never held (a CPU-trained
+checkpoint resumed on a GPU machine) are reported as new, not as an inexact
+restore. The returned :class:`RestoreReport`
 lists what was restored, derived and skipped, and one
 :class:`RNGStateWarning` says so whenever the setup differs from the save.
 

@@ -33,6 +33,7 @@ from .state import (
     NumpyMT,
     Parts,
     byte_state,
+    captured_position,
     cpu_state,
     cuda_state,
     is_file,
@@ -243,8 +244,8 @@ def to_file(obj: Any, *, saved_rank: int | None = None, what: str = "the object"
         from .state import parse_state
 
         parts = parse_state(inner, where)
-        rank = parts.meta.get("rank")
-        return single_rank_file(parts, "compatshim", rank if isinstance(rank, int) else saved_rank)
+        rank = captured_position(parts)[0]
+        return single_rank_file(parts, "compatshim", saved_rank if rank is None else rank)
     return single_rank_file(convert(inner, layout, where), layout, saved_rank)
 
 

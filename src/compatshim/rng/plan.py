@@ -59,13 +59,21 @@ def plan_devices(kind: str, saved: int, current: int, policy: DevicePolicy) -> D
     )
 
 
+def check_position(rank: int, world_size: int) -> None:
+    """Checked before any saved state is picked: a rank the job cannot have restores nothing."""
+    if not 0 <= rank < world_size:
+        raise RNGStateError(
+            f"rank {rank} is outside world size {world_size}; pass a rank in 0..{world_size - 1} "
+            "(and world_size too where torch.distributed is not initialised)"
+        )
+
+
 def plan_rank(saved_world: int, rank: int, world_size: int, policy: WorldSizePolicy) -> RankPlan:
     if policy not in WORLD_SIZE_POLICIES:
         raise ValueError(
             f"on_world_size_mismatch must be one of {WORLD_SIZE_POLICIES}, got {policy!r}"
         )
-    if not 0 <= rank < world_size:
-        raise RNGStateError(f"rank {rank} is outside world size {world_size}")
+    check_position(rank, world_size)
     if saved_world == world_size:
         return RankPlan(rank, rank, "same world size")
     if policy == "error":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from .._text import short
 from .._warn import warn as warn_at_caller
@@ -14,9 +14,19 @@ from .arguments import check_bool, check_policies, checked_position
 from .capture import GENERATOR_LOCK, distributed_position
 from .derive import derived_cuda, derived_parts, derived_seed, material_digest
 from .errors import RNGStateError, RNGStateWarning
-from .plan import DevicePolicy, WorldSizePolicy, plan_devices, plan_rank
+from .plan import DevicePolicy, WorldSizePolicy, check_position, plan_devices, plan_rank
 from .restore_report import RestoreReport, fingerprint
-from .state import FILE_FORMAT, STATE_FORMAT, Parts, is_file, is_state, parse_file, parse_state
+from .state import (
+    FILE_FORMAT,
+    STATE_FORMAT,
+    Parts,
+    SavedFile,
+    captured_position,
+    is_file,
+    is_state,
+    parse_file,
+    parse_state,
+)
 
 
 @dataclass(frozen=True)
@@ -51,21 +61,15 @@ class RestorePlan:
     report: RestoreReport | None = None
 
 
-def _select(
-    obj: Any, env: Environment, policy: WorldSizePolicy
-) -> tuple[Parts, str, int | None, int | None, list[str], bytes | None]:
-    """This rank's parts: (parts, source, saved rank, saved world, notes, derivation digest)."""
-    if is_state(obj):
+# (parts, source, saved rank, saved world size, notes, derivation digest)
+Selected = tuple[Parts, str, Optional[int], Optional[int], list[str], Optional[bytes]]
+
+
+def _saved(obj: Any) -> SavedFile:
+    """``obj`` parsed as a file: a captured state is one rank's file, as ``to_file`` makes it."""
+    if is_state(obj):  # parsed once, not through to_file's dict round trip
         parts = parse_state(obj)
-        saved_rank = parts.meta.get("rank")
-        return (
-            parts,
-            "compatshim",
-            saved_rank if isinstance(saved_rank, int) else None,
-            None,
-            [],
-            None,
-        )
+        return SavedFile("compatshim", None, captured_position(parts)[0], [parts])
     if isinstance(obj, Mapping) and "format" in obj and not is_file(obj):
         raise RNGStateError(
             f"format is {short(obj['format'])}; expected {STATE_FORMAT!r} (from capture) "
@@ -75,23 +79,22 @@ def _select(
         from .formats import to_file
 
         obj = to_file(obj)
-    saved = parse_file(obj)
+    return parse_file(obj)
+
+
+def _select(obj: Any, env: Environment, policy: WorldSizePolicy) -> Selected:
+    """This rank's parts: (parts, source, saved rank, saved world, notes, derivation digest).
+
+    The one place a saved rank is chosen, for ``restore`` of a state and ``load`` of a file.
+    """
+    saved = _saved(obj)
+    check_position(env.rank, env.world_size)
     source, all_parts, saved_rank = saved.source, saved.ranks, saved.saved_rank
     saved_world = saved.world_size
-    if saved_world is None:  # one rank's file, or one state for the whole job
-        if env.world_size == 1 or saved_rank == env.rank:
-            return all_parts[0], source, saved_rank, None, [], None
-        if saved_rank is not None:
-            # rank k's own file read on rank r: never replay another rank's stream
-            if policy == "error":
-                raise RNGStateError(
-                    f"the file holds saved rank {saved_rank}'s state and this is rank {env.rank}"
-                )
-            notes = [f"the file holds saved rank {saved_rank}'s state; rank {env.rank} derived"]
-            digest = material_digest_all(all_parts)
-            parts = derived_parts(digest, f"rank:{env.rank}", all_parts[0], env.cuda)
-            return parts, source, None, None, notes, digest
-        saved_world = 1  # a single job-wide state (Sana keeps rank 0's): rank 0 restores it
+    if saved_world is None and saved_rank is not None:
+        return _one_rank(saved, saved_rank, env, policy)
+    if saved_world is None:  # one state for the whole job (Sana keeps rank 0's)
+        saved_world = 1  # rank 0 restores it
     rank_plan = plan_rank(saved_world, env.rank, env.world_size, policy)
     notes = [rank_plan.reason] if saved_world != env.world_size else []
     if rank_plan.saved_rank is not None:
@@ -106,6 +109,37 @@ def _select(
     digest = material_digest_all(all_parts)
     parts = derived_parts(digest, f"rank:{env.rank}", all_parts[0], env.cuda)
     return parts, source, None, saved_world, notes, digest
+
+
+def _one_rank(
+    saved: SavedFile, saved_rank: int, env: Environment, policy: WorldSizePolicy
+) -> Selected:
+    """Rank ``saved_rank``'s state alone (a per-rank file, or a ``capture()`` that only rank 0
+    kept): restored on that rank, derived on the others, never another rank's stream."""
+    parts = saved.ranks[0]
+    saved_world = captured_position(parts)[1]  # capture() records it; other writers do not
+    notes: list[str] = []
+    if saved_world is not None and saved_world != env.world_size:
+        if policy == "error":
+            raise RNGStateError(
+                f"the state was captured in a job of {saved_world} rank(s) but this job has "
+                f"{env.world_size}; pass on_world_size_mismatch='derive' to restore it on "
+                f"rank {saved_rank} and derive the others"
+            )
+        notes.append(f"world size changed {saved_world} -> {env.world_size}")
+    own = env.world_size == 1 or saved_rank == env.rank
+    if own and not (notes and policy == "derive_all"):
+        return parts, saved.source, saved_rank, saved_world, notes, None
+    if policy == "error":
+        raise RNGStateError(
+            f"the checkpoint holds saved rank {saved_rank}'s state and this is rank {env.rank} "
+            f"(restoring it would replay rank {saved_rank}'s stream); pass "
+            "on_world_size_mismatch='derive' to derive this rank's state from it"
+        )
+    notes.append(f"the checkpoint holds saved rank {saved_rank}'s state; rank {env.rank} derived")
+    digest = material_digest_all(saved.ranks)
+    derived = derived_parts(digest, f"rank:{env.rank}", parts, env.cuda)
+    return derived, saved.source, None, saved_world, notes, digest
 
 
 def _is_int(value: Any) -> bool:

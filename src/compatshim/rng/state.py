@@ -143,6 +143,22 @@ def words(values: Any, where: str, count: int) -> tuple[int, ...]:
     return tuple(values)
 
 
+_MT_UPPER = 0x80000000  # the one bit of word 0 that MT19937's recurrence reads
+
+
+def mt_key(key: tuple[int, ...], where: str) -> tuple[int, ...]:
+    """``key`` unless its 19937 state bits are all zero (a zero-filled, corrupt state): such a
+    generator returns only zeros; torch refuses its own ("Invalid mt19937 state"), random and
+    numpy would accept it."""
+    if not key[0] & _MT_UPPER and not any(key[1:MT_WORDS]):
+        raise _fail(
+            where,
+            "an all-zero MT19937 key (a zero-filled state) gives a generator that returns only "
+            "zeros; the saved state is corrupt: restore from another checkpoint or re-seed",
+        )
+    return key
+
+
 def python_state(value: Any, where: str) -> PythonState:
     """Check ``random.getstate()`` output (version 3 only) by loading it into a scratch Random."""
     import random
@@ -153,6 +169,7 @@ def python_state(value: Any, where: str) -> PythonState:
     if not _same(version, 3):
         raise _fail(where, f"unsupported random module state version {short(version)}")
     internal_words = words(internal, f"{where}.internal", PY_STATE_WORDS)
+    mt_key(internal_words, f"{where}.internal")
     _int_in(internal_words[-1], 0, MT_WORDS, f"{where}.internal[-1]")
     state = (3, internal_words, _float(gauss, f"{where}.gauss_next", allow_none=True))
     try:
@@ -164,7 +181,7 @@ def python_state(value: Any, where: str) -> PythonState:
 
 def numpy_state(key: Any, pos: Any, has_gauss: Any, cached: Any, where: str) -> NumpyMT:
     return NumpyMT(
-        key=words(key, f"{where}.key", MT_WORDS),
+        key=mt_key(words(key, f"{where}.key", MT_WORDS), f"{where}.key"),
         pos=_int_in(pos, 0, MT_WORDS, f"{where}.pos"),
         has_gauss=_int_in(has_gauss, 0, 1, f"{where}.has_gauss"),
         cached_gaussian=_float(cached, f"{where}.cached_gaussian") or 0.0,
@@ -212,6 +229,17 @@ def _require(state: Mapping[str, Any], key: str, where: str) -> Any:
     if key not in state:
         raise _fail(where, f"missing key {key!r}")
     return state[key]
+
+
+def captured_position(parts: Parts) -> tuple[int | None, int | None]:
+    """(rank, world size) that ``capture()`` recorded; None outside a process group or if odd."""
+    rank: Any = parts.meta.get("rank")
+    world_size: Any = parts.meta.get("world_size")
+    if not _is_int(rank) or rank < 0:
+        return None, None
+    if not _is_int(world_size) or not rank < world_size:
+        return int(rank), None
+    return int(rank), int(world_size)
 
 
 def is_state(obj: Any) -> bool:
