@@ -173,6 +173,15 @@ def patch_row(patch: PatchStatus) -> DoctorRow:
 
 
 ARM = "COMPATSHIM_AUTO=1 or `import compatshim.auto` first in the script"
+# COMPATSHIM_AUTO=1 set, nothing armed: the start-up hook is missing from this interpreter
+NO_HOOK = (
+    "install compatshim into this interpreter's site-packages (its start-up hook is missing) "
+    "or `import compatshim.auto` first in the script"
+)
+
+
+def _arm() -> str:
+    return NO_HOOK if _settings.auto() else ARM
 
 
 def armed_here() -> set[str]:
@@ -202,7 +211,7 @@ def in_force(table: list[DoctorRow], armed: set[str]) -> None:
             continue
         row.in_force = row.name in armed
         if not row.in_force:
-            row.extra["arm"] = ARM
+            row.extra["arm"] = _arm()
 
 
 def rows(report: dict[str, Any], armed: set[str] | None = None) -> list[DoctorRow]:
@@ -267,6 +276,12 @@ def verdict(table: list[DoctorRow], report: dict[str, Any]) -> tuple[int, str]:
             f"{_settings.SAFE_LOAD}=1 is set but NOT in force in processes started with this "
             "environment (the start-up hook did not run in this interpreter): "
             "`import compatshim.auto` first in the script"
+        )
+    if idle and _settings.auto():  # set, yet not armed: the hook did not run, as above
+        return 1, (
+            f"{len(idle)} breakage(s) fixable but NOT in force here: {_names(idle)}; "
+            f"{_settings.AUTO}=1 is set but the start-up hook did not run in this interpreter: "
+            f"{NO_HOOK}"
         )
     if idle:
         return 1, (

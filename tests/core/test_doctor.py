@@ -252,3 +252,29 @@ def test_a_removed_name_without_alias_is_a_row_that_does_not_fail_the_verdict(
     assert f"transformers {version} removed it" in row["detail"]
     assert "transformers.masking_utils" in row["detail"]
     assert "5.24.0 wheel" in row["extra"]["evidence"]
+
+
+def test_auto_set_where_the_start_up_hook_never_runs_says_so(tmp_path: Any) -> None:
+    """compatshim imported from a source tree (PYTHONPATH) into an interpreter whose
+    site-packages lacks its start-up hook, COMPATSHIM_AUTO=1 already set: "arm:
+    COMPATSHIM_AUTO=1" was the advice; the hook is what is missing."""
+    import venv
+
+    import packaging
+
+    venv.create(tmp_path / "env", with_pip=False)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "packaging").symlink_to(Path(packaging.__file__).parent, target_is_directory=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPATSHIM_", "PYTHON"))}
+    env.update(PYTHONPATH=os.pathsep.join((_source_dir(), str(lib))), COMPATSHIM_AUTO="1")
+    python = tmp_path / "env" / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    done = subprocess.run(
+        [str(python), "-m", "compatshim", "doctor"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    last = done.stdout.strip().splitlines()[-1]
+    if done.returncode == 0:
+        pytest.skip(f"nothing fixable applies to a bare Python {sys.version_info[:2]}: {last}")
+    assert "COMPATSHIM_AUTO=1 is set but the start-up hook did not run" in done.stdout, done
+    assert "arm: COMPATSHIM_AUTO=1" not in done.stdout, done.stdout
