@@ -15,9 +15,10 @@ cannot fail again (Python's documented recipe, "Note on SIGPIPE").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import warnings
-from typing import Sequence, TextIO
+from typing import Iterator, Sequence, TextIO
 
 PIPE_CLOSED = 141  # 128 + SIGPIPE (13)
 EXIT_CODES_HELP = """\
@@ -54,14 +55,30 @@ exit codes:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         try:
-            with warnings.catch_warnings():  # restored on return: main may be called in-process
-                warnings.showwarning = _one_line
+            with warnings.catch_warnings(), _escaping():  # both restored: main may be called
+                warnings.showwarning = _one_line  # in-process
                 return _run(argv)
         finally:  # --help and usage errors too (argparse exits from inside)
             sys.stdout.flush()
     except BrokenPipeError:
         _quiet_stdout()
         return PIPE_CLOSED
+
+
+@contextlib.contextmanager
+def _escaping() -> Iterator[None]:
+    """Text the console cannot encode (a path in a cp1252 or ASCII log) printed escaped: a
+    traceback and exit 1 said "needs-allow" (scan) or "refused" (dcp-downgrade)."""
+    changed = []
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+            changed.append(stream)
+    try:
+        yield
+    finally:
+        for stream in changed:
+            stream.reconfigure(errors="strict")
 
 
 def _one_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,

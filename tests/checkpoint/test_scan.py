@@ -349,3 +349,14 @@ def test_a_fifo_is_unreadable_not_a_hang(tmp_path: Path) -> None:
             assert "not a regular file" in info.stdout + info.stderr, info
             plan = plan_resume(folder, {"w": torch.zeros(2), "note": {"step": 0}})
             assert not plan.ok and "not a regular file" in plan.refused[0], plan
+
+
+def test_a_path_the_console_cannot_encode_is_printed_escaped(tmp_path: Path) -> None:
+    """A Windows CI log (cp1252) or an ASCII console: the traceback and exit 1 read as
+    "needs-allow"; the verdict is the file's."""
+    folder = tmp_path / "w"
+    folder.mkdir()
+    (folder / "\u6a21\u578b.pkl").write_bytes(pickle.dumps({"step": 1}, protocol=2))
+    done = _cli("scan", str(folder), env={"PYTHONIOENCODING": "ascii"})
+    assert done.returncode == 0, done
+    assert "\\u6a21\\u578b.pkl" in done.stdout and "Traceback" not in done.stderr, done
