@@ -360,3 +360,15 @@ def test_a_path_the_console_cannot_encode_is_printed_escaped(tmp_path: Path) -> 
     done = _cli("scan", str(folder), env={"PYTHONIOENCODING": "ascii"})
     assert done.returncode == 0, done
     assert "\\u6a21\\u578b.pkl" in done.stdout and "Traceback" not in done.stderr, done
+
+
+def test_the_scan_a_folder_suggests_is_a_command_that_runs(tmp_path: Path) -> None:
+    folder = tmp_path / "dir with space"
+    folder.mkdir()
+    (folder / "a.pkl").write_bytes(pickle.dumps({"step": 1}, protocol=2))
+    with pytest.raises(CheckpointError) as raised:
+        inspect(folder)
+    suggested = str(raised.value).split("`")[1]
+    assert suggested == f"compatshim scan '{folder}'", suggested
+    done = _cli(*suggested.split(" ", 2)[1:2], str(folder))
+    assert done.returncode == 0 and "1 loadable" in done.stdout, done

@@ -29,6 +29,7 @@ import heapq
 import io
 import json
 import os
+import shlex
 from dataclasses import asdict, dataclass, field, replace
 from typing import IO, Any, Iterable, Iterator
 
@@ -528,7 +529,7 @@ def _not_a_checkpoint_folder(path: str) -> str:
         )
     return (
         f"{path}: a folder, not a checkpoint file, and no DCP folder (no "
-        f"{_dcp_folder.METADATA}); `compatshim scan {path}` scans the files in it"
+        f"{_dcp_folder.METADATA}); `compatshim scan {shlex.quote(path)}` scans the files in it"
     )
 
 
