@@ -184,3 +184,32 @@ def world_of_one(rank: int, world_size: int) -> dict[str, Any]:
         "excepthook_restored": after_hook is hook,
         "atexit_handlers": handlers,
     }
+
+
+def _one_long_call(seconds: float) -> None:
+    time.sleep(seconds)  # stands in for one long C call: a matmul chain, a backward
+
+
+def watchdog_healthy_loop(rank: int, world_size: int, timeout: float, steps: int) -> str:
+    """Each step is one long call inside the same helper, far shorter than the watchdog's
+    timeout: the loop moves, though each call's frame is usually allocated where the last
+    one's was."""
+    from compatshim.dist import watchdog
+
+    with watchdog(timeout):
+        for _ in range(steps):
+            _one_long_call(timeout / 4)
+    return f"rank {rank} done"
+
+
+def goes_on_after_a_caught_desync(rank: int, world_size: int, steps: int) -> dict[str, Any]:
+    """Both ranks catch the DesyncError of different tags, then meet in step (rank 1 a little
+    later each time) for longer than the grace a rank that has not raised gets."""
+    from compatshim.desync import _desync_notice
+
+    _desync_notice.DESYNC_GRACE = 1.0  # 10 s otherwise: the test would take that long
+    caught = _catch(lambda: sync_point("eval" if rank == 0 else "train", timeout=20))
+    for step in range(steps):
+        time.sleep(0.6 if rank == 1 else 0.1)
+        sync_point(f"step {step}", timeout=20)
+    return {"raised": caught["raised"], "steps": steps}

@@ -114,6 +114,7 @@ def test_watchdog_dumps_every_rank_and_ends_them(tmp_path: Path) -> None:
     assert "--- rank 0 ---" in joined and "--- rank 1 ---" in joined
     assert "in watchdog_collective_hang" in joined
     assert "dist.barrier()" in joined and "threading.Event().wait()" in joined
+    assert "never arrived" not in joined  # no sync point: nowhere to arrive
 
 
 def test_watchdog_report_ends_a_rank_blocked_in_a_collective(tmp_path: Path) -> None:
@@ -134,6 +135,22 @@ def test_watchdog_report_ends_a_rank_blocked_in_a_collective(tmp_path: Path) -> 
     assert rank0.startswith(HEADLINE + "rank 1's main thread has not moved for"), rank0
     assert "This rank (0, " in rank0 and "received rank 1's report and ends now" in rank0
     assert "Connection closed" not in rank0
+
+
+def test_watchdog_sees_a_loop_that_calls_one_helper_move() -> None:
+    """Each step one long call in the same helper, 4 steps per timeout, 3 timeouts long: no
+    report (a sample of the main thread's frame and line took each call for the last one)."""
+    assert run_ranks(workers.watchdog_healthy_loop, 2, args=(1.0, 12), timeout=120) == [
+        "rank 0 done",
+        "rank 1 done",
+    ]
+
+
+def test_a_rank_that_caught_its_desync_error_goes_on() -> None:
+    """Neither rank is ended by the notice of the report both raised, and later sync points
+    pass though the ranks arrive 0.5 s apart."""
+    for result in run_ranks(workers.goes_on_after_a_caught_desync, 2, args=(5,), timeout=120):
+        assert result == {"raised": True, "steps": 5}
 
 
 def test_monitor_stops_when_the_process_group_is_destroyed() -> None:

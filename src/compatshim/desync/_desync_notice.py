@@ -8,7 +8,9 @@ period to reach a sync point and raise there itself, except after a hang report
 (the watchdog, a stuck call): the reporter ends its own process, so every rank
 ends at once. Such a rank may be blocked in a collective compatshim does not
 watch, and would otherwise die of gloo's "Connection closed by peer" when the
-reporter leaves.
+reporter leaves. A rank that has raised a DesyncError itself is left alone, and
+its later sync points ignore the notice: the store holds one notice per run,
+the one about what that rank has reported (and may have caught, to go on).
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ _raised_here = False
 def raised_here() -> bool:
     """Whether this process has reported ranks out of step (it ends its child ranks at exit)."""
     return _raised_here
+
+
+def notice_out(meeting: Meeting) -> bool:
+    """Another rank's desync notice is out, about something this rank has not raised itself."""
+    return not _raised_here and meeting.has([Keys.desync()])
 
 
 def announce(
@@ -108,8 +115,8 @@ class AnswerDesync(Watch):
         if not meeting.has([Keys.desync()]):
             return
         meeting.put(Keys.ack(meeting.rank), Ack(time=now))
-        if TRAIL.syncing:
-            return  # the sync point raises DesyncError itself
+        if TRAIL.syncing or _raised_here:
+            return  # the sync point raises DesyncError itself, or this rank has raised one
         notice = meeting.read(Keys.desync(), DesyncNotice)
         if notice is None or notice.reporter == meeting.rank:
             return

@@ -113,4 +113,4 @@ def hang_report(monitor: Monitor, headline: str) -> str:
                 stacks.setdefault(rank, _no_answer(info))
         except Exception as exc:
             stacks[monitor.rank] += f"\n(could not reach the store: {type(exc).__name__}: {exc})"
-    return build_report(headline=headline, ranks=ranks, differs=[], stacks=stacks)
+    return build_report(headline=headline, ranks=ranks, differs=[], stacks=stacks, meeting=False)

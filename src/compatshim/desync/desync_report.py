@@ -74,14 +74,18 @@ def _first(stack: Sequence[Site]) -> Site | None:
     return stack[0] if stack else None
 
 
-def describe_rank(rank: int, info: RankState, now: float) -> list[str]:
-    """Lines for one rank: arrived / last seen / exited, with call site and liveness."""
+def describe_rank(rank: int, info: RankState, now: float, *, meeting: bool = True) -> list[str]:
+    """Lines for one rank: arrived / last seen / exited, with call site and liveness.
+
+    ``meeting``: the ranks were to meet somewhere, so one without an arrival "never arrived"
+    (a hang report has no such place)."""
     me = "  <- this rank" if info.is_self else ""
     arrived = info.arrived
     if arrived is not None:
         head = f"rank {rank}: at {arrived.tag!r} from {format_site(_first(arrived.stack))}{me}"
         return [head, *_stack_lines(arrived.stack[1:3], "    called from ")]
-    parts = [f"rank {rank}: this rank" if me else f"rank {rank}: never arrived"]
+    other = " never arrived" if meeting else ""
+    parts = [f"rank {rank}: this rank" if me else f"rank {rank}:{other}"]
     seen = info.seen
     if seen is not None:
         active = "in" if seen.active else "last left"
@@ -103,13 +107,15 @@ def describe_rank(rank: int, info: RankState, now: float) -> list[str]:
     return parts
 
 
-def _rank_blocks(ranks: dict[int, RankState], now: float) -> list[list[str]]:
+def _rank_blocks(ranks: dict[int, RankState], now: float, meeting: bool) -> list[list[str]]:
     """One block per rank; above ``GROUP_ABOVE`` ranks, one per distinct description.
 
     Ranks whose lines differ only in their ages (``1.2 s ago``) share a block
     headed ``ranks [0-5, 7]``, each age shown as the range seen in the group.
     """
-    described = {rank: describe_rank(rank, ranks[rank], now) for rank in sorted(ranks)}
+    described = {
+        rank: describe_rank(rank, ranks[rank], now, meeting=meeting) for rank in sorted(ranks)
+    }
     if len(described) <= GROUP_ABOVE:
         return list(described.values())
     groups: dict[str, list[int]] = {}
@@ -141,11 +147,14 @@ def build_report(
     ranks: dict[int, RankState],
     differs: list[str],
     stacks: dict[int, str] | None = None,
+    meeting: bool = True,
 ) -> str:
-    """Assemble the text: headline, one block per rank, what differs, optional full stacks."""
+    """Assemble the text: headline, one block per rank, what differs, optional full stacks.
+
+    ``meeting``: False for a hang report, where no rank was expected anywhere."""
     now = time.time()
     lines = [HEADLINE + headline]
-    for block in _rank_blocks(ranks, now):
+    for block in _rank_blocks(ranks, now, meeting):
         lines += ["  " + line for line in block]
     if differs:
         lines.append("What differs:")

@@ -19,7 +19,7 @@ from .._text import short
 from .._warn import warn as warn_at_caller
 from . import _liveness
 from ._counters import next_seq
-from ._desync_notice import announce
+from ._desync_notice import announce, notice_out
 from ._liveness import RankState
 from ._records import Arrival, DesyncNotice, ExitRecord, Heartbeat, Keys, Seen
 from ._sites import user_frames
@@ -169,7 +169,7 @@ def _wait_for_all(
             return None
         if now >= next_health:
             next_health = now + HEALTH_EVERY
-            if meeting.has([Keys.desync()]):
+            if notice_out(meeting):
                 return None
             missing = [r for r in range(meeting.world_size) if not meeting.has([keys[r]])]
             for r in missing:

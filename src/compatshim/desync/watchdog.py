@@ -1,8 +1,10 @@
 """``watchdog(timeout)``: when a rank's main thread stops moving, every rank's stack in one report.
 
-The per-process monitor samples the main thread's current frame; if it has not
-moved for ``timeout`` seconds (a collective that never completes, a dead lock),
-the monitor asks every rank through the store for its Python stacks, prints one
+The main thread "has not moved" when it has run no Python code for ``timeout``
+seconds: it sits in one call that does not return (a collective that never
+completes, a dead lock, a sleep, one C operation longer than the timeout). A
+loop that runs Python code keeps moving, even one that polls forever; the
+monitor asks every rank through the store for its Python stacks, prints one
 report and, with ``action="exit"``, ends the ranks (exit code 70) instead of
 waiting for torch's 30-minute timeout. A rank blocked while holding the GIL
 cannot answer; the report says so and gives its last breadcrumb.
@@ -10,8 +12,9 @@ cannot answer; the report says so and gives its last breadcrumb.
 
 from __future__ import annotations
 
+import ctypes
+import os
 import sys
-import threading
 import time
 from typing import Any
 
@@ -25,26 +28,66 @@ from .monitor import Monitor, ensure_monitor, get_monitor
 from .sync import check_arguments
 
 
+class _Pulse:
+    """How many times the main thread has run Python code when asked (once per tick).
+
+    ``Py_AddPendingCall`` queues a call that the main thread makes between two
+    bytecodes, where it handles signals; a thread inside one C call makes none.
+    A sample of the main thread's frame cannot tell this: a helper called again
+    usually gets its new frame at the old one's address, with the same line.
+    """
+
+    def __init__(self) -> None:
+        self.beats = 0
+        self._asked_in = 0  # the pid that has a call queued (a forked child has none)
+        self._call = _PENDING_CALL(self._beat)  # referenced for as long as the process lives
+
+    def _beat(self, _arg: object) -> int:
+        self.beats += 1
+        self._asked_in = 0
+        return 0
+
+    def ask(self) -> None:
+        """Queue one call, unless the last one is still waiting for the main thread."""
+        pid = os.getpid()
+        if self._asked_in == pid:
+            return
+        self._asked_in = pid  # before: the main thread may answer before the call returns
+        if ctypes.pythonapi.Py_AddPendingCall(self._call, None) != 0:
+            self._asked_in = 0  # the queue is full: ask at the next tick
+
+
+_PENDING_CALL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+_pulse: _Pulse | None = None
+
+
+def _main_thread_pulse() -> _Pulse:
+    global _pulse
+    if _pulse is None:
+        _pulse = _Pulse()
+    return _pulse
+
+
 class MainThreadStill(Watch):
-    """The main thread's frame and line have not changed for ``timeout`` seconds."""
+    """The main thread has run no Python code for ``timeout`` seconds."""
 
     def __init__(self, timeout: float, action: str) -> None:
         self.timeout = timeout
         self.action = action
-        self._sample: tuple[int, int, float] = (0, 0, time.monotonic())
+        self._pulse = _main_thread_pulse()
+        self._beats = self._pulse.beats
+        self._since = time.monotonic()
 
     def tick(self, now: float, monitor: Monitor) -> None:
-        frame = sys._current_frames().get(threading.main_thread().ident or 0)
-        if frame is None:
+        beats = self._pulse.beats
+        self._pulse.ask()
+        if beats != self._beats:
+            self._beats, self._since = beats, time.monotonic()
             return
-        sample = (id(frame), frame.f_lineno)
-        if sample != self._sample[:2]:
-            self._sample = (sample[0], sample[1], time.monotonic())
-            return
-        still = time.monotonic() - self._sample[2]
+        still = time.monotonic() - self._since
         if still <= self.timeout:
             return
-        self._sample = (0, 0, time.monotonic())
+        self._since = time.monotonic()
         headline = (
             f"rank {monitor.rank}'s main thread has not moved for {still:.0f} s "
             f"(watchdog timeout {self.timeout:g} s)"
