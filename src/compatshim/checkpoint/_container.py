@@ -85,22 +85,26 @@ def open_regular(path: Any, what: str, buffering: int = -1) -> IO[bytes]:
     folder) would block the open, then the read, forever; a device may never end. Opened
     without blocking and checked on the open file, so nothing swapped in after a check
     blocks either. A folder is IsADirectoryError (and CheckpointError) saying what reads it."""
-    fd = os.open(path, os.O_RDONLY | _NONBLOCK)
     try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):  # a DCP folder, most likely: say what reads it
-            raise as_well(CheckpointError, IsADirectoryError)(_folder_given(what))
-        if not stat.S_ISREG(mode):
+        file = open(path, "rb", buffering=buffering, opener=_nonblocking)  # noqa: SIM115
+    except IsADirectoryError:  # a DCP folder, most likely: say what reads it
+        raise as_well(CheckpointError, IsADirectoryError)(_folder_given(what)) from None
+    try:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
             raise CheckpointError(f"{what}: not a regular file (a FIFO, a device or a socket)")
         if _NONBLOCK:
-            os.set_blocking(fd, True)
-        return open(fd, "rb", buffering=buffering)
+            os.set_blocking(file.fileno(), True)
+        return file
     except BaseException:
-        os.close(fd)
+        file.close()
         raise
 
 
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+def _nonblocking(path: str, flags: int) -> int:
+    return os.open(path, flags | _NONBLOCK)
 
 
 def _folder_given(what: str) -> str:
