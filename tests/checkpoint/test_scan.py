@@ -146,7 +146,6 @@ def test_a_dcp_folder_is_judged_as_torch_s_dcp_load_reads_it(tmp_path: Path) -> 
 NEEDS_ALLOW_CASES = {
     "numpy_matrix_subclass",  # numpy.matrix
     "numpy_recarray_subclass",  # numpy.rec.recarray, numpy.record
-    "real_quantized_tensor",  # torch._utils._rebuild_qtensor (a genuine torch.save file)
     "real_tensor_subclass",  # tests.checkpoint.corpus.TensorSubclass (a genuine one too)
     "rebuild_from_type_with_foreign_type",  # torch.nn.Module as a tensor's type
     *(
@@ -154,11 +153,15 @@ NEEDS_ALLOW_CASES = {
         for name in (
             "_rebuild_device_tensor_from_numpy",
             "_rebuild_device_tensor_from_cpu_tensor",
-            "_rebuild_qtensor",
-            "_rebuild_wrapper_subclass",
             "_rebuild_nested_tensor",
         )
     ),
+}
+# refused, and no allow entry could make them load (_gate.NOT_REBUILT): unreadable here
+NOT_REBUILT_CASES = {
+    "real_quantized_tensor",  # a genuine torch.save file of a quantized tensor
+    "torch_utils__rebuild_qtensor",
+    "torch_utils__rebuild_wrapper_subclass",
 }
 
 
@@ -190,6 +193,7 @@ def test_scan_says_what_load_does_on_every_corpus_file(tmp_path: Path) -> None:
         assert (done.severity == LOADABLE) == (error is None), (case.name, done, error)
         if case.expect == "unsafe":
             expected = NEEDS_ALLOW if case.name in NEEDS_ALLOW_CASES else DANGEROUS
+            expected = UNREADABLE if case.name in NOT_REBUILT_CASES else expected
             assert done.severity == expected, (case.name, done, error)
         if done.severity == NEEDS_ALLOW:  # what load refused, named, none of it denied
             assert isinstance(error, UnsafeCheckpointError) and done.info is not None
@@ -372,3 +376,37 @@ def test_the_scan_a_folder_suggests_is_a_command_that_runs(tmp_path: Path) -> No
     assert suggested == f"compatshim scan '{folder}'", suggested
     done = _cli(*suggested.split(" ", 2)[1:2], str(folder))
     assert done.returncode == 0 and "1 loadable" in done.stdout, done
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_a_quantized_model_s_state_dict_is_unreadable_here_with_the_way_out(
+    tmp_path: Path, kind: str
+) -> None:
+    """torch.ao.quantization's own models (per-tensor and per-channel): compatshim does not
+    rebuild quantized tensors. scan said needs-allow and load advised allow entries, which
+    could not make it load (the storage type is none its reader knows)."""
+    torch = pytest.importorskip("torch")
+    quantization = pytest.importorskip("torch.ao.quantization")
+    if "qnnpack" not in torch.backends.quantized.supported_engines and kind == "static":
+        pytest.skip("no quantized engine for static quantization here")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    if kind == "dynamic":
+        quantized = quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    else:
+        torch.backends.quantized.engine = "qnnpack" if "fbgemm" not in \
+            torch.backends.quantized.supported_engines else "fbgemm"  # fmt: skip
+        wrapped = quantization.QuantWrapper(model).eval()
+        wrapped.qconfig = quantization.get_default_qconfig(torch.backends.quantized.engine)
+        prepared = quantization.prepare(wrapped)
+        prepared(torch.randn(8, 4))
+        quantized = quantization.convert(prepared)
+    path = tmp_path / "q.pt"
+    torch.save(quantized.state_dict(), path)
+    torch.load(path, weights_only=True)  # torch's own weights-only load reads it
+    done = _cli("scan", str(path))
+    assert done.returncode == 2 and done.stdout.startswith("unreadable"), done
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        load(path)
+    message = str(refused.value)
+    assert "compatshim does not rebuild quantized tensors" in message, message
+    assert "allow=[" not in message and "torch.load(weights_only=True)" in message, message

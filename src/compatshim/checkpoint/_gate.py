@@ -37,6 +37,33 @@ GETATTR_ONLY = (
     "reached through builtins.getattr: compatshim admits only the methods its table lists "
     "(allow= does not open getattr)"
 )
+# Torch objects whose files compatshim cannot rebuild, whatever is allowed: quantized storages
+# are no storage type its reader knows, and rebuild_from_type_v2 takes no wrapper subclass
+# (DTensor). A file naming one is unreadable here, not a list of globals to allow.
+_QUANTIZED = ("torch._utils._rebuild_qtensor", "torch.QInt8Storage", "torch.QUInt8Storage",
+              "torch.QInt32Storage", "torch.QUInt4x2Storage", "torch.QUInt2x4Storage")  # fmt: skip
+NOT_REBUILT: dict[str, str] = {
+    **dict.fromkeys(_QUANTIZED, "quantized tensors"),
+    "torch._utils._rebuild_wrapper_subclass": "wrapper tensor subclasses (DTensor)",
+}
+
+
+def not_rebuilt(refused: Iterable[str]) -> str:
+    """What ``refused`` names that compatshim cannot rebuild, as advice ("" for none)."""
+    found: dict[str, str] = {}
+    for name in refused:
+        if name in NOT_REBUILT:
+            found.setdefault(NOT_REBUILT[name], name)
+    if not found:
+        return ""
+    kinds = "; ".join(f"{kind} ({name})" for kind, name in found.items())
+    return (
+        f". compatshim does not rebuild {kinds}: no allow entry makes this file load. "
+        "torch's own weights-only load reads it (torch.load(weights_only=True), "
+        "COMPATSHIM_SAFE_LOAD unset)"
+    )
+
+
 _MISSING = object()
 # the allowlist's verdicts: they depend on nothing but the installed releases, which
 # _engine.versions reads once per process

@@ -53,7 +53,7 @@ from ._container import (
 from ._dcp_folder import DcpInfo
 from ._dtypes import BY_TORCH
 from ._expand import transformed
-from ._gate import ALLOWLIST, Verdict, judge
+from ._gate import ALLOWLIST, Verdict, judge, not_rebuilt
 from ._machine import Source
 from ._names import RESOLVER, parse
 from .allowlist import numpy_core
@@ -480,6 +480,9 @@ def severity_of(error: CheckpointError | None, listed: dict[str, GlobalUse]) -> 
     refused = getattr(error, "refused", ())
     if refused and all(map(_absent, refused)):  # torch's names where torch is not installed
         return UNREADABLE
+    if not_rebuilt(refused) and not any(judge(*n.rpartition(".")[::2]).dangerous
+                                        for n in refused if "." in n):  # fmt: skip
+        return UNREADABLE  # quantized, DTensor: no allow entry makes it load
     if refused and all(_allowable(name, listed) for name in refused):
         return NEEDS_ALLOW
     return DANGEROUS

@@ -57,7 +57,7 @@ from ._container import (
     seek_record,
     sniff,
 )
-from ._gate import Allow, judge
+from ._gate import Allow, judge, not_rebuilt
 from ._limits import Budget
 from ._machine import Source
 from ._safe import SafeMachine, check_result
@@ -526,4 +526,4 @@ def load(f: Any, map_location: Any = None, *, allow: Iterable[Any] = (), mmap: b
     try:
         return read(f, Request(map_location, allow, mmap))
     except UnsafeCheckpointError as exc:
-        raise advised(exc, ADVICE) from None
+        raise advised(exc, not_rebuilt(exc.refused) or ADVICE) from None

@@ -19,6 +19,7 @@ from ._container import describe_source
 from ._container import read as _guarded
 from ._expand import Bounded
 from ._expand import limit as expansion_limit
+from ._gate import not_rebuilt
 from ._load import Loader
 from ._machine import MAX_LINE, py2_str_encoding
 from .errors import CheckpointError, UnsafeCheckpointError
@@ -31,6 +32,7 @@ __all__ = [
     "Request",
     "UnsafeCheckpointError",
     "expansion_limit",
+    "not_rebuilt",
     "read",
 ]
 

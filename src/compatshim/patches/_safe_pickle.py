@@ -27,9 +27,13 @@ def how_to_allow(refused: tuple[str, ...]) -> str:
     import re
 
     from ..checkpoint.deny import denied
+    from ..checkpoint.request import not_rebuilt
 
     names = [n for n in refused if re.fullmatch(r"[A-Za-z_][\w.]*\.[A-Za-z_]\w*", n)]
     risky = [n for n in names if denied(n) is not None]
+    unbuilt = not_rebuilt(names)
+    if unbuilt and not risky:
+        return unbuilt[1:]  # without its leading "."
     if risky:
         return (
             f" The file names {', '.join(risky)}, which can run code or reach the system "
