@@ -23,6 +23,41 @@ def same_tags(rank: int, world_size: int, rounds: int) -> list[str]:
     return [f"rank {rank} passed {rounds} sync points"]
 
 
+def store_keys_over_many_sync_points(rank: int, world_size: int, steps: int) -> dict[str, int]:
+    """The store's key count (rank 0's TCPStore, read on every rank) once the monitor's keys are
+    in, and again after ``steps`` more sync points: a sync point must not leave keys behind."""
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    for step in range(3):
+        sync_point(f"warm {step}", timeout=30)
+    dist.barrier()  # every rank has left the warm-up sync points
+    before = int(store.num_keys())
+    for _ in range(steps):
+        sync_point("step", timeout=30)
+    dist.barrier()
+    return {"before": before, "after": int(store.num_keys())}
+
+
+def lagging_rank_finds_the_arrivals(rank: int, world_size: int, steps: int) -> str:
+    """Rank 1 writes its arrival, then looks for the others' only 50 ms later: rank 0 has
+    left that sync point by then (and deleted what it may) and waits at the next one."""
+    from compatshim.desync import _store
+
+    if rank == 1:
+        plain_has = _store.Meeting.has
+
+        def late_has(self: Any, keys: list[str]) -> bool:
+            if len(keys) > 1 and "/sp/" in keys[0]:  # every rank's arrival at one sync point
+                time.sleep(0.05)
+            return plain_has(self, keys)
+
+        _store.Meeting.has = late_has  # type: ignore[method-assign]
+    for step in range(steps):
+        sync_point(f"step {step}", timeout=30)
+    return f"rank {rank} passed {steps} sync points"
+
+
 def _catch(fn: Any) -> dict[str, Any]:
     start = time.monotonic()
     try:

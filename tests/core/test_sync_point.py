@@ -32,6 +32,57 @@ def test_matching_sync_points_return() -> None:
     ]
 
 
+def test_sync_points_leave_no_keys_behind_in_the_store() -> None:
+    """A sync point per training step must not grow rank 0's store without bound: each rank
+    deletes its arrival record of the sync point before once every rank has reached this one
+    (before the fix: 2 keys more per sync point, 400 here)."""
+    results = run_ranks(workers.store_keys_over_many_sync_points, 2, args=(200,), timeout=180)
+    for result in results:
+        assert result["after"] - result["before"] <= 2, result  # at most the world size
+
+
+def test_a_rank_one_sync_point_behind_still_finds_every_arrival() -> None:
+    """What a sync point deletes is only what no rank can read any more: a rank that looks
+    after the others have gone on to the next sync point still finds their arrivals."""
+    assert run_ranks(workers.lagging_rank_finds_the_arrivals, 2, args=(10,), timeout=120) == [
+        "rank 0 passed 10 sync points",
+        "rank 1 passed 10 sync points",
+    ]
+
+
+def test_a_store_that_cannot_delete_keeps_its_keys() -> None:
+    """``Meeting.drop`` deletes on a torch store; a store without ``delete_key`` (or whose
+    ``delete_key`` raises, as a ``Store`` subclass's does) keeps them and is not asked again."""
+    import torch.distributed as dist
+
+    from compatshim.desync._store import Meeting
+
+    hashed = dist.HashStore()
+    for key in ("a", "b"):
+        hashed.set(key, "1")
+    Meeting(hashed, 0, 2).drop(["a"])
+    assert Meeting(hashed, 0, 2).has(["b"]) and not Meeting(hashed, 0, 2).has(["a"])
+
+    class Lacks:  # a store-like object without delete_key
+        pass
+
+    class Refuses:
+        asked = 0
+
+        def delete_key(self, key: str) -> bool:
+            Refuses.asked += 1
+            raise RuntimeError("this store does not delete keys")
+
+    class PureVirtual(dist.Store):  # type: ignore[misc]
+        pass
+
+    for store in (Lacks(), Refuses(), PureVirtual()):
+        Meeting(store, 0, 2).drop(["b"])  # no error: the record stays
+        Meeting(store, 0, 2).drop(["b"])
+    assert Refuses.asked == 1
+    assert Meeting(hashed, 0, 2).has(["b"])  # torch 2.1 has no Store.check
+
+
 HEADLINE = "compatshim.dist.DesyncError: "
 
 

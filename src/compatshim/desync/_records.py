@@ -18,6 +18,10 @@ key              record                 written by
 ``hangs``        a counter (``add``)    a rank asking every rank for its stacks
 ``stack/N/R``    :class:`StackDump`     rank R answering stack request number N
 ===============  =====================  ==============================================
+
+``sp/N/R`` is the only key written again and again: rank R deletes it once every
+rank has arrived at a later sync point (nobody reads it any more), so the store
+holds at most about three per rank. ``stack/N/R`` is written only for a hang report.
 """
 
 from __future__ import annotations

@@ -6,14 +6,19 @@ here polls with ``check`` and reads a key only once it is known to exist; the
 one blocking call, :meth:`Meeting.wait`, has a timeout (a rank leaving).
 torch 2.1 has no ``Store.check`` in Python; there a ``wait`` with a 1 ms
 timeout stands in for it (a missing key costs a few milliseconds).
+A record nobody reads any more is deleted (``delete_key``, on every torch store
+since 2.1); a store whose ``delete_key`` fails (a ``Store`` subclass without it)
+keeps it, and is not asked again.
 Keys and record shapes: :mod:`._records`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
+import weakref
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -21,6 +26,7 @@ from ._records import Record
 
 _PROBE = timedelta(milliseconds=1)
 R = TypeVar("R", bound=Record)
+_cannot_delete: weakref.WeakSet[Any] = weakref.WeakSet()  # stores whose delete_key failed
 
 
 class Meeting:
@@ -48,6 +54,16 @@ class Meeting:
 
     def put(self, key: str, record: Record) -> None:
         self.store.set(key, record.to_json())
+
+    def drop(self, keys: list[str]) -> None:
+        """Delete ``keys``, which no rank reads any more; a store that cannot keeps them."""
+        if _known(self.store, _cannot_delete):
+            return
+        try:
+            for key in keys:
+                self.store.delete_key(key)
+        except Exception:  # no delete_key, or "pure virtual function" (a Store subclass)
+            _remember(self.store, _cannot_delete)
 
     def has(self, keys: list[str]) -> bool:
         """Whether every key exists, without blocking."""
@@ -80,6 +96,19 @@ class Meeting:
     def count(self, key: str, add: int = 0) -> int:
         """Add ``add`` to the counter ``key`` and return its new value (0 to read it)."""
         return int(self.store.add(key, add))
+
+
+def _known(store: Any, stores: weakref.WeakSet[Any]) -> bool:
+    """Whether ``store`` is in ``stores`` (one that cannot be weakly referenced never is)."""
+    try:
+        return store in stores
+    except TypeError:
+        return False
+
+
+def _remember(store: Any, stores: weakref.WeakSet[Any]) -> None:
+    with contextlib.suppress(TypeError):  # not weakly referable: it is asked every time
+        stores.add(store)
 
 
 def _is_fake_world() -> bool:

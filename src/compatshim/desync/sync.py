@@ -4,7 +4,10 @@ Each rank writes an arrival record (tag, call site, short stack, pid) under a
 per-group sequence number, then polls with ``check`` until every rank's record
 for the same number is there. Arrivals with different tags, a rank whose
 process exited or vanished, or the timeout turn into one :class:`DesyncError`
-report built from what every rank left in the store.
+report built from what every rank left in the store. Once every record of a
+number is in, each rank deletes its own records of the earlier numbers (no rank
+reads them any more), so the store holds a few records per rank however many
+sync points a run passes.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from .._settings import desync_timeout
 from .._text import short
 from .._warn import warn as warn_at_caller
 from . import _liveness
-from ._counters import next_seq
+from ._counters import next_seq, settle
 from ._desync_notice import announce, notice_out
 from ._liveness import RankState
 from ._records import Arrival, DesyncNotice, ExitRecord, Heartbeat, Keys, Seen
@@ -88,7 +91,8 @@ def meet(
             _warn_if_alone(caller)
         return None
     ensure_monitor(meeting)
-    seq = next_seq(_group_identity(meeting, store))
+    identity = _group_identity(meeting, store)
+    seq = next_seq(identity)
     stack = user_frames(limit=6)
     op = f"sync_point {tag!r}"
     crumb = TRAIL.enter(op)
@@ -104,6 +108,9 @@ def meet(
         arrivals = _wait_for_all(meeting, seq, limit, suspects)
         differs = _differences(arrivals, compare) if arrivals is not None else []
         if arrivals is not None and not differs:
+            done = settle(identity, seq)
+            if done:
+                meeting.drop([Keys.arrival(n, meeting.rank) for n in done])
             return {rank: arrivals[rank].payload for rank in arrivals}
         _fail(meeting, seq, tag, limit, differs, suspects.confirmed, suspects.gone)
     finally:
