@@ -59,8 +59,8 @@ def not_rebuilt(refused: Iterable[str]) -> str:
     kinds = "; ".join(f"{kind} ({name})" for kind, name in found.items())
     return (
         f". compatshim does not rebuild {kinds}: no allow entry makes this file load. "
-        "torch's own weights-only load reads it (torch.load(weights_only=True), "
-        "COMPATSHIM_SAFE_LOAD unset)"
+        "torch's own weights-only load reads it where that torch admits them "
+        "(torch.load(weights_only=True), COMPATSHIM_SAFE_LOAD unset)"
     )
 
 
