@@ -24,6 +24,7 @@ from torch.utils.data import DistributedSampler, IterableDataset, TensorDataset 
 
 import compatshim.data as cd  # noqa: E402
 from compatshim.data import DataPositionError  # noqa: E402
+from tests.core.test_data_position import Buckets  # noqa: E402
 
 StatefulDataLoader = stateful_dataloader.StatefulDataLoader
 pytestmark = pytest.mark.timeout(120)
@@ -331,18 +332,6 @@ def test_a_count_before_the_step_says_to_save_after_it() -> None:
 def test_a_batch_sampler_over_a_distributed_sampler_gets_the_epoch() -> None:
     """As for a DataLoader: the loader's state replays the batch sampler, whose order is the
     epoch of the DistributedSampler it holds as ``.sampler``."""
-
-    class Buckets(torch.utils.data.Sampler[list[int]]):
-        def __init__(self, sampler: Any) -> None:
-            self.sampler = sampler
-
-        def __iter__(self) -> Any:
-            it = iter(self.sampler)
-            while chunk := list(itertools.islice(it, 3)):
-                yield chunk
-
-        def __len__(self) -> int:
-            return -(-len(self.sampler) // 3)
 
     def build() -> tuple[Any, Any]:
         data = TensorDataset(torch.arange(12))
