@@ -459,11 +459,17 @@ def _allowable(name: str, listed: dict[str, GlobalUse]) -> bool:
     use = listed.get(name)
     if use is not None:
         return not use.covered and use.dangerous is None
+    verdict = _verdict(name)
+    return verdict is not None and verdict.dangerous is None and not verdict.admitted
+
+
+def _verdict(name: str) -> Verdict | None:
+    """The gate's verdict on a refused ``name``; None for an operation or a structure ("BUILD
+    on a dict"), which is no global."""
     module, _, attr = name.rpartition(".")
     if not module or not all(part.isidentifier() for part in name.split(".")):
-        return False  # an operation or a structure ("BUILD on a dict"), not a global
-    verdict = judge(module, attr)
-    return verdict.dangerous is None and not verdict.admitted
+        return None
+    return judge(module, attr)
 
 
 def severity_of(error: CheckpointError | None, listed: dict[str, GlobalUse]) -> str:
@@ -478,22 +484,14 @@ def severity_of(error: CheckpointError | None, listed: dict[str, GlobalUse]) -> 
     if isinstance(error, UndecodableTextError) or not isinstance(error, UnsafeCheckpointError):
         return UNREADABLE
     refused = getattr(error, "refused", ())
-    if refused and all(map(_absent, refused)):  # torch's names where torch is not installed
+    verdicts = [_verdict(name) for name in refused]
+    if refused and all(v is not None and v.absent for v in verdicts):  # no torch installed
         return UNREADABLE
-    if not_rebuilt(refused) and not any(judge(*n.rpartition(".")[::2]).dangerous
-                                        for n in refused if "." in n):  # fmt: skip
+    if not_rebuilt(refused) and not any(v is not None and v.dangerous for v in verdicts):
         return UNREADABLE  # quantized, DTensor: no allow entry makes it load
     if refused and all(_allowable(name, listed) for name in refused):
         return NEEDS_ALLOW
     return DANGEROUS
-
-
-def _absent(name: str) -> bool:
-    """Whether ``name`` is allow-listed for a distribution that is not installed."""
-    module, _, attr = name.rpartition(".")
-    if not module or not all(part.isidentifier() for part in name.split(".")):
-        return False
-    return judge(module, attr).absent
 
 
 def _judged(info: CheckpointInfo, error: CheckpointError | None) -> CheckpointInfo:
