@@ -187,14 +187,18 @@ def _naming_items(real: Any) -> Any:
         try:
             return real(self, read_item, value)
         except UnsafeCheckpointError as exc:
-            fqn = getattr(getattr(read_item, "dest_index", None), "fqn", None)
-            where = f"DCP item {fqn!r}" if isinstance(fqn, str) else "a DCP item"
-            file = getattr(_reading, "file", None)
-            if isinstance(file, str):
-                where += f" in {file}"
+            where = _item_name(getattr(read_item, "dest_index", None))
             raise type(exc)(f"{where}: {exc}", exc.refused) from None
 
     return mark(load_bytes, _compatshim=True)
+
+
+def _item_name(index: Any) -> str:
+    """The item a ``MetadataIndex`` names, and the data file DCP's reader is slicing."""
+    fqn = getattr(index, "fqn", None)
+    where = f"DCP item {fqn!r}" if isinstance(fqn, str) else "a DCP item"
+    file = getattr(_reading, "file", None)
+    return f"{where} in {file}" if isinstance(file, str) else where
 
 
 def _catchable(real: type) -> type:
@@ -352,17 +356,13 @@ def _bounding(real: Any) -> Any:
         stored = raw.seek(0, io.SEEK_END) - here
         raw.seek(here)
         index = getattr(read_item, "storage_index", None)
-        fqn = getattr(index, "fqn", None)
         declared = 0
         metadata = _declared.get(self)
         if metadata is not None and getattr(read_item.type, "name", "") == "TENSOR":
-            declared = _chunk_bytes(metadata, fqn, getattr(index, "offset", None))
-        what = f"DCP item {fqn!r}" if isinstance(fqn, str) else "a DCP item"
-        file = getattr(_reading, "file", None)
-        if isinstance(file, str):
-            what += f" in {file}"
+            fqn, offsets = getattr(index, "fqn", None), getattr(index, "offset", None)
+            declared = _chunk_bytes(metadata, fqn, offsets)
         stream = real(self, read_item, descriptors, raw)
-        return Bounded(stream, expansion_limit(stored, declared), what)
+        return Bounded(stream, expansion_limit(stored, declared), _item_name(index))
 
     return mark(transform_load_stream, _compatshim=True)
 
