@@ -104,6 +104,7 @@ def main() -> int:
     import_problems = _import_targets()
     registry.probe_unarmed()
     report = {
+        "missing": registry.missing_dependency(),
         "devices": _safe(_devices, {}),
         "import_problems": import_problems,
         "patches": [row.as_dict() for row in registry.status()],

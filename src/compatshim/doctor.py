@@ -218,6 +218,10 @@ def rows(report: dict[str, Any], armed: set[str] | None = None) -> list[DoctorRo
     """One uniform row per patch and adapter check, then the removed names that apply;
     ``in_force`` from ``armed`` (default: what this process's start-up armed)."""
     out = [patch_row(_status(patch)) for patch in report.get("patches", [])]
+    missing = report.get("missing")
+    for row in out if missing else ():  # no patch could be armed in the probes' child
+        if row.present and not row.fixed:
+            row.detail += f" [not fixable here: {missing}]"
     out.extend(DoctorRow.from_dict(row) for row in report.get("adapters", []))
     out.extend(removed_rows())
     in_force(out, armed_here() if armed is None else armed)
@@ -267,6 +271,11 @@ def verdict(table: list[DoctorRow], report: dict[str, Any]) -> tuple[int, str]:
     unknown = [r for r in table if r.applies and r.present is None and r.kind == "patch"]
     idle = [r for r in table if r.applies and r.present and r.fixed and r.in_force is False]
     unsafe = [r for r in table if r.name == "checkpoint-safe-load" and r.in_force is False]
+    if unfixed and report.get("missing"):
+        return 1, (
+            f"{len(unfixed)} applicable breakage(s) not fixed ({_names(unfixed)}): compatshim "
+            f"can arm no patch in this environment: {report['missing']}"
+        )
     if unfixed:
         return 1, f"{len(unfixed)} applicable breakage(s) not fixed: {_names(unfixed)}"
     if unknown:

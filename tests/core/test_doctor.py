@@ -279,3 +279,20 @@ def test_auto_set_where_the_start_up_hook_never_runs_says_so(tmp_path: Any) -> N
     said = " ".join(done.stdout.split())  # the verdict is wrapped at 80 columns
     assert "COMPATSHIM_AUTO=1 is set but the start-up hook did not run" in said, done
     assert "arm: COMPATSHIM_AUTO=1" not in said, done.stdout
+
+
+def test_without_packaging_the_verdict_says_why_nothing_is_fixable(tmp_path: Path) -> None:
+    """An install that lacks ``packaging`` (pip --no-deps): every present breakage read
+    "fixable no" with no reason anywhere; the verdict names the dependency and the fix."""
+    shadow = tmp_path / "packaging"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('No module named packaging (test)')\n")
+    code, out = _doctor("--json", PYTHONPATH=os.pathsep.join((str(tmp_path), _source_dir())))
+    payload = json.loads(out)
+    unfixed = [r for r in payload["checks"] if r["present"] and r["fixable"] is False]
+    if not unfixed:
+        pytest.skip(f"no fixable breakage applies to this install: {payload['reason']}")
+    assert code == 1, payload["reason"]
+    assert "can arm no patch in this environment" in payload["reason"], payload["reason"]
+    assert "-m pip install packaging" in payload["reason"], payload["reason"]
+    assert all("not fixable here: its dependency packaging" in r["detail"] for r in unfixed)

@@ -344,7 +344,8 @@ def test_auto_without_packaging_warns_once_and_stays_disarmed(tmp_path: Path) ->
         env={"PYTHONPATH": os.pathsep.join([str(tmp_path), SRC]), "COMPATSHIM_AUTO": "1"},
     )
     assert done.returncode == 0 and "NO-PACKAGING-OK" in done.stdout, done.stderr
-    assert done.stderr.count("a dependency is missing") == 1, done.stderr
+    assert done.stderr.count("no patch is armed") == 1, done.stderr
+    assert "-m pip install packaging" in done.stderr, done.stderr
 
 
 # -- 3. arguments and environment --------------------------------------------------------------

@@ -201,11 +201,18 @@ def _disabled_by_env(known: Iterable[str]) -> set[str]:
     return disabled
 
 
-def _dependencies_missing() -> str | None:
+def missing_dependency() -> str | None:
+    """Why no patch can be armed here (``packaging``, the one runtime dependency, does not
+    import), with the command that mends it; None when it imports."""
     try:
         import packaging  # noqa: F401  (the package only: its submodules load inside hooks)
     except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
+        import shlex
+
+        return (
+            f"its dependency packaging does not import ({type(exc).__name__}: {exc}): "
+            f"{shlex.quote(sys.executable)} -m pip install packaging"
+        )
     return None
 
 
@@ -410,14 +417,9 @@ def install(
     from the selection; a bare string for ``include``/``exclude`` is one name.
     """
     include_names, exclude_names = _names(include, "include"), _names(exclude, "exclude")
-    missing = _dependencies_missing()
+    missing = missing_dependency()
     if missing is not None:
-        decisions.warn_once(
-            "registry",
-            "dependencies",
-            f"compatshim: a dependency is missing ({missing}); no patch is armed. "
-            "Reinstall compatshim with its dependencies (pip install compatshim).",
-        )
+        decisions.warn_once("registry", "dependencies", f"compatshim: no patch is armed: {missing}")
         return []
     selected = _select(include_names)
     _select(exclude_names or [])  # validate explicit names
