@@ -83,7 +83,10 @@ def test_the_plan_names_what_loads_is_filled_missing_and_refused(
     assert len(plan.refused) == 1 and plan.refused[0].startswith("cfg: names ")
     assert "Config" in plan.refused[0]
     assert not plan.unreadable and not plan.mismatched
-    assert plan_resume(folder, state, owners, hardened=False).refused == ()
+    unchecked = plan_resume(folder, state, owners, hardened=False)
+    assert unchecked.refused == () and not unchecked.hardened
+    assert "not checked: whether hardened mode would refuse" in unchecked.text()  # was silent
+    assert "not checked" not in plan.text()
     # the real load agrees: without the missing key and the refused item it resumes, and
     # load_dcp fills exactly what the plan named
     state, owners = template()

@@ -49,6 +49,7 @@ class ResumePlan:
     unused: tuple[str, ...]
     # top-level items the running torch's plain dcp.load reads and drops (2.2): load_dcp keeps
     dropped: tuple[str, ...] = ()
+    hardened: bool = True  # False: non-tensor items were not looked into (``refused`` empty)
 
     @property
     def ok(self) -> bool:
@@ -73,6 +74,11 @@ class ResumePlan:
             "template's value; compatshim.optim.load_dcp loads it)"
             for p in self.dropped
         ]
+        if not self.hardened:
+            lines.append(
+                "  not checked: whether hardened mode would refuse a non-tensor item "
+                "(hardened=False, --not-hardened); a plain dcp.load unpickles them"
+            )
         if self.unused:
             lines.append(f"  in the checkpoint, not asked for: {names(list(self.unused), 10)}")
         return "\n".join(lines)
@@ -172,7 +178,7 @@ def plan_resume(
     dropped = () if optimizers is not None else _dropped(state_dict, saved, torch)
     return ResumePlan(
         path, tuple(loads), tuple(filled), tuple(whole), tuple(missing), tuple(mismatched),
-        tuple(refused), tuple(running_torch_reads(saved)), unused, dropped,
+        tuple(refused), tuple(running_torch_reads(saved)), unused, dropped, hardened,
     )  # fmt: skip
 
 
