@@ -30,6 +30,7 @@ import io
 import json
 import os
 import shlex
+import zipfile
 from dataclasses import asdict, dataclass, field, replace
 from typing import IO, Any, Iterable, Iterator
 
@@ -208,9 +209,12 @@ class CheckpointInfo:
 
     @property
     def loaded_by(self) -> str:
-        """What reads it: ``compatshim.checkpoint.load`` takes files, a DCP folder is torch's."""
+        """What reads it: ``compatshim.checkpoint.load`` takes files, a DCP folder is torch's,
+        an ``.npy``/``.npz`` numpy's (its pickles read by compatshim, hardened)."""
         if self.container == "dcp":
             return "torch.distributed.checkpoint.load (.metadata read by compatshim, hardened)"
+        if self.container in ("npy", "npz"):
+            return "numpy.load(allow_pickle=True) with COMPATSHIM_SAFE_LOAD=1 (hardened)"
         return "compatshim.checkpoint.load"
 
     def as_dict(self) -> dict[str, Any]:
@@ -405,6 +409,8 @@ def inspect(f: Any) -> CheckpointInfo:
         return _inspect_folder(f)
     if isinstance(f, (str, os.PathLike)) and os.path.isdir(f):
         raise CheckpointError(_not_a_checkpoint_folder(os.fspath(f)))
+    if isinstance(f, (str, os.PathLike)) and os.fspath(f).lower().endswith(NUMPY_FILES):
+        return _inspect_numpy(os.fspath(f))
     start = None if isinstance(f, (str, os.PathLike)) else f.tell()
     try:
         info = read(f, _headers)
@@ -660,10 +666,130 @@ def _headers(file: IO[bytes], what: str, path: str | None = None) -> CheckpointI
     return info  # what is not covered is for load to refuse (needs-allow, or worse)
 
 
+# ---------------------------------------------------------------- numpy's .npy and .npz
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_HEADER_LIMIT = 10_000  # numpy's _MAX_HEADER_SIZE: hardened numpy.load keeps it
+
+
+def _inspect_numpy(path: str) -> CheckpointInfo:
+    """``numpy.load(path, allow_pickle=True)`` as hardened mode reads it (patch
+    ``numpy-load-hardened``), told apart by content as numpy.load tells it: an ``.npz`` (zip)
+    is each member with the ``.npy`` magic (numpy hands the others back as bytes), an ``.npy``
+    is its header (numpy's own reader, held to numpy's header limit) and, for an object
+    dtype, its pickle; anything else is a pickle. Each pickle is read by that patch's own
+    reader (load's machine, plain object arrays admitted); the worst member counts."""
+    try:
+        from numpy.lib import format as npy
+    except ImportError:
+        raise CheckpointError(f"{path}: a numpy file, and numpy is not installed here") from None
+    info = CheckpointInfo(path, "npy", (), 0, 0, 0, {}, Writer())
+    with open_regular(path, path) as file:
+        magic = file.read(6)
+        file.seek(0)
+        if not magic.startswith((b"PK\x03\x04", b"PK\x05\x06")):  # numpy.load's own test
+            return _npy(info, npy, file, path, pickled=magic != _NPY_MAGIC)
+        info = replace(info, container="npz")
+        try:
+            archive = zipfile.ZipFile(file)
+        except (zipfile.BadZipFile, ValueError, OSError) as exc:
+            raise CheckpointError(f"{path}: not an .npz numpy reads: {plain_text(exc)}") from None
+        with archive:
+            for member in archive.infolist():
+                with archive.open(member) as data:
+                    info = _npy(info, npy, data, f"{path}: member {short(member.filename, 200)}")
+    return info
+
+
+def _npy(
+    info: CheckpointInfo, npy: Any, file: IO[bytes], what: str, pickled: bool = False
+) -> CheckpointInfo:
+    """``info`` with the verdict on the ``.npy`` (or, ``pickled``, the pickle) at ``file``."""
+    from ..patches.numpy_load_hardened import one_pickle
+
+    head = file.read(12)
+    if not pickled and head[:6] != _NPY_MAGIC:
+        if info.container == "npz":
+            return info  # numpy.load gives this member's bytes back
+        raise CheckpointError(f"{what}: neither an .npy, an .npz nor a pickle")
+    if not pickled:
+        version = tuple(head[6:8])
+        width = 2 if version == (1, 0) else 4
+        size = int.from_bytes(head[8 : 8 + width], "little")
+        if version not in ((1, 0), (2, 0), (3, 0)) or size > _NPY_HEADER_LIMIT:
+            raise CheckpointError(
+                f"{what}: an .npy header numpy does not read (format {version}, {size} bytes; "
+                f"numpy's limit is {_NPY_HEADER_LIMIT})"
+            )
+        body = io.BytesIO(head[8:] + file.read(max(0, width + size - len(head) + 8)))
+        parse = npy.read_array.__globals__["_read_array_header"]  # numpy 1.x and 2.x alike
+        try:  # numpy's own parse of at most _NPY_HEADER_LIMIT bytes
+            _, _, dtype = parse(body, version)
+        except (ValueError, TypeError, SyntaxError) as exc:
+            raise CheckpointError(f"{what}: {plain_text(exc)}") from None
+        array = replace(info, tensors=info.tensors + 1, dtypes=_counted(info.dtypes, dtype.str))
+        if not dtype.hasobject:
+            return array  # raw bytes: numpy reads no pickle
+        info = array
+    else:
+        file.seek(0)
+    payload = one_pickle(file)
+    payload.name = what  # type: ignore[attr-defined]  # what a refusal names
+    try:
+        found = _from_pickle(payload, what)
+    except UnsafeCheckpointError as exc:  # the format reader's refusal: load's too
+        found = _refused(payload, exc)
+    except CheckpointError as exc:  # damage; yet load may refuse the pickle before reaching it
+        error = _numpy_read(payload)
+        if isinstance(error, UnsafeCheckpointError):
+            found = _refused(payload, error)
+        elif pickled:
+            why = plain_text(exc).removeprefix(f"{what}: ")
+            raise CheckpointError(
+                f"{what}: no .npy or .npz (no numpy or zip magic), and damaged as the pickle "
+                f"numpy.load(allow_pickle=True) then reads: {why}"
+            ) from None
+        else:
+            raise
+    else:
+        if found.dangerous or found.dangerous_omitted or found.refusals:
+            found = replace(found, severity=DANGEROUS)  # as _headers judges a file
+        else:
+            found = _judged(found, _numpy_read(payload))
+    listed = {use.name for use in info.globals}
+    return replace(
+        info,
+        writer=info.writer if info.writer.pickle_protocol else found.writer,
+        severity=worst(info.severity, found.severity),
+        globals=(*info.globals, *(u for u in found.globals if u.name not in listed)),
+        refusals=(*info.refusals, *(f"{what}: {r.removeprefix(what + ': ')}"
+                                    for r in found.refusals)),
+        needs_allow=tuple(dict.fromkeys((*info.needs_allow, *found.needs_allow))),
+    )  # fmt: skip
+
+
+def _numpy_read(payload: IO[bytes]) -> CheckpointError | None:
+    """What hardened ``numpy.load`` raises on the pickle (None: it loads), by its own reader."""
+    from ..patches.numpy_load_hardened import _read
+
+    payload.seek(0)
+    try:
+        _read(payload)
+    except CheckpointError as exc:
+        return exc
+    return None
+
+
+def _counted(dtypes: dict[str, int], name: str) -> dict[str, int]:
+    return {**dtypes, name: dtypes.get(name, 0) + 1}
+
+
 # ---------------------------------------------------------------- scan: a verdict per path
-SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle", ".safetensors", ".tar", ".metadata")
+NUMPY_FILES = (".npy", ".npz")
+"""Names :func:`inspect` reads as ``numpy.load(allow_pickle=True)`` does (hardened)."""
+SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle", ".safetensors", ".tar", ".metadata",
+            *NUMPY_FILES)  # fmt: skip
 """Files a folder walk inspects (a path named on the command line is inspected whatever its
-name): torch's, pickle's and safetensors' usual names."""
+name): torch's, pickle's, safetensors' and numpy's usual names."""
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,10 @@ def _global_lines(info: CheckpointInfo) -> list[str]:
         if use.dangerous:
             lines.append(f"      {DENIED}: {use.dangerous}")
         elif use.allow:
-            lines.append(f"      to allow it for one call: {printable(use.allow, 2 * MAX_SHOWN)}")
+            if info.loaded_by == "compatshim.checkpoint.load":  # the others take no allow=
+                lines.append(
+                    f"      to allow it for one call: {printable(use.allow, 2 * MAX_SHOWN)}"
+                )
             lines.append("      for every load in the process (torch.load too), one of:")
             for line in use.allow_everywhere:
                 lines.append(f"        {printable(line, 2 * MAX_SHOWN)}")
@@ -159,6 +162,8 @@ def render(info: CheckpointInfo) -> str:
     tensors = (
         "  tensors: not counted (a TorchScript archive is never unpickled)"
         if info.container == "torchscript"
+        else f"  arrays: {info.tensors}" + (f" ({dtypes})" if dtypes else "")
+        if info.container in ("npy", "npz")
         else f"  tensors: {info.tensors} in {info.storages} storages, {_size(info.tensor_bytes)}"
         + (f" ({dtypes})" if dtypes else "")
     )
