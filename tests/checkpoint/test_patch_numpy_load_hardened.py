@@ -605,3 +605,42 @@ def test_an_explicit_max_header_size_is_honoured_with_allow_pickle(tmp_path: Pat
             assert not found["ok"] and found["type"] == "ValueError", (path, kwargs, found)
             limit = kwargs.get("max_header_size", 10_000)
             assert f"keeps the {limit}-character header limit" in found["error"], found
+
+
+def test_a_pickle_that_inflates_past_64_bytes_per_stored_byte_is_refused(tmp_path: Path) -> None:
+    """An object .npy whose pickle is one 256 MiB bytes item of zeros: a 256 KB .npz member
+    or .npy.gz. Hardened numpy.load inflated it whole (the read-ahead keeps the pickle: 300 MB
+    of peak memory from a 300 KB file, 1 000 per byte); now it stops at 64 bytes per stored
+    byte, typed, as hardened DCP stops a zstd item. Plain numpy reads it."""
+    import gzip
+    import io
+    import zipfile
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "|O", "fortran_order": False, "shape": (1,)}
+    )
+    size = 256 << 20
+
+    def write(stream: Any) -> None:
+        stream.write(header.getvalue() + b"\x80\x04\x8e" + size.to_bytes(8, "little"))
+        for _ in range(size >> 20):
+            stream.write(bytes(1 << 20))
+        stream.write(b"\x85.")  # TUPLE1, STOP: numpy hands back (bytes,)
+
+    npz, gz = tmp_path / "bomb.npz", tmp_path / "bomb.npy.gz"
+    with (
+        zipfile.ZipFile(npz, "w", zipfile.ZIP_DEFLATED) as archive,
+        archive.open("a.npy", "w", force_zip64=True) as member,
+    ):
+        write(member)
+    with gzip.open(gz, "wb") as stream:
+        write(stream)
+    result = _run(tmp_path, "counted", npz, gz)
+    _assert_patched(result)
+    for path in (npz, gz):
+        assert path.stat().st_size < 1 << 20
+        got = result["files"][str(path)]
+        assert not got["ok"] and got["unpickling"], (path, got)
+        assert "it inflates past" in got["error"] and "64 per stored byte" in got["error"], got
+        assert got["peak_kib"] < 64 * 1024, got

@@ -1,8 +1,10 @@
-"""A DCP item's bytes through its stream transforms (zstd, torch 2.8+), bounded.
+"""Compressed bytes read bounded: a DCP item through its stream transforms (zstd, torch
+2.8+), an ``.npz`` member or a gzip stream hardened ``numpy.load`` reads.
 
 torch reads a transformed item whole (``io.BytesIO(transform_from.read(-1))``), so a
 small frame that expands without end (33 KB of zstd: 1 GiB of zeros) costs what it
-expands to. Each reader here (hardened ``dcp.load``, ``inspect``, the dry run) reads it
+expands to; so did an ``.npz`` member's pickle (300 KB of deflate: 300 MB). Each reader here
+(hardened ``dcp.load``, hardened ``numpy.load``, ``inspect``, the dry run) reads such bytes
 through :class:`Bounded`: past its limit the read stops with CheckpointError.
 """
 
@@ -24,11 +26,20 @@ def limit(stored: int, declared: int = 0) -> int:
 
 
 class Bounded(io.RawIOBase):
-    """``stream`` read to at most ``most`` bytes; one more is CheckpointError naming ``what``."""
+    """``stream`` read to at most ``most`` bytes; one more is CheckpointError naming ``what``
+    (``how``: what expands it; ``also``: what else ``most`` counts)."""
 
-    def __init__(self, stream: IO[bytes], most: int, what: str) -> None:
+    def __init__(
+        self,
+        stream: IO[bytes],
+        most: int,
+        what: str,
+        how: str = "its stream transforms expand it",
+        also: str = ", and a tensor's declared size",
+    ) -> None:
         super().__init__()
         self._stream, self._most, self._got, self._what = stream, most, 0, what
+        self._how, self._also = how, also
 
     def readable(self) -> bool:
         return True
@@ -50,9 +61,9 @@ class Bounded(io.RawIOBase):
         self._got += len(data)
         if self._got > self._most:
             raise CheckpointError(
-                f"{self._what}: its stream transforms expand it past {self._most} bytes (at "
-                f"most {EXPANSION_PER_BYTE} per stored byte, and a tensor's declared size): "
-                "hardened mode reads no more; a folder you trust loads without it"
+                f"{self._what}: {self._how} past {self._most} bytes (at most "
+                f"{EXPANSION_PER_BYTE} per stored byte{self._also}): hardened mode reads no "
+                "more; a file you trust loads without it"
             )
         return data
 

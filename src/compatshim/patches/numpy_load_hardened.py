@@ -47,7 +47,9 @@ The fix
     A larger header is numpy's own ``ValueError``, with that advice.
     A stream that is not a plain file (an ``.npz`` member, a gzip file: seeking them
     inflates) is read once, forward, only as far as its pickle's STOP
-    (:func:`one_pickle`); the loader reads those bytes, its budget a multiple of them.
+    (:func:`one_pickle`), and inflated at most 64 bytes per stored byte (a 300 KB
+    ``.npz`` member inflated to a 300 MB pickle); the loader reads those bytes, its
+    budget a multiple of them.
 
 Not covered
     Python 2 pickles of numpy arrays (their ``_reconstruct`` and data
@@ -151,6 +153,7 @@ def one_pickle(file: IO[bytes]) -> io.BytesIO:
 
     kinds = _opcode_kinds()
     start = file.tell()
+    source, file = file, _bounded(file)
     data = bytearray()
     pos = 0
     while True:
@@ -170,7 +173,7 @@ def one_pickle(file: IO[bytes]) -> io.BytesIO:
             pos += 1
             if len(data) > pos:
                 del data[pos:]
-                file.seek(start + pos)
+                source.seek(start + pos)
             break
         elif kind in (_LINE, _TWO_LINES):
             for _ in range(1 if kind == _LINE else 2):
@@ -195,10 +198,29 @@ def one_pickle(file: IO[bytes]) -> io.BytesIO:
             if size < 0 or not _need(file, data, pos):
                 break
     found = io.BytesIO(bytes(data))
-    name = getattr(file, "name", None)
+    name = getattr(source, "name", None)
     if name:
         found.name = name  # type: ignore[attr-defined]
     return found
+
+
+def _bounded(file: IO[bytes]) -> IO[bytes]:
+    """``file`` read through ``_expand.Bounded``: at most ``EXPANSION_PER_BYTE`` bytes per
+    byte it is stored in: an ``.npz`` member's compressed size (``zipfile``'s own record of
+    it, 3.7+), a compressed file's size on disk (gzip, bz2, lzma: ``fileno()`` is the
+    file's); a stream of neither is read as it comes."""
+    import os
+
+    from ..checkpoint._expand import Bounded, limit
+
+    stored = getattr(file, "_orig_compress_size", None)  # zipfile.ZipExtFile
+    if type(stored) is not int:
+        try:
+            stored = os.fstat(file.fileno()).st_size
+        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+            return file
+    what = str(getattr(file, "name", None) or "the stream")
+    return Bounded(file, limit(stored), what, "it inflates", "")  # type: ignore[return-value]
 
 
 def safe_pickle(real: ModuleType) -> SafePickle:
