@@ -122,6 +122,49 @@ def flat_tuple_reused_as_key(folder: Path) -> Path:
     return _write(folder, P2 + flat + b"](" + (b"}" + get(0) + b"Ns") * 200_000 + b"e" + STOP)
 
 
+@case()
+def equal_tuple_dags_of_distinct_long_strings_as_keys(folder: Path) -> Path:
+    """Two equal trees, each 2**22 uses of its own 100 KB string, as two keys of one dict:
+    hashing was charged (a str caches its hash), but == walked 2**22 pairs of 100 KB
+    (200 KB of file: 15 s of CPU; 2 MB: 88 s). Found by an attacker's audit, 2026-12-05."""
+    out = P2 + b"}("
+    at = 0
+    for value in (1, 2):
+        out += u("x" * 100_000) + put(at) + b"0"
+        for _ in range(22):
+            out += get(at) + get(at) + b"\x86" + put(at + 1) + b"0"
+            at += 1
+        out += get(at) + b"K" + bytes((value,))
+        at += 1
+    return _write(folder, out + b"u" + STOP)
+
+
+@case()
+def an_equal_long_string_inserted_again_and_again(folder: Path) -> Path:
+    """Two equal 250 KB strings, distinct objects: one a key, the other SETITEM'd 200 000
+    times into the same dict, each insert a 250 KB compare (50 GB from a 1.3 MB file)."""
+    text = u("x" * 250_000)
+    out = P2 + text + put(0) + b"0" + text + put(1) + b"0" + b"}" + get(0) + b"Ns"
+    return _write(folder, out + (get(1) + b"Ns") * 200_000 + STOP)
+
+
+def test_equal_long_keys_used_a_few_times_still_load() -> None:
+    """The compare charge is what == visits: a file that inserts an equal copy of a long key
+    a few times, or long keys that differ, loads."""
+    from compatshim.checkpoint import load
+
+    long_keys = {"k" * 1000 + str(i): i for i in range(200)}
+    again = [{"k" * 5000: 1}, {"k" * 5000: 2}, {("a" * 3000, "b" * 3000): 3}]
+    assert pickle.loads(pickle.dumps(again)) == load(_bytes_file(pickle.dumps(again)))
+    assert load(_bytes_file(pickle.dumps(long_keys))) == long_keys
+
+
+def _bytes_file(data: bytes) -> Any:
+    import io
+
+    return io.BytesIO(data)
+
+
 # --------------------------------------------------------------------------- 2: shared names
 
 

@@ -46,6 +46,7 @@ MAX_MARK_DEPTH = 2000
 MAX_NESTING = 1000
 MAX_LINE = 1 << 20
 MAX_CLASHES = 64  # different keys sharing one full hash value
+_SHORT_TEXT = 64  # a str or bytes key this long or shorter is never counted (state-dict keys)
 _SMALL_INT = 1 << 60  # ints below this (in magnitude) hash to themselves in O(1)
 HIGHEST_PROTOCOL = 5
 SMALL_READ = 1 << 16  # a read this short is done first and its length checked after
@@ -166,6 +167,7 @@ class Machine:
         self.hash_left = self._hash_cap = hash_allowance(source.end)
         self._first_of_hash: dict[int, Any] = {}  # hash -> the first counted key with it
         self._clashes: dict[int, int] = {}  # hash -> different keys seen with it
+        self._compared: dict[int, tuple[Any, int]] = {}  # id -> (tuple, what == on it visits)
         # bytes the opcodes' own containers may take: an empty set is 216 bytes for one byte
         # of file, so they are counted as the load's calls are (BUDGET_PER_BYTE x + floor)
         self.built_left = BUDGET_PER_BYTE * source.end + BUDGET_FLOOR
@@ -292,6 +294,8 @@ class Machine:
         for key in keys:
             kind = type(key)
             if kind is str or kind is bytes:
+                if len(key) > _SHORT_TEXT:  # an equal copy is compared character by character
+                    self._count_clash(key)
                 continue
             if kind is int:
                 if -_SMALL_INT < key < _SMALL_INT:
@@ -325,18 +329,61 @@ class Machine:
         if first is _NONE:
             self._first_of_hash[value] = key
             return
+        if first is key:
+            return
+        # another object with this hash: == walks both (two equal trees of distinct 100 KB
+        # strings, memo-shared 2**22 times: 200 KB of file, 15 s of CPU), here and in each
+        # insert, against every key of this hash the container holds
+        clashes = self._clashes.get(value, 0)
+        self.charge(self._compare_cost(key) * (2 + clashes), "comparing the file's keys")
         try:
-            if first is key or (type(first) is type(key) and bool(first == key)):
+            if type(first) is type(key) and bool(first == key):
                 return
         except Exception:  # an element's own comparison failed: count it as different
             pass
-        clashes = self._clashes.get(value, 0) + 1
+        clashes += 1
         self._clashes[value] = clashes
         if clashes > MAX_CLASHES:
             raise CheckpointError(
                 f"more than {MAX_CLASHES} different keys share one hash value: a hash-collision "
                 "file (every insert would compare it with all of them)"
             )
+
+    def _compare_cost(self, root: Any) -> int:
+        """Elements and characters ``==`` of ``root`` with an equal copy visits: each use of
+        a shared tuple or frozenset at its full size, a str or bytes by its length. Each
+        distinct container is summed once (kept by id), so this walk costs what the file
+        holds."""
+        if type(root) is not tuple and type(root) is not frozenset:
+            return len(root) if type(root) is str or type(root) is bytes else 1
+        known = self._compared
+        todo = [root]
+        while todo:
+            node = todo[-1]
+            if (seen := known.get(id(node))) is not None and seen[0] is node:
+                todo.pop()
+                continue
+            inner = [
+                item
+                for item in node
+                if (type(item) is tuple or type(item) is frozenset)
+                and ((seen := known.get(id(item))) is None or seen[0] is not item)
+            ]
+            if inner:
+                todo += inner
+                continue
+            todo.pop()
+            cost = 1
+            for item in node:
+                kind = type(item)
+                if kind is tuple or kind is frozenset:
+                    cost += known[id(item)][1]
+                elif kind is str or kind is bytes:
+                    cost += len(item)
+                else:
+                    cost += 1
+            known[id(node)] = (node, cost)
+        return known[id(root)][1]
 
     def _pop_mark(self) -> list[Any]:
         if not self.metastack:
@@ -491,7 +538,7 @@ class Machine:
     def _setitem(self) -> None:
         value = self._pop()
         key = self._pop()
-        if type(key) is not str:
+        if type(key) is not str or len(key) > _SHORT_TEXT:  # a state dict's keys: no call
             self.charge_keys((key,))
         self.set_items(self._top(), [key, value])
 
