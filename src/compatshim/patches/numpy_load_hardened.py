@@ -211,7 +211,7 @@ def _bounded(file: IO[bytes]) -> IO[bytes]:
     file's); a stream of neither is read as it comes."""
     import os
 
-    from ..checkpoint._expand import Bounded, limit
+    from ..checkpoint.request import Bounded, expansion_limit
 
     stored = getattr(file, "_orig_compress_size", None)  # zipfile.ZipExtFile
     if type(stored) is not int:
@@ -220,7 +220,7 @@ def _bounded(file: IO[bytes]) -> IO[bytes]:
         except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
             return file
     what = str(getattr(file, "name", None) or "the stream")
-    return Bounded(file, limit(stored), what, "it inflates", "")  # type: ignore[return-value]
+    return Bounded(file, expansion_limit(stored), what, "it inflates", "")  # type: ignore[return-value]
 
 
 def safe_pickle(real: ModuleType) -> SafePickle:
