@@ -35,7 +35,7 @@ from . import _dcp, _numpy, _objects, _omegaconf, _partial, _tensors
 from ._gate import ALLOWLIST, NOT_LISTED, Allow, judge
 from ._limits import SIZED, Budget, weight
 from ._machine import MAX_NESTING, Machine, Source
-from .allowlist import Entry, storage_type
+from .allowlist import Entry, listed, storage_type
 from .deny import REFUSAL as DENIED_REFUSAL
 from .deny import denied_object
 from .errors import CheckpointError, UnsafeCheckpointError
@@ -133,6 +133,9 @@ class SafeMachine(Machine):
         reason = denied_object(user)  # a string entry, now that it is imported
         if reason is not None:
             raise refused(f"{module}.{name}", f"{DENIED_REFUSAL}: {reason}")
+        entry = listed(user)  # an allow-listed object by another name: its checked handling
+        if entry is not None:
+            return self._resolve_entry(entry)
         self._add_role(Role(f"{module}.{name}", "user", f"{module}.{name}", user))
         return user
 

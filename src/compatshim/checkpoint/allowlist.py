@@ -780,6 +780,26 @@ def row(key: Key) -> tuple[Entry | None, str | None]:
     return (entry, member) if entry is not None and entry.kind == "enum" else (None, None)
 
 
+def listed(obj: Any) -> Entry | None:
+    """The applicable entry that names this very object in a module already imported, or
+    None: an allow entry for another name of an allow-listed object (``restore =
+    torch._tensor._rebuild_from_type_v2`` re-exported) gets the entry's checked handling,
+    never a free call. Imports nothing."""
+    for entry in ENTRIES:
+        for module_name in candidate_modules(entry.module):
+            module = sys.modules.get(module_name)
+            if module is not None and _member_or_missing(entry, module) is obj:
+                return entry if entry.applies() else None
+    return None
+
+
+def _member_or_missing(entry: Entry, module: Any) -> Any:
+    try:
+        return _member(entry, module)
+    except LookupError:  # a method row whose class holds no plain function there
+        return _MISSING
+
+
 def covering(module: str, name: str) -> Entry | None:
     """The entry that admits ``module.name``: its own row, or its enum's for a member."""
     return row(canonical(module, name))[0]
