@@ -413,3 +413,24 @@ def test_a_quantized_model_s_state_dict_is_unreadable_here_with_the_way_out(
         torch.load(path, weights_only=True)
     except pickle.UnpicklingError as exc:  # torch 2.1: "Unsupported class torch.qint8"
         assert "qint8" in str(exc), exc
+
+
+def test_a_dcp_folder_missing_or_short_of_a_data_file_is_unreadable(tmp_path: Path) -> None:
+    """A folder whose data file was lost or cut short (an interrupted copy): scan said
+    loadable (exit 0) and dcp.load failed; with a non-tensor item the failure read "message
+    not shown: it holds values from the file" (an OSError's errno is an int)."""
+    pytest.importorskip("torch.distributed.checkpoint")
+    from tests.checkpoint.dcp_kit import save, state
+
+    lost, short = tmp_path / "lost", tmp_path / "short"
+    for folder in (lost, short):
+        save(folder, state())
+    data = sorted(lost.glob("*.distcp"))
+    data[0].unlink()
+    for file in short.glob("*.distcp"):
+        os.truncate(file, 10)
+    done = _cli("scan", str(lost), str(short))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"data file '{data[0].name}': No such file or directory" in done.stdout
+    assert "10 bytes, where .metadata places data up to byte" in done.stdout
+    assert "message not shown" not in done.stdout

@@ -219,12 +219,14 @@ def _with_item_lengths(folder: Path, fqns: tuple[str, ...], length: int) -> None
 
 def test_an_item_length_past_its_data_file_is_named_not_allocated(folder: Path) -> None:
     """A ``.metadata`` may give an item any length: the dry run checks it against the data
-    file before reading (1 PiB: a MemoryError before, or that much asked of the allocator)."""
+    file before reading (1 PiB: a MemoryError before, or that much asked of the allocator).
+    The data file is then too short for what ``.metadata`` places in it: damaged, unread."""
     _with_item_lengths(folder, ("n",), 2**50)
     state, optimizers = template()
     plan = plan_resume(folder, state, optimizers)
-    [why] = [line for line in plan.refused if line.startswith("n: ")]
-    assert f"is {2**50} bytes at offset" in why and "which holds" in why
+    assert not plan.ok and not [line for line in plan.refused if line.startswith("n: ")]
+    [why] = plan.damaged
+    assert "where .metadata places data up to byte 11258999068" in why, why
 
 
 def test_an_entry_length_past_its_data_file_stops_the_2_2_rewrite(
@@ -259,3 +261,24 @@ def test_a_mapping_load_dcp_refuses_fails_the_dry_run_with_the_same_error(
         plan_resume(None, state)
     with pytest.raises(TypeError, match=r"state_dict\(\): expected a dict or \(dict, opt"):
         plan_resume(folder, lambda: (state, {}, 1))
+
+
+def test_a_lost_or_cut_data_file_fails_the_plan(folder: Path, tmp_path: Path) -> None:
+    """The dry run said "resumes" for a folder whose data file was gone (dcp.load then
+    failed on every rank), or raised FileNotFoundError where it read a non-tensor item."""
+    import shutil
+
+    state, owners = template()
+    del state["extra"], state["cfg"]
+    assert plan_resume(folder, state, owners).ok
+    lost, cut = tmp_path / "lost", tmp_path / "cut"
+    for copy in (lost, cut):
+        shutil.copytree(folder, copy)
+    for file in lost.glob("*.distcp"):
+        file.unlink()
+    for file in cut.glob("*.distcp"):
+        file.write_bytes(file.read_bytes()[:100])
+    for copy, why in ((lost, "No such file or directory"), (cut, "100 bytes, where")):
+        plan = plan_resume(copy, state, owners)
+        assert not plan.ok and plan.damaged and why in plan.damaged[0], plan.text()
+        assert "DAMAGED: data file" in plan.text() and not plan.refused

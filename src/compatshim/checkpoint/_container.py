@@ -147,6 +147,9 @@ def plain_text(exc: BaseException) -> str:
     is ``repr(x)``, and ``x`` may be a file value whose text is exponential in its size."""
     if all(type(arg) is str for arg in exc.args):
         return cut(str(exc), 300)
+    if isinstance(exc, OSError) and type(exc.strerror) is str:  # errno is an int: say it
+        name = exc.filename if type(exc.filename) is str else None
+        return cut(exc.strerror + (f": {name}" if name else ""), 300)
     return "message not shown: it holds values from the file"
 
 

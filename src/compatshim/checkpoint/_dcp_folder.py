@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import re
+import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import IO, Any
 
 from .._text import short
 from . import _dcp
-from ._container import open_regular
+from ._container import open_regular, plain_text
 from ._limits import Budget, Walks, check_shape, count
 from .errors import CheckpointError, UnsafeCheckpointError
 
@@ -159,3 +161,30 @@ def ranks_on_disk(folder: Any) -> tuple[int | None, tuple[str, ...]]:
     files = sorted(n for n in os.listdir(folder) if n.endswith(".distcp"))
     ranks = {m.group(1) for m in map(_DATA_FILE.fullmatch, files) if m is not None}
     return len(ranks) or None, tuple(files)
+
+
+def data_problems(folder: str, places: Iterable[tuple[Any, Any, Any]]) -> dict[str, str]:
+    """Each data file the ``(relative_path, offset, length)`` places name that is missing, no
+    regular file, or shorter than what it places in it, and why (``"data file X: why"``):
+    ``dcp.load`` fails there (a copy or a sync that stopped half way, a rank's file lost).
+    Checked by size: nothing is read; fields of another type are not judged here."""
+    ends: dict[str, int] = {}
+    for file, offset, length in places:
+        if type(file) is str and type(offset) is int and type(length) is int and offset >= 0:
+            ends[file] = max(ends.get(file, 0), offset + max(length, 0))
+    problems = {}
+    for file, end in sorted(ends.items()):
+        label = f"data file {short(file, 200)}"
+        try:
+            found = os.stat(os.path.join(folder, file))
+        except (OSError, ValueError) as exc:
+            problems[file] = f"{label}: {plain_text(exc)}"
+            continue
+        if not stat.S_ISREG(found.st_mode):
+            problems[file] = f"{label}: not a regular file"
+        elif found.st_size < end:
+            problems[file] = (
+                f"{label}: {found.st_size} bytes, where .metadata places data up to byte {end} "
+                "(cut short: an interrupted copy or save?)"
+            )
+    return problems

@@ -576,7 +576,22 @@ def _inspect_folder(folder: Any) -> CheckpointInfo:
     places = _places(metadata, found.items)
     for key in found.items:
         info = _with_item(info, path, key, places.get(key))
+    for problem in _data_problems(path, metadata).values():
+        info = _item_result(info, UNREADABLE, problem)
     return info
+
+
+def _data_problems(folder: str, metadata: Any) -> dict[str, str]:
+    """:func:`_dcp_folder.data_problems` of what ``storage_data`` places where."""
+    storage = vars(metadata).get("storage_data")
+    return _dcp_folder.data_problems(
+        folder,
+        (
+            (fields.get("relative_path"), fields.get("offset"), fields.get("length"))
+            for fields in map(vars, storage.values() if type(storage) is dict else ())
+            if type(fields.get("relative_path")) is str  # a _StorageInfo's fields, else none
+        ),
+    )
 
 
 def _places(metadata: Any, items: tuple[str, ...]) -> dict[str, tuple[str, int, int, Any]]:

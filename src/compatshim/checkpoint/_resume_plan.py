@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Callable
 
 from .._text import names, short
+from ._dcp_folder import data_problems
 from ._dcp_records import Folder, read_folder, running_torch_reads
 from ._expand import transformed
 from .errors import CheckpointError, UnsafeCheckpointError
@@ -50,6 +51,7 @@ class ResumePlan:
     # top-level items the running torch's plain dcp.load reads and drops (2.2): load_dcp keeps
     dropped: tuple[str, ...] = ()
     hardened: bool = True  # False: non-tensor items were not looked into (``refused`` empty)
+    damaged: tuple[str, ...] = ()  # data files missing or cut short: dcp.load fails there
 
     @property
     def ok(self) -> bool:
@@ -57,7 +59,8 @@ class ResumePlan:
         anything is filled or read whole)."""
         return not (
             self.missing or self.mismatched or self.refused or self.unreadable or self.dropped
-        )
+            or self.damaged
+        )  # fmt: skip
 
     def text(self) -> str:
         lines = [f"{self.folder}: {'resumes' if self.ok else 'WOULD FAIL'}"]
@@ -69,6 +72,7 @@ class ResumePlan:
         lines += [f"  MISSING from the checkpoint: {p}" for p in self.missing]
         lines += [f"  MISMATCHED: {p}" for p in self.mismatched]
         lines += [f"  REFUSED by hardened mode: {p}" for p in self.refused]
+        lines += [f"  DAMAGED: {p}" for p in self.damaged]
         lines += [
             f"  DROPPED by this torch's dcp.load: {p} (a top-level non-tensor item keeps the "
             "template's value; compatshim.optim.load_dcp loads it)"
@@ -131,6 +135,12 @@ def plan_resume(
     filled: list[tuple[str, Any]] = []
     asked = set()
     held: dict[str, tuple[Any, str]] = {}  # each whole item, read once: _item
+    places = [(s.info.get("relative_path"), s.info.get("offset"), s.info.get("length"))
+              for s in saved.storage]  # fmt: skip
+    damaged = data_problems(path, places)  # dcp.load fails there: its items go unread
+    for item, (file, _, _) in zip(saved.storage, places):
+        if file in damaged:
+            held[item.index["fqn"]] = _UNREAD, ""
     read_whole: dict[str, dict[str, tuple[Any, ...]]] = {}  # top -> items planned whole: routes
     for fqn, value in flat.items():
         if fqn in saved.entries:
@@ -179,6 +189,7 @@ def plan_resume(
     return ResumePlan(
         path, tuple(loads), tuple(filled), tuple(whole), tuple(missing), tuple(mismatched),
         tuple(refused), tuple(running_torch_reads(saved)), unused, dropped, hardened,
+        tuple(damaged.values()),
     )  # fmt: skip
 
 
