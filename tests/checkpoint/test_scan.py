@@ -352,7 +352,7 @@ def test_a_fifo_is_unreadable_not_a_hang(tmp_path: Path) -> None:
         if swapped != ".metadata":  # the dry run reads the items' bytes
             assert "not a regular file" in info.stdout + info.stderr, info
             plan = plan_resume(folder, {"w": torch.zeros(2), "note": {"step": 0}})
-            assert not plan.ok and "not a regular file" in plan.refused[0], plan
+            assert not plan.ok and "not a regular file" in plan.damaged[0], plan
 
 
 def test_a_path_the_console_cannot_encode_is_printed_escaped(tmp_path: Path) -> None:
