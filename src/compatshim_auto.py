@@ -77,6 +77,6 @@ def start() -> None:
             sys.stderr.write(
                 "compatshim: COMPATSHIM_SAFE_LOAD=1 is NOT in force in this process: compatshim "
                 f"could not be imported at start-up ({type(exc).__name__}: {exc}); every "
-                "torch.load and numpy.load here runs as the library's own. Reinstall "
-                "compatshim in this environment (pip install compatshim).\n"
+                "torch.load and numpy.load here runs as the library's own. Install what it "
+                "names into this interpreter's environment (compatshim needs packaging).\n"
             )

@@ -5,6 +5,7 @@ Importing this package is cheap: it imports no framework and no adapter until us
 
 from __future__ import annotations
 
+from . import _settings
 from ._engine import registry as _registry
 from ._engine import versions as _versions
 from ._engine.registry import install, status, uninstall
@@ -20,6 +21,11 @@ def _catalogue() -> tuple[Patch, ...]:
 
 
 _registry.catalogue = _catalogue  # the engine imports nothing above itself: it is told
+
+if _settings.safe_load():  # set, but the start-up hook may not have run: arm here
+    from ._engine.safe_load import arm_at_import
+
+    arm_at_import()
 
 __all__ = [
     "Finding",

@@ -181,15 +181,20 @@ NO_HOOK = (
 
 
 def _arm() -> str:
-    return NO_HOOK if _settings.auto() else ARM
+    from ._engine.safe_load import armed_at_import
+
+    hookless = _settings.safe_load() and (armed_at_import or "compatshim_auto" not in sys.modules)
+    return NO_HOOK if _settings.auto() or hookless else ARM
 
 
 def armed_here() -> set[str]:
-    """The patches armed in this process: by the start-up hook, which arms the same in
-    every process started with this environment and interpreter."""
+    """The patches armed in this process by the start-up hook, which arms the same in every
+    process started with this environment and interpreter (not those ``import compatshim``
+    armed because the hook did not run)."""
     from ._engine import registry
+    from ._engine.safe_load import armed_at_import
 
-    return set(registry.armed())
+    return set(registry.armed()) - set(armed_at_import)
 
 
 def in_force(table: list[DoctorRow], armed: set[str]) -> None:

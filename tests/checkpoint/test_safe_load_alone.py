@@ -194,9 +194,66 @@ def test_a_torch_load_reference_taken_before_hardening_is_named_once(
     script.write_text(LATE)
     done = run(script, case, COMPATSHIM_SAFE_LOAD="1")
     result_of(done)
-    lines = [ln for ln in done.stderr.splitlines() if "COMPATSHIM_SAFE_LOAD" in ln]
+    said = [ln for ln in done.stderr.splitlines() if "COMPATSHIM_SAFE_LOAD" in ln]
+    assert "uninstall() disarmed" in said[0], done.stderr  # the script's own uninstall()
+    lines = said[1:]
     if case == "clean":
         assert lines == [], done.stderr
     else:
         assert len(lines) == 1 and "NOT fully in force" in lines[0], done.stderr
         assert "__main__" in lines[0], lines
+
+
+HOOKLESS = r"""
+import io, json, sys, types
+import torch
+
+buf = io.BytesIO()
+torch.save({"ns": types.SimpleNamespace(a=1)}, buf)
+
+
+def hardened():
+    buf.seek(0)
+    try:
+        torch.load(buf, weights_only=False)
+    except Exception:
+        return True
+    return False
+
+
+found = {"hook": "compatshim_auto" in sys.modules, "before": hardened()}
+import compatshim
+
+found["after_import"] = hardened()
+compatshim.uninstall()
+found["after_uninstall"] = hardened()
+print("RESULT " + json.dumps(found))
+"""
+
+
+def test_where_the_start_up_hook_never_runs_import_compatshim_arms_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """compatshim on PYTHONPATH (or ``pip --target``): no ``.pth`` is read there, so the
+    start-up hook never ran and ``COMPATSHIM_SAFE_LOAD=1`` was silently off, even after
+    ``import compatshim``. Now the import arms the loading patches and says that earlier
+    loads were not hardened; an ``uninstall()`` that disarms them says so too (it was
+    silent: a library's uninstall() ended hardened mode)."""
+    import site
+
+    script = tmp_path / "child.py"
+    script.write_text(HOOKLESS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPATSHIM_", "PYTHON"))}
+    paths = [_source_dir(), *site.getsitepackages()]  # as plain folders: no .pth is read
+    env.update(PYTHONPATH=os.pathsep.join(paths), COMPATSHIM_SAFE_LOAD="1")
+    done = subprocess.run(
+        [sys.executable, "-S", str(script)],
+        env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+    )  # fmt: skip
+    result = result_of(done)
+    assert result == {
+        "hook": False, "before": False, "after_import": True, "after_uninstall": False
+    }, (result, done.stderr)  # fmt: skip
+    assert "start-up hook did not run in this interpreter" in done.stderr, done.stderr
+    assert "loads before `import compatshim` were not hardened" in done.stderr
+    assert "compatshim.uninstall() disarmed torch-load-safe-globals" in done.stderr

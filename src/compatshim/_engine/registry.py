@@ -466,6 +466,10 @@ def uninstall(names: Iterable[str] | str | None = None) -> list[str]:
             undone.append(state.name)
             decisions.record(state.name, "uninstalled")
     _wait_for_hooks(undone)
+    if undone:
+        from .safe_load import disarmed
+
+        disarmed(undone)
     return undone
 
 

@@ -5,6 +5,10 @@ with or without ``COMPATSHIM_AUTO``: a user who sets the one variable named for 
 protected without also arming every other patch. A loading patch that cannot be armed
 (``COMPATSHIM_DISABLE`` names it, or a dependency is missing) leaves the promise broken,
 so that is said once on stderr, where ``-W ignore`` cannot hide it.
+
+Where the hook never runs (compatshim on ``PYTHONPATH`` or installed with ``pip --target``:
+no ``.pth`` is read there), ``import compatshim`` arms them (:func:`arm_at_import`) and says
+that loads before it ran were not hardened; an ``uninstall()`` that disarms one says so.
 """
 
 from __future__ import annotations
@@ -30,6 +34,39 @@ def loud(key: str, message: str) -> None:
         sys.stderr.write(f"compatshim: {message}\n")
     except Exception:
         pass
+
+
+#: the loading patches ``import compatshim`` armed because the start-up hook did not run:
+#: the doctor does not count them as armed in processes started with this environment
+armed_at_import: list[str] = []
+
+
+def arm_at_import() -> None:
+    """``COMPATSHIM_SAFE_LOAD=1`` set, the start-up hook absent (``compatshim_auto`` never
+    imported): arm the loading patches now, and say that earlier loads were not hardened."""
+    if not _settings.safe_load() or "compatshim_auto" in sys.modules:
+        return
+    armed_at_import[:] = arm()
+    loud(
+        "import",
+        f"{_settings.SAFE_LOAD}=1: compatshim's start-up hook did not run in this interpreter "
+        "(compatshim on PYTHONPATH or installed with pip --target: no .pth file is read "
+        "there), so loads before `import compatshim` were not hardened; armed from here on. "
+        "Install compatshim into this interpreter's site-packages to harden every process.",
+    )
+
+
+def disarmed(names: list[str]) -> None:
+    """``uninstall()`` disarmed ``names``: say so where a loading patch was among them and
+    ``COMPATSHIM_SAFE_LOAD=1`` is set (a library's uninstall() must not end it silently)."""
+    lost = [name for name in names if name in LOADING_PATCHES]
+    if lost and _settings.safe_load():
+        loud(
+            "uninstall",
+            f"{_settings.SAFE_LOAD}=1 is NOT in force in this process any more: "
+            f"compatshim.uninstall() disarmed {', '.join(lost)}; compatshim.install() arms "
+            "them again",
+        )
 
 
 def arm() -> list[str]:
