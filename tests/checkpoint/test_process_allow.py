@@ -86,6 +86,16 @@ def test_environment_entries_and_a_malformed_value(monkeypatch: pytest.MonkeyPat
         assert checkpoint.load(_saved(decimal.Decimal("2"))) == decimal.Decimal("2")
 
 
+def test_a_comment_in_the_variable_admits_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """inspect shows the file's form, ``mod.Name  # reason``; copied into the variable, a
+    dotted word of the reason was an entry (``# same as decimal.Decimal`` admitted it)."""
+    monkeypatch.setenv("COMPATSHIM_ALLOW", "fractions.Fraction  # same as decimal.Decimal")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing malformed: the comment is not read
+        assert checkpoint.load(_saved(fractions.Fraction(1, 2))) == fractions.Fraction(1, 2)
+        assert _refused(decimal.Decimal(1)) == ("decimal.Decimal",)
+
+
 @pytest.mark.parametrize(
     "raw",
     [

@@ -173,7 +173,9 @@ def _strings(entries: Iterable[tuple[Parsed, str, str]]) -> dict[Key, tuple[Any,
 
 
 def _from_environment() -> dict[Key, tuple[Any, Allowed]]:
-    entries, skipped = parse_text(_settings.allow_text(), _settings.ALLOW)
+    # "#" starts a comment, as in the file: inspect shows "mod.Name  # reason", and a dotted
+    # word of a comment copied into the variable was an entry
+    entries, skipped = parse_text(_settings.allow_text().partition("#")[0], _settings.ALLOW)
     _warn_skipped(_settings.ALLOW, skipped)
     return _strings((e, f"listed in {_settings.ALLOW}", _settings.ALLOW) for e in entries)
 
