@@ -11,6 +11,7 @@ launcher, a sweep's summariser); the legacy format already loaded so, the zip fo
 from __future__ import annotations
 
 import collections
+import fractions
 import json
 import os
 import subprocess
@@ -134,3 +135,17 @@ def test_scan_calls_a_genuine_checkpoint_unreadable_here_not_dangerous(
     assert "torch is not installed" in done.stdout, done.stdout
     shown = _without_torch(tmp_path, SCAN.replace('"scan"', '"inspect"'), str(path)).stdout
     assert "COMPATSHIM_ALLOW" not in shown and "dangerous" not in shown.lower(), shown
+
+
+def test_a_class_of_the_user_beside_tensors_is_unreadable_not_an_allow_of_torch(
+    tmp_path: Path,
+) -> None:
+    """A user's class and a tensor, where torch is absent: scan said needs-allow (exit 1)
+    and listed torch.FloatStorage and torch._utils._rebuild_tensor_v2 to allow (no entry
+    admits them here); only once the user's class was allowed did it say unreadable."""
+    path = tmp_path / "cfg.pt"
+    torch.save({"cfg": fractions.Fraction(1, 3), "w": torch.ones(2)}, path)
+    done = _without_torch(tmp_path, SCAN, str(path))
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert done.stdout.startswith("unreadable") and "torch is not installed" in done.stdout
+    assert "allow: torch" not in done.stdout, done.stdout

@@ -491,8 +491,8 @@ def severity_of(error: CheckpointError | None, listed: dict[str, GlobalUse]) -> 
         return UNREADABLE
     refused = getattr(error, "refused", ())
     verdicts = [_verdict(name) for name in refused]
-    if refused and all(v is not None and v.absent for v in verdicts):  # no torch installed
-        return UNREADABLE
+    if any(v is not None and v.absent for v in verdicts):  # no torch installed: no allow
+        return UNREADABLE  # entry makes it load here (the file's own classes or not)
     if not_rebuilt(refused) and not any(v is not None and v.dangerous for v in verdicts):
         return UNREADABLE  # quantized, DTensor: no allow entry makes it load
     if refused and all(_allowable(name, listed) for name in refused):
@@ -509,7 +509,12 @@ def _judged(info: CheckpointInfo, error: CheckpointError | None) -> CheckpointIn
     unknown = [n for n in info.unknown if not listed[n].dangerous]
     if severity == NEEDS_ALLOW:
         unknown += getattr(error, "refused", ())
+    absent = [v for v in map(_verdict, getattr(error, "refused", ())) if v and v.absent]
+    unknown = [n for n in unknown if not ((v := _verdict(n)) is not None and v.absent)]
     refusal = str(error).removeprefix(f"{info.path}: ")
+    if absent and absent[0].entry is not None:  # say first what no allow entry mends
+        needed = absent[0].entry.distribution or absent[0].entry.module.partition(".")[0]
+        refusal = f"{needed} is not installed here ({absent[0].name} needs it): {refusal}"
     return replace(info, severity=severity, needs_allow=tuple(dict.fromkeys(unknown)),
                    refusals=(*info.refusals, refusal))  # fmt: skip
 
