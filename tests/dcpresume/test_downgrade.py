@@ -610,3 +610,15 @@ def test_an_entry_the_2_2_merge_refuses_is_named_with_the_way_out(
     assert "item 'cfg.x'" in message and "BytesIO" not in message
     assert "allow=" not in message and "torch 2.4+" in message
     downgrade_dcp(tmp_path / "src", tmp_path / "new", torch="2.4")
+
+
+def test_a_release_newer_than_the_table_is_written_as_its_newest_row_and_said(
+    tmp_path: Path,
+) -> None:
+    """``--torch 2.16`` (or 3.0) wrote torch 2.15's format and said nothing of it: the table
+    does not know that release, so the report says the format is its newest row's, untested."""
+    report = downgrade_dcp(FIXTURE / "dcp-nested", tmp_path / "new", torch="2.16")
+    assert report.written_as == "2.15"
+    assert "torch 2.16 is newer than compatshim's table" in report.changes[0]
+    known = downgrade_dcp(FIXTURE / "dcp-nested", tmp_path / "known", torch="2.15")
+    assert not any("newer than" in line for line in known.changes)

@@ -195,6 +195,12 @@ def downgrade_dcp(src: Any, dst: Any, *, torch: str, link: bool = True) -> Downg
     os.replace(tmp, os.path.join(dst, METADATA))
     version = _name(row)
     changes = [*merged, *changes]
+    if _minor(torch) > RELEASES[-1].version:  # detect, don't guess: say it is a guess
+        changes.insert(0, (
+            f"torch {torch} is newer than compatshim's table (its newest row is {version}): "
+            f"written as torch {version} reads it, which a newer torch's DCP should read too; "
+            "not tested"
+        ))  # fmt: skip
     return DowngradeReport(src, dst, torch, version, tuple(changes), tuple(files), linked)
 
 
