@@ -149,6 +149,10 @@ def patch_row(patch: PatchStatus) -> DoctorRow:
         detail = patch.error or "target not imported, not probed"
     elif not present and patch.name in HARDENED_ONLY and not _settings.safe_load():
         detail = f"{where}: off unless {_settings.SAFE_LOAD}=1 ({HARDENED_ONLY[patch.name]})"
+        return DoctorRow(  # the breakage is here; its fix is opt-in: not a failed verdict
+            name=patch.name, kind="patch", applies=True, present=True, fixed=True,
+            detail=detail, extra={"opt_in": True},
+        )  # fmt: skip
     elif not present:
         detail = f"{where}: defect absent, nothing to do"
     else:
@@ -208,6 +212,10 @@ def in_force(table: list[DoctorRow], armed: set[str]) -> None:
                     row.extra["arm"] = "`import compatshim.auto` first in the script"
             continue
         if row.kind != "patch" or not row.applies or not row.present:
+            continue
+        if row.extra.get("opt_in"):
+            row.in_force = False
+            row.extra["arm"] = f"{_settings.SAFE_LOAD}=1 (hardened mode, opt-in)"
             continue
         if not row.fixed:
             row.in_force = False
@@ -274,7 +282,11 @@ def verdict(table: list[DoctorRow], report: dict[str, Any]) -> tuple[int, str]:
     # fixed None on a present row: a removed name compatshim cannot provide (reported only)
     unfixed = [r for r in table if r.applies and r.present and r.fixed is False]
     unknown = [r for r in table if r.applies and r.present is None and r.kind == "patch"]
-    idle = [r for r in table if r.applies and r.present and r.fixed and r.in_force is False]
+    idle = [
+        r
+        for r in table
+        if r.applies and r.present and r.fixed and r.in_force is False and not r.extra.get("opt_in")
+    ]
     unsafe = [r for r in table if r.name == "checkpoint-safe-load" and r.in_force is False]
     if unfixed and report.get("missing"):
         return 1, (
@@ -308,6 +320,8 @@ def verdict(table: list[DoctorRow], report: dict[str, Any]) -> tuple[int, str]:
     said = f"ok: {len(armed)} breakage(s) in force here"
     if handled:
         said += f"; {len(handled)} more handled when compatshim's API is called"
+    if any(r.extra.get("opt_in") for r in table):
+        said += f"; hardened mode is off (opt-in: {_settings.SAFE_LOAD}=1)"
     return 0, said
 
 

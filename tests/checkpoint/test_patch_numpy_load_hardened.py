@@ -456,7 +456,9 @@ def test_the_doctor_reports_the_patch(safe_load: str) -> None:
             in (checks["checkpoint-safe-load"]["detail"])
         )
     else:
-        assert (row["present"], row["fixed"]) == (False, None), row
+        # present (numpy.load unpickles with pickle.load), fixable, opt-in: not in force
+        assert (row["present"], row["fixed"], row["in_force"]) == (True, True, False), row
+        assert row["extra"]["arm"] == "COMPATSHIM_SAFE_LOAD=1 (hardened mode, opt-in)", row
         assert "off unless COMPATSHIM_SAFE_LOAD=1 (numpy.load(allow_pickle=True)" in row["detail"]
 
 
