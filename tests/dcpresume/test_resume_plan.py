@@ -282,3 +282,24 @@ def test_a_lost_or_cut_data_file_fails_the_plan(folder: Path, tmp_path: Path) ->
         plan = plan_resume(copy, state, owners)
         assert not plan.ok and plan.damaged and why in plan.damaged[0], plan.text()
         assert "DAMAGED: data file" in plan.text() and not plan.refused
+
+
+def test_a_fresh_optimizer_s_empty_state_fails_the_plan(tmp_path: Path) -> None:
+    """The template built from a fresh optimizer (its state_dict()["state"] is empty until
+    the first step): DCP's flattening drops the empty dict, dcp.load loads no moment, and the
+    plan said "resumes", listing the Adam state only as "not asked for"."""
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    path = tmp_path / "adam"
+    with one_rank_group(tmp_path / "store"):
+        dcp.save({"model": model.state_dict(), "optim": optimizer.state_dict()},
+                 **dcp_kwargs(path, save=True))  # fmt: skip
+    fresh = torch.optim.Adam(model.parameters())
+    plan = plan_resume(path, {"model": model.state_dict(), "optim": fresh.state_dict()})
+    assert not plan.ok, plan.text()
+    [why] = plan.hollow
+    assert why.startswith("optim.state: ") and "get_state_dict" in why, why
+    assert "NOT LOADED" in plan.text()
+    assert plan_resume(path, {"model": model.state_dict(), "optim": optimizer.state_dict()}).ok

@@ -52,6 +52,9 @@ class ResumePlan:
     dropped: tuple[str, ...] = ()
     hardened: bool = True  # False: non-tensor items were not looked into (``refused`` empty)
     damaged: tuple[str, ...] = ()  # data files missing or cut short: dcp.load fails there
+    # empty in the template, entries in the checkpoint: dcp.load skips them (a fresh
+    # optimizer's state_dict() has no state: the run resumes with new moments)
+    hollow: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -59,7 +62,7 @@ class ResumePlan:
         anything is filled or read whole)."""
         return not (
             self.missing or self.mismatched or self.refused or self.unreadable or self.dropped
-            or self.damaged
+            or self.damaged or self.hollow
         )  # fmt: skip
 
     def text(self) -> str:
@@ -73,6 +76,7 @@ class ResumePlan:
         lines += [f"  MISMATCHED: {p}" for p in self.mismatched]
         lines += [f"  REFUSED by hardened mode: {p}" for p in self.refused]
         lines += [f"  DAMAGED: {p}" for p in self.damaged]
+        lines += [f"  NOT LOADED (empty in the state to load into): {p}" for p in self.hollow]
         lines += [
             f"  DROPPED by this torch's dcp.load: {p} (a top-level non-tensor item keeps the "
             "template's value; compatshim.optim.load_dcp loads it)"
@@ -185,12 +189,32 @@ def plan_resume(
         if why:
             missing.append(why)
     unused = tuple(k for k in saved.entries if k not in asked)
+    hollow = _hollow(template, unused)
     dropped = () if optimizers is not None else _dropped(state_dict, saved, torch)
     return ResumePlan(
         path, tuple(loads), tuple(filled), tuple(whole), tuple(missing), tuple(mismatched),
         tuple(refused), tuple(running_torch_reads(saved)), unused, dropped, hardened,
-        tuple(damaged.values()),
+        tuple(damaged.values()), hollow,
     )  # fmt: skip
+
+
+def _hollow(template: dict[str, Any], unused: tuple[str, ...]) -> tuple[str, ...]:
+    """Each empty dict in ``template`` under which the checkpoint holds entries: DCP's
+    flattening drops an empty dict, so nothing is loaded there. The case: the state of a
+    fresh optimizer, whose ``state_dict()["state"]`` is empty until its first step."""
+    from ..optim import _empties
+
+    found = []
+    for _, _, where in _empties(template, ""):
+        inside = [k for k in unused if k.startswith(where + ".")]
+        if inside:
+            found.append(
+                f"{where}: {len(inside)} entries in the checkpoint ({names(inside, 3)}) that "
+                "dcp.load skips. A fresh optimizer's state_dict() holds no state until its "
+                "first step: build the state as the checkpoint was saved (torch.distributed"
+                ".checkpoint.state_dict.get_state_dict(model, optimizer) fills it)"
+            )
+    return tuple(found)
 
 
 def _dropped(state_dict: dict[str, Any], saved: Folder, torch: Any) -> tuple[str, ...]:
