@@ -303,3 +303,25 @@ def test_a_fresh_optimizer_s_empty_state_fails_the_plan(tmp_path: Path) -> None:
     assert why.startswith("optim.state: ") and "get_state_dict" in why, why
     assert "NOT LOADED" in plan.text()
     assert plan_resume(path, {"model": model.state_dict(), "optim": optimizer.state_dict()}).ok
+
+
+def test_a_path_that_is_no_dcp_folder_is_named_for_what_it_is(tmp_path: Path) -> None:
+    """resume-check and dcp-downgrade said "[Errno 20] Not a directory: 'x/.metadata'" for a
+    file, and "[Errno 2] ..." for a folder without .metadata or no folder at all."""
+    from compatshim.checkpoint import CheckpointError, downgrade_dcp
+
+    (tmp_path / "weights.pt").write_bytes(b"x")
+    (tmp_path / "empty").mkdir()
+    cases = {
+        "weights.pt": "a file, not a DCP checkpoint folder",
+        "empty": "no .metadata here: not a DCP checkpoint folder",
+        "missing": "no such folder",
+    }
+    for name, said in cases.items():
+        for call in (
+            lambda p: plan_resume(p, {}),
+            lambda p: downgrade_dcp(p, tmp_path / "o", torch="2.4"),
+        ):
+            with pytest.raises(CheckpointError, match=said) as raised:
+                call(tmp_path / name)
+            assert isinstance(raised.value, FileNotFoundError)

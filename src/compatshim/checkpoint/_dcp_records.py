@@ -252,6 +252,8 @@ def read_folder(folder: Any) -> Folder:
     """
     path = os.path.join(os.fspath(folder), METADATA)
     what = path
+    if not os.path.isfile(path):  # say what the path is, not "[Errno 20] ... .metadata"
+        _no_metadata(os.fspath(folder))
     with open_regular(path, what) as file:
         size = os.fstat(file.fileno()).st_size
         if file.read(1) != b"\x80":
@@ -265,6 +267,19 @@ def read_folder(folder: Any) -> Folder:
         except (RecursionError, MemoryError, ValueError, TypeError, KeyError) as exc:
             raise CheckpointError(f"{what}: {type(exc).__name__}: {short(str(exc), 120)}") from None
     return _checked(top, what, frozenset(reader.named), reader.budget)
+
+
+def _no_metadata(folder: str) -> None:
+    """FileNotFoundError (and CheckpointError) saying what ``folder`` is instead."""
+    if not os.path.lexists(folder):
+        why = "no such folder"
+    elif not os.path.isdir(folder):
+        why = "a file, not a DCP checkpoint folder (`compatshim inspect` reads checkpoint files)"
+    elif os.path.lexists(os.path.join(folder, METADATA)):
+        return  # a .metadata that is no regular file: open_regular says so
+    else:
+        why = f"no {METADATA} here: not a DCP checkpoint folder, or a save that did not finish"
+    raise as_well(CheckpointError, FileNotFoundError)(f"{folder}: {why}")
 
 
 def _named(exc: CheckpointError, what: str) -> CheckpointError:
