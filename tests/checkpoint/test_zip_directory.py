@@ -343,3 +343,21 @@ def test_storages_read_alike_from_threads_loading_at_once() -> None:
     with ThreadPoolExecutor(4) as pool:
         loaded = list(pool.map(lambda _: load(io.BytesIO(data)), range(40)))
     assert all(torch.equal(got[k], state[k]) for got in loaded for k in state)
+
+
+def test_a_torch_save_cut_short_says_so(tmp_path: Path) -> None:
+    """Half a torch.save file read "not a readable zip file (File is not a zip file)"."""
+    path = tmp_path / "cut.pt"
+    torch.save({"w": torch.ones(64)}, path)
+    path.write_bytes(path.read_bytes()[:300])
+    with pytest.raises(CheckpointError, match="has no end record: cut short"):
+        load(path)
+
+
+def test_a_file_opened_in_text_mode_is_a_type_error_that_says_so(tmp_path: Path) -> None:
+    """``load(open(path))``: "damaged or unsupported file (UnicodeDecodeError ...)"."""
+    path = tmp_path / "w.pt"
+    torch.save({"w": 1}, path)
+    for call in (load, inspect):
+        with open(path) as text, pytest.raises(TypeError, match="opened in text mode"):
+            call(text)

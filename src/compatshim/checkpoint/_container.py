@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import io
 import os
 import re
 import stat
@@ -77,6 +78,8 @@ def read(
             return _guarded(reader, file, what, os.fspath(f))
     if not (hasattr(f, "read") and hasattr(f, "seek") and hasattr(f, "tell")):
         raise TypeError("expected a path or a seekable binary file object")
+    if isinstance(f, io.TextIOBase):  # read() gives str: "damaged (UnicodeDecodeError)" was said
+        raise TypeError(f"{what}: a file opened in text mode; open it with open(path, 'rb')")
     return _guarded(reader, f, what, None)
 
 
@@ -381,6 +384,12 @@ def _central_directory(
         data = file.read(back)
         found = data.rfind(b"PK\x05\x06")
         if found < 0 or found + _END.size > len(data):
+            file.seek(base)
+            if file.read(4) == b"PK\x03\x04":  # a zip's start, no end: the save was cut
+                raise damaged(
+                    "it starts as one but has no end record: cut short, by an interrupted "
+                    "save or copy?"
+                )
             raise damaged("File is not a zip file")
         end_at = size - back + found
         tail = data[found : found + _END.size]
