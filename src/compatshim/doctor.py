@@ -403,6 +403,9 @@ def main(as_json: bool = False, timeout: float | None = None, verbose: bool = Fa
         timeout = _settings.doctor_timeout(timeout)
     except _settings.SettingError as exc:
         print(f"compatshim doctor: {exc}", file=sys.stderr)
+        if as_json:  # a reader of --json gets a record whatever happens
+            print(json.dumps({"versions": versions(), "checks": [], "exit": 2,
+                              "reason": f"compatshim doctor: {exc}"}, indent=2))  # fmt: skip
         return 2
     ver = versions()
     if not as_json:  # what metadata says, at once; the probes take seconds

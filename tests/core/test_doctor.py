@@ -209,6 +209,14 @@ def test_a_probe_timeout_is_reported_as_given(monkeypatch: pytest.MonkeyPatch) -
     assert doctor.run_probes(30.0)["error"].endswith("within 30s")
 
 
+def test_a_bad_timeout_setting_is_still_a_json_record() -> None:
+    """``--json`` with ``COMPATSHIM_DOCTOR_TIMEOUT=abc`` printed nothing on stdout: the
+    docs' ``json.loads(done.stdout)`` failed instead of reading exit 2 and the reason."""
+    code, out = _doctor("--json", COMPATSHIM_DOCTOR_TIMEOUT="abc")
+    report = json.loads(out)
+    assert code == report["exit"] == 2 and "COMPATSHIM_DOCTOR_TIMEOUT" in report["reason"]
+
+
 def test_doctor_lists_the_checkpoint_patches_and_adapter() -> None:
     _, out = _doctor("--json")
     payload = json.loads(out)
