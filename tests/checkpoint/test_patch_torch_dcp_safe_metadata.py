@@ -221,6 +221,55 @@ def test_hardened_refuses_a_data_file_outside_the_folder(
     assert _run(tmp_path, "reader", genuine)["ok"]
 
 
+@pytest.mark.parametrize("kind", ["PurePosixPath", "numpy.str_", "file link", "folder link"])
+def test_hardened_refuses_a_data_file_that_escapes_another_way(
+    genuine: Path, tmp_path: Path, kind: str
+) -> None:
+    """Found by an attacker's audit: a ``relative_path`` that is no ``str``
+    (``PurePosixPath("../x")``, ``numpy.str_``: the check read only ``str``), or a data file
+    or folder in the checkpoint that is a link out of it: hardened dcp.load read the other
+    folder's tensors, and scan disagreed (unreadable, or loadable)."""
+    import dataclasses
+    import os
+    import pathlib
+    import pickle
+    import shutil
+
+    secret = tmp_path / "secret"
+    shutil.copytree(genuine, secret)
+    victim = tmp_path / "victim"
+    shutil.copytree(genuine, victim)
+    metadata = pickle.loads((genuine / ".metadata").read_bytes())  # our own genuine file
+    if kind in ("PurePosixPath", "numpy.str_"):
+        np = pytest.importorskip("numpy")
+        wrap = pathlib.PurePosixPath if kind == "PurePosixPath" else np.str_
+        metadata.storage_data = {
+            key: dataclasses.replace(info, relative_path=wrap(f"../secret/{info.relative_path}"))
+            for key, info in metadata.storage_data.items()
+        }
+        (victim / ".metadata").write_bytes(pickle.dumps(metadata))
+    elif kind == "file link":
+        for data in victim.glob("*.distcp"):
+            data.unlink()
+            os.symlink(secret / data.name, data)
+    else:
+        for data in victim.glob("*.distcp"):
+            data.unlink()
+        os.symlink(secret, victim / "sub")
+        metadata.storage_data = {
+            key: dataclasses.replace(info, relative_path=f"sub/{info.relative_path}")
+            for key, info in metadata.storage_data.items()
+        }
+        (victim / ".metadata").write_bytes(pickle.dumps(metadata))
+    result = _run(tmp_path, "reader", victim)
+    assert not result["ok"], result
+    said = "not a str as torch writes it" if "Path" in kind or "str_" in kind else "a link out"
+    assert said in result["error"], result
+    from compatshim.checkpoint import inspect
+
+    assert inspect(victim).severity == "dangerous"
+
+
 def test_hardened_refuses_a_list_shared_by_every_entry_before_torch_walks_it(
     tmp_path: Path,
 ) -> None:

@@ -37,20 +37,42 @@ def read_metadata(file: IO[bytes], allow: Any = ()) -> Any:
     return read(file, Request(allow=allow, expect="dcp-metadata"))
 
 
-def _refuse_paths_outside(metadata: Any, what: str) -> None:
+def _refuse_paths_outside(metadata: Any, what: str, folder: str | None = None) -> None:
     """A data file must lie inside the folder: torch joins ``relative_path`` to the folder
-    as it is, so ``../x`` or an absolute path made it read any file (hardened or not)."""
+    as it is, so ``../x`` or an absolute path made it read any file (hardened or not). It
+    must be a ``str``, as torch writes it: a ``PurePosixPath("../x")`` or ``numpy.str_``
+    went past a check of ``str`` alone. Where the ``folder`` is known, a path that a link
+    inside it leads out of the folder is refused too (a tarball can carry one)."""
     storage = vars(metadata).get("storage_data") if hasattr(metadata, "__dict__") else None
+    inside = None
+    seen: set[str] = set()
     for info in storage.values() if type(storage) is dict else ():
-        path = vars(info).get("relative_path") if hasattr(info, "__dict__") else None
+        fields = vars(info) if hasattr(info, "__dict__") else {}
+        if "relative_path" not in fields:
+            continue  # another storage plugin's records: no file path
+        path = fields["relative_path"]
         if type(path) is not str:
-            continue
+            raise UnsafeCheckpointError(
+                f"{what}: a data file path that is {short(path)}, not a str as torch writes it",
+                (f"DCP relative_path of type {short(type(path).__qualname__, 80)}",),
+            )
         parts = re.split(r"[/\\]", path)
         if not path or "\0" in path or os.path.isabs(path) or ".." in parts or path[1:2] == ":":
             raise UnsafeCheckpointError(
                 f"{what}: a data file {short(path)} outside the checkpoint folder (torch would "
                 "read it wherever it points)",
                 (f"DCP relative_path {short(path, 80)}",),
+            )
+        if folder is None or path in seen:
+            continue
+        seen.add(path)
+        inside = inside or os.path.realpath(folder)
+        real = os.path.realpath(os.path.join(folder, path))
+        if os.path.commonpath([inside, real]) != inside:
+            raise UnsafeCheckpointError(
+                f"{what}: data file {short(path)} is a link out of the checkpoint folder (to "
+                f"{short(real, 200)}): torch would read that file",
+                (f"DCP relative_path {short(path, 80)} (a link out)",),
             )
 
 

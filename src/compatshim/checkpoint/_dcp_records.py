@@ -423,7 +423,7 @@ def _checked(top: Any, what: str, named: frozenset[str], budget: Budget) -> Fold
         extra=extra,
         named=named,
     )
-    _refuse_paths_outside(_Paths(storage), what)
+    _refuse_paths_outside(_Paths(storage), what, os.path.dirname(what))
     return folder
 
 

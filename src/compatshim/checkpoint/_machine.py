@@ -290,7 +290,9 @@ class Machine:
 
     def charge_keys(self, keys: Any) -> None:
         """Charge hashing ``keys`` (each use of a shared tuple costs its expanded size) and
-        count keys that share one hash value; str and bytes cache their (salted) hash."""
+        count keys that share one hash value, whatever their type (a ``torch.Size``, a
+        ``numpy.complex128``, DCP's ``MetadataIndex``: each a 4-12 s quadratic file before);
+        str and bytes cache their (salted) hash."""
         for key in keys:
             kind = type(key)
             if kind is str or kind is bytes:
@@ -301,12 +303,10 @@ class Machine:
                 if -_SMALL_INT < key < _SMALL_INT:
                     continue
                 cost = 1 + (key.bit_length() >> 5)
-            elif kind is tuple or kind is frozenset:
-                cost = self.expanded(key)
-            elif kind is complex:
-                cost = 1
-            else:
-                continue
+            elif kind is tuple or kind is frozenset or isinstance(key, (tuple, frozenset)):
+                cost = self.expanded(key)  # torch.Size too: a tuple's hash, and ==
+            else:  # complex, its subclasses, an allowed class's own __hash__ (MetadataIndex):
+                cost = 1  # keys sharing a hash are counted whatever their type
             self.charge(cost, "hashing the file's keys")
             self._count_clash(key)
 

@@ -12,6 +12,7 @@ stream transforms is read through :class:`Bounded` (``_expand``) by every reader
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal
 
@@ -81,6 +82,9 @@ def read(source: Any, request: Request = Request()) -> Any:
         from ._dcp_folder import _charge_uses, _refuse_paths_outside
 
         what = request.name or describe_source(source)
-        _refuse_paths_outside(value, what)
+        path: Any = source if isinstance(source, (str, os.PathLike)) else None
+        path = os.fspath(path) if path is not None else getattr(source, "name", None)
+        local = type(path) is str and os.path.isfile(path)  # torch's reader opens it by path
+        _refuse_paths_outside(value, what, os.path.dirname(path) if local else None)
         _charge_uses(value, loader.budget, what)
     return value
