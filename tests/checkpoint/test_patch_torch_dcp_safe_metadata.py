@@ -270,6 +270,35 @@ def test_hardened_refuses_a_data_file_that_escapes_another_way(
     assert inspect(victim).severity == "dangerous"
 
 
+@pytest.mark.parametrize("kind", ["overlap", "outside"])
+def test_hardened_refuses_chunks_that_overlap_or_leave_their_tensor(
+    genuine: Path, tmp_path: Path, kind: str
+) -> None:
+    """Chunks that overlap make DCP read (and, through a transform, decompress) the tensor's
+    bytes once per chunk; every save's chunks tile their tensor. Hardened, refused."""
+    import dataclasses
+    import pickle
+    import shutil
+
+    crafted = tmp_path / "crafted"
+    shutil.copytree(genuine, crafted)
+    metadata = pickle.loads((genuine / ".metadata").read_bytes())  # our own genuine file
+    fqn, entry = next(
+        (k, v) for k, v in metadata.state_dict_metadata.items() if hasattr(v, "chunks")
+    )
+    chunk = entry.chunks[0]
+    if kind == "overlap":
+        entry.chunks = [chunk, chunk, chunk]
+    else:
+        grown = torch.Size(d + 1 for d in chunk.sizes)
+        entry.chunks = [dataclasses.replace(chunk, sizes=grown)]
+    (crafted / ".metadata").write_bytes(pickle.dumps(metadata))
+    result = _run(tmp_path, "reader", crafted)
+    assert not result["ok"], result
+    said = "they overlap" if kind == "overlap" else "lies outside the tensor's size"
+    assert said in result["error"] and fqn in result["error"], result
+
+
 def test_hardened_refuses_a_list_shared_by_every_entry_before_torch_walks_it(
     tmp_path: Path,
 ) -> None:
@@ -279,6 +308,7 @@ def test_hardened_refuses_a_list_shared_by_every_entry_before_torch_walks_it(
     folder = shared_lists(tmp_path / "shared", "chunks")
     result = _run(tmp_path, "reader", folder)
     assert not result["ok"] and result["compatshim_error"], result
-    assert "work budget" in result["error"], result
+    # its 1,000 chunks also lie outside their tensor: whichever check meets it first
+    assert "work budget" in result["error"] or "lies outside the tensor" in result["error"]
     plain = _run(tmp_path, "reader", folder, hardened=False)
     assert plain["ok"], plain  # torch's own read takes it: the cost comes after
