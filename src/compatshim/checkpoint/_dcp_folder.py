@@ -58,6 +58,9 @@ def _refuse_paths_outside(metadata: Any, what: str, folder: str | None = None) -
             )
         if type(path) is not str:  # torch cannot join it to the folder: damage
             raise CheckpointError(f"{what}: a storage_data entry's file is {short(path)}")
+        if path in seen:  # a rank's file holds many items: each path is judged once
+            continue
+        seen.add(path)
         parts = re.split(r"[/\\]", path)
         if not path or "\0" in path or os.path.isabs(path) or ".." in parts or path[1:2] == ":":
             raise UnsafeCheckpointError(
@@ -65,9 +68,8 @@ def _refuse_paths_outside(metadata: Any, what: str, folder: str | None = None) -
                 "read it wherever it points)",
                 (f"DCP relative_path {short(path, 80)}",),
             )
-        if folder is None or path in seen:
+        if folder is None:
             continue
-        seen.add(path)
         inside = inside or os.path.realpath(folder)
         real = os.path.realpath(os.path.join(folder, path))
         if os.path.commonpath([inside, real]) != inside:
