@@ -506,11 +506,13 @@ def _judged(info: CheckpointInfo, error: CheckpointError | None) -> CheckpointIn
     severity = severity_of(error, listed)
     if severity == LOADABLE:
         return replace(info, severity=LOADABLE, needs_allow=())
+    refused = getattr(error, "refused", ())
     unknown = [n for n in info.unknown if not listed[n].dangerous]
     if severity == NEEDS_ALLOW:
-        unknown += getattr(error, "refused", ())
-    absent = [v for v in map(_verdict, getattr(error, "refused", ())) if v and v.absent]
-    unknown = [n for n in unknown if not ((v := _verdict(n)) is not None and v.absent)]
+        unknown += refused
+    verdicts = {name: _verdict(name) for name in (*unknown, *refused)}  # each judged once
+    absent = [v for v in map(verdicts.__getitem__, refused) if v and v.absent]
+    unknown = [n for n in unknown if not ((v := verdicts[n]) is not None and v.absent)]
     refusal = str(error).removeprefix(f"{info.path}: ")
     if absent and absent[0].entry is not None:  # say first what no allow entry mends
         needed = absent[0].entry.distribution or absent[0].entry.module.partition(".")[0]
@@ -651,16 +653,29 @@ def _with_item(
         return _item_result(info, UNREADABLE, f"{label}: {why}")
     if item.loadable:
         return info
-    listed = {use.name for use in info.globals}
-    uses = tuple(u for u in item.globals if not u.covered and u.name not in listed)
+    uses = (u for u in item.globals if not u.covered)  # what it adds to .metadata's
     if item.refusals:
         why = "; ".join(r.removeprefix(f"{label}: ") for r in item.refusals)
     else:
         denied = item.dangerous
         why = f"denied: {', '.join(denied)}" if denied else f"allow: {', '.join(item.needs_allow)}"
-    found = _item_result(info, item.severity, f"{label}: {why}")
-    needs = tuple(dict.fromkeys((*info.needs_allow, *item.needs_allow)))
-    return replace(found, globals=(*info.globals, *uses), needs_allow=needs)
+    return _merged(info, item, uses, (f"{label}: {why}",))
+
+
+def _merged(
+    info: CheckpointInfo, part: CheckpointInfo, uses: Any, refusals: tuple[str, ...]
+) -> CheckpointInfo:
+    """``info`` with the verdict on one of its parts (a DCP item, an ``.npz`` member, an
+    ``.npy``'s pickle): the worst severity counts; ``uses``, the part's globals to list
+    (each once), and ``refusals`` are added, with what the part needs allowed."""
+    listed = {use.name for use in info.globals}
+    return replace(
+        info,
+        severity=worst(info.severity, part.severity),
+        globals=(*info.globals, *(u for u in uses if u.name not in listed)),
+        refusals=(*info.refusals, *refusals),
+        needs_allow=tuple(dict.fromkeys((*info.needs_allow, *part.needs_allow))),
+    )
 
 
 def _item_result(info: CheckpointInfo, severity: str, refusal: str) -> CheckpointInfo:
@@ -775,16 +790,10 @@ def _npy(
             found = replace(found, severity=DANGEROUS)  # as _headers judges a file
         else:
             found = _judged(found, _numpy_read(payload))
-    listed = {use.name for use in info.globals}
-    return replace(
-        info,
-        writer=info.writer if info.writer.pickle_protocol else found.writer,
-        severity=worst(info.severity, found.severity),
-        globals=(*info.globals, *(u for u in found.globals if u.name not in listed)),
-        refusals=(*info.refusals, *(f"{what}: {r.removeprefix(what + ': ')}"
-                                    for r in found.refusals)),
-        needs_allow=tuple(dict.fromkeys((*info.needs_allow, *found.needs_allow))),
-    )  # fmt: skip
+    if not info.writer.pickle_protocol:
+        info = replace(info, writer=found.writer)
+    refusals = tuple(f"{what}: {r.removeprefix(what + ': ')}" for r in found.refusals)
+    return _merged(info, found, found.globals, refusals)
 
 
 def _numpy_read(payload: IO[bytes]) -> CheckpointError | None:
