@@ -470,6 +470,31 @@ def test_a_data_file_outside_the_folder_is_refused(tmp_path: Path) -> None:
         downgrade_dcp(src, tmp_path / "old", torch="2.8")
 
 
+@pytest.mark.parametrize("kind", ["overlap", "outside"])
+def test_chunks_hardened_dcp_load_refuses_stop_the_rewrite_and_fail_the_dry_run(
+    tmp_path: Path, kind: str
+) -> None:
+    """Chunks that overlap, or lie outside their tensor, are refused by hardened ``dcp.load``
+    (DCP would read each element once per chunk). The dry run said "resumes" and the
+    rewrite passed them on to the older torch: they read ``.metadata`` with their own
+    records reader, which did not check them."""
+    records = read_folder(FIXTURE / "dcp-nested")
+    fqn, tensor = next((k, t) for k, t in records.entries.items() if t is not None)
+    offsets, sizes = tensor.chunks[0]
+    if kind == "overlap":
+        tensor.chunks = [(offsets, sizes)] * 3
+    else:
+        tensor.chunks = [(offsets, Size(d + 1 for d in sizes))]
+    src = _craft(tmp_path / "src", records)
+    said = "they overlap" if kind == "overlap" else "lies outside the tensor's size"
+    with pytest.raises(UnsafeCheckpointError, match=said):
+        downgrade_dcp(src, tmp_path / "old", torch="2.8")
+    assert not (tmp_path / "old").exists()
+    plan = plan_resume(src, {fqn.split(".", 1)[0]: {}})
+    assert not plan.ok and len(plan.refused) == 1 and said in plan.refused[0], plan.text()
+    assert fqn in plan.refused[0]
+
+
 def test_a_truncated_metadata_is_named_wherever_it_is_read(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

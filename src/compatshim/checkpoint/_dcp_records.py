@@ -22,7 +22,7 @@ from typing import Any
 
 from .._text import short
 from ._container import open_regular
-from ._dcp_folder import METADATA, _refuse_paths_outside
+from ._dcp_folder import METADATA, _refuse_paths_outside, refuse_overlapping_chunks
 from ._limits import HEADER_BYTES, Budget, Walks, check_shape, weight
 from ._machine import Machine, Source
 from .errors import CheckpointError, UndecodableTextError, UnsafeCheckpointError, as_well
@@ -370,6 +370,9 @@ def _checked(top: Any, what: str, named: frozenset[str], budget: Budget) -> Fold
             entries[fqn] = None
         else:
             entries[fqn] = _tensor(_state(entry, "TensorStorageMetadata", where), where, walks)
+    for fqn, tensor in entries.items():  # once every chunk walk is paid for: as dcp.load
+        if tensor is not None:  # hardened refuses them, so do the dry run and the rewrite
+            refuse_overlapping_chunks(tensor.size, tensor.chunks, f"{what}: {short(fqn)}")
     planner = state.get("planner_data")
     if planner is not None:  # the default planner's: fqn -> its path in the nested state dict
         for key, route in _typed(planner, (dict,), f"{what}: planner_data").items():
