@@ -28,7 +28,7 @@ severities and exit codes (docs/inspect.md):
                   line that allows each)
   2  unreadable   damaged (a budget bomb too: nothing of it runs), not a checkpoint,
                   a folder without a DCP .metadata, or not readable by this install
-                  (also: a usage error)
+                  (also: a usage error; scan: no checkpoint found under the paths)
   3  dangerous    load refuses what nothing can allow (a denied global, a hostile
                   structure): treat it as an attack
 --json prints a record on stdout whatever the outcome."""

@@ -109,6 +109,22 @@ def test_scan_walks_folders_and_exits_with_the_worst(four: dict[str, Path], tmp_
     assert _cli("scan", str(four[LOADABLE])).returncode == 0
 
 
+def test_nothing_to_scan_is_no_pass(tmp_path: Path) -> None:
+    """A gate pointed at an empty or mistyped folder, or one whose files have no checkpoint's
+    name, scanned nothing: exit 2 with a line that says so, never 0 (as pytest's exit 5)."""
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    done = _cli("scan", str(tmp_path))
+    assert done.returncode == 2 and not done.stdout, done
+    assert done.stderr.startswith(f"compatshim scan: nothing to scan under {tmp_path}: ")
+    assert "*.pt" in done.stderr and "name a file" in done.stderr
+    report = json.loads(_cli("scan", "--json", str(tmp_path)).stdout)
+    assert report["files"] == [] and report["exit_code"] == 2
+    assert report["error"].startswith("nothing to scan")
+    torch.save({"w": torch.zeros(1)}, tmp_path / "model.pt")
+    report = json.loads(_cli("scan", "--json", str(tmp_path)).stdout)
+    assert report["exit_code"] == 0 and report["error"] is None
+
+
 def test_a_dcp_folder_is_judged_as_torch_s_dcp_load_reads_it(tmp_path: Path) -> None:
     """Before: ``inspect FOLDER`` said "loadable by compatshim.checkpoint.load", which raises
     IsADirectoryError on it; a folder of ``.distcp`` files without ``.metadata`` was

@@ -28,6 +28,7 @@ from ._inspect import (
     EXIT_CODES,
     NEEDS_ALLOW,
     SEVERITIES,
+    SUFFIXES,
     UNREADABLE,
     CheckpointInfo,
     Scanned,
@@ -280,13 +281,28 @@ def scan_main(paths: Sequence[str], as_json: bool = False) -> int:
     counts = {severity: 0 for severity in SEVERITIES}
     for done in results:
         counts[done.severity] += 1
-    code = max((EXIT_CODES[done.severity] for done in results), default=0)
+    # nothing found is no pass: a gate on a mistyped or still empty folder would go green
+    code = max((EXIT_CODES[done.severity] for done in results), default=EXIT_CODES[UNREADABLE])
+    error = None if results else _nothing_found(paths)
     if as_json:
-        report = {"files": [d.as_dict() for d in results], "counts": counts, "exit_code": code}
+        report = {"files": [d.as_dict() for d in results], "counts": counts, "exit_code": code,
+                  "error": error}  # fmt: skip
         print(json.dumps(report, indent=1))
         return code
     for done in results:
         print(_scan_line(done))
     summary = ", ".join(f"{n} {severity}" for severity, n in counts.items() if n)
-    print(f"{len(results)} path(s): {summary or 'nothing to scan'}")
+    if error:
+        print(f"compatshim scan: {error}", file=sys.stderr)
+    else:
+        print(f"{len(results)} path(s): {summary}")
     return code
+
+
+def _nothing_found(paths: Sequence[str]) -> str:
+    names = ", ".join(printable(p, 200) for p in paths[:3]) + (", ..." if paths[3:] else "")
+    suffixes = " ".join(f"*{s}" for s in SUFFIXES)
+    return (
+        f"nothing to scan under {names}: no DCP folder and no file named {suffixes} (name a "
+        "file to inspect it whatever its name)"
+    )
