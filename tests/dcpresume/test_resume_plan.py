@@ -10,6 +10,7 @@ it returns, and the missing key is what ``dcp.load`` names.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,10 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 
 from compatshim.checkpoint import plan_resume  # noqa: E402
 from compatshim.cli import main as cli  # noqa: E402
-from compatshim.optim import load_dcp  # noqa: E402
+from compatshim.optim import OptimizerStateError, load_dcp  # noqa: E402
 from compatshim.optim.keys import SCHEDULER_KEYS  # noqa: E402
 from tests.dcpresume.optim_job import dcp_kwargs, grouped, one_rank_group  # noqa: E402
+from tests.dcpresume.test_optim_releases import RUNNING  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 FIXTURE = Path(__file__).parent / "fixtures" / "torch2.15.0" / "adamw" / "dcp-nested"
@@ -325,3 +327,73 @@ def test_a_path_that_is_no_dcp_folder_is_named_for_what_it_is(tmp_path: Path) ->
             with pytest.raises(CheckpointError, match=said) as raised:
                 call(tmp_path / name)
             assert isinstance(raised.value, FileNotFoundError)
+
+
+def _another_shape(kind: str) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """A saved state of another shape than the running one's (``kind``), as a user's changed
+    script or a corrupt file holds it, with the words both the dry run and load_dcp give."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    kids = [torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.5, total_iters=2),
+            torch.optim.lr_scheduler.StepLR(opt, step_size=2)]  # fmt: skip
+    sched = torch.optim.lr_scheduler.SequentialLR(opt, kids, milestones=[2])
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    state = {"model": model.state_dict(), "optim": opt.state_dict(), "sched": sched.state_dict()}
+    if kind == "groups":  # a second param group: DCP loaded the first and dropped it
+        state["optim"]["param_groups"].append(dict(state["optim"]["param_groups"][0], lr=5.0))
+        return state, {"optim": opt, "sched": sched}, "optim.param_groups holds 2 saved"
+    if kind == "nested":  # a third nested scheduler: dropped too
+        state["sched"]["_schedulers"].append(dict(state["sched"]["_schedulers"][1]))
+        return state, {"optim": opt, "sched": sched}, "sched._schedulers holds 3 saved"
+    if kind == "milestones":  # loaded, then an IndexError at a later step
+        state["sched"]["_milestones"] = [2, 4]
+        return state, {"optim": opt, "sched": sched}, "sched._milestones holds 2 saved value(s)"
+    if kind == "betas":
+        state["optim"]["param_groups"][0]["betas"] = (0.9, 0.99, 0.5)
+        return state, {"optim": opt, "sched": sched}, "optim.param_groups.0.betas holds 3 saved"
+    if kind == "step":  # put in the tensor's place
+        state["optim"]["state"][0]["step"] = "7"
+    return state, {"optim": opt, "sched": sched}, "optim.state.0.step: saved a non-tensor item"
+
+
+@pytest.mark.parametrize("kind", ["groups", "nested", "milestones", "betas", "step"])
+@pytest.mark.skipif(RUNNING < (2, 3), reason="torch 2.2 saves each list without tensors whole: "
+                    "these checks read the 2.3+ layout only")  # fmt: skip
+def test_a_state_of_another_shape_fails_the_plan_and_the_load_alike(
+    tmp_path: Path, kind: str
+) -> None:
+    """Found by an audit: a checkpoint with more param groups or nested schedulers than the
+    running objects loaded, the rest dropped without a word (torch's own load_state_dict
+    refuses it); a list of another length or a str in a tensor's place loaded, and the run
+    failed at a later step; the dry run passed the first three. Each now fails both alike,
+    and where the .metadata tells (more entries, a non-tensor item) before anything loads."""
+    saved, _, said = _another_shape(kind)
+    path = tmp_path / "ckpt"
+    with one_rank_group(tmp_path / "store"):
+        dcp.save(saved, **dcp_kwargs(path, save=True))
+    state, owners, _ = _another_shape("none")
+    plan = plan_resume(path, state, owners)
+    assert not plan.ok and any(said in m for m in plan.mismatched), plan.text()
+    weight = state["model"]["weight"].clone()
+    state["model"]["weight"].zero_()
+    with (
+        one_rank_group(tmp_path / "store2"),
+        pytest.raises(OptimizerStateError, match=re.escape(said)),
+    ):
+        load_dcp(state, owners, **dcp_kwargs(path))
+    told = kind in ("groups", "nested", "step")  # .metadata tells: refused before any load
+    loaded = state["model"]["weight"]
+    assert not loaded.any() if told else torch.equal(loaded, weight)  # else: loaded, then checked
+
+
+def test_a_state_of_the_same_shape_passes_the_plan_and_the_load(tmp_path: Path) -> None:
+    saved, _, _ = _another_shape("none")
+    path = tmp_path / "ckpt"
+    with one_rank_group(tmp_path / "store"):
+        dcp.save(saved, **dcp_kwargs(path, save=True))
+    state, owners, _ = _another_shape("none")
+    assert plan_resume(path, state, owners).ok
+    with one_rank_group(tmp_path / "store2"):
+        assert load_dcp(state, owners, **dcp_kwargs(path)) == ()

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Callable
 
 from .._text import names, short
+from ..optim import _NOT_A_TENSOR, _other_length, _other_shapes
 from ._dcp_folder import data_problems
 from ._dcp_records import Folder, read_folder, running_torch_reads
 from ._expand import transformed
@@ -153,6 +154,12 @@ def plan_resume(
             if why:
                 mismatched.append(f"{fqn}: {why}")
                 continue
+            top = fqn.split(".", 1)[0]
+            if saved.entries[fqn] is None and top in owners and isinstance(value, (list, tuple)):
+                got = _item(saved, fqn, held)[0]  # load_dcp's check of its length, after the load
+                if isinstance(got, (list, tuple)) and len(got) != len(value):
+                    mismatched.append(_other_length(fqn, len(got), len(value)))
+                    continue
             loads.append(fqn)
             if saved.entries[fqn] is None:
                 refusal = _item(saved, fqn, held)[1] if hardened else ""
@@ -188,6 +195,8 @@ def plan_resume(
         filled += [_fill(path, owners[top]) or (path, None) for path in done]
         if why:
             missing.append(why)
+    if optimizers is not None:  # what load_dcp refuses before it loads anything
+        mismatched += _other_shapes(template, owners, set(saved.entries))
     unused = tuple(k for k in saved.entries if k not in asked)
     hollow = _hollow(template, unused)
     dropped = () if optimizers is not None else _dropped(state_dict, saved, torch)
@@ -292,7 +301,7 @@ def _mismatch(saved: Folder, fqn: str, value: Any, tensor_type: type) -> str:
     entry = saved.entries[fqn]
     is_tensor = isinstance(value, tensor_type)
     if entry is None:
-        return "saved a non-tensor item, the template holds a tensor" if is_tensor else ""
+        return _NOT_A_TENSOR if is_tensor else ""
     if not is_tensor:
         return f"saved a tensor, the template holds {type(value).__name__}"
     shape = tuple(value.shape)

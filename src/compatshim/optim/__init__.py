@@ -303,6 +303,98 @@ def _known_paths(top: str, value: Any, owner: Any) -> list[tuple[dict[str, Any],
     return found
 
 
+_NOT_A_TENSOR = "saved a non-tensor item, the template holds a tensor"  # the dry run's words too
+
+
+def _not_tensors(
+    state_dict: Mapping[str, Any], optimizers: Mapping[str, Any], entries: Mapping[str, Any]
+) -> list[str]:
+    """Where the template holds a tensor (an optimizer's ``step``, a moment) and the checkpoint
+    a non-tensor item: DCP puts the item in the tensor's place and the next step fails."""
+    import torch
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    found = []
+    for top in optimizers:
+        for fqn, value in flatten_state_dict({top: state_dict[top]})[0].items():
+            entry = entries.get(fqn)
+            if isinstance(value, torch.Tensor) and type(entry).__name__ == "BytesStorageMetadata":
+                found.append(f"{fqn}: {_NOT_A_TENSOR}")
+    return found
+
+
+def _other_shapes(
+    state_dict: Mapping[str, Any], optimizers: Mapping[str, Any], saved: set[str]
+) -> list[str]:
+    """Where the checkpoint (``saved``: its ``.metadata``'s keys) holds more param groups or
+    nested schedulers than the running objects under ``optimizers``: DCP plans from the
+    template, so it loaded the first ones and dropped the rest without a word (a second
+    param group's lr, a third scheduler). Read before anything is loaded; the dry run asks
+    the same. Fewer saved is DCP's own "Missing key" error."""
+    found: list[str] = []
+
+    def walk(value: Any, path: str, owner: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                walk(inner, f"{path}.{key}", owner)
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            head = f"{path}."  # DCP plans such a list entry by entry: path.<index>.<key>
+            indices = {
+                int(first)
+                for key in saved
+                if key.startswith(head) and (first := key[len(head) :].split(".", 1)[0]).isdigit()
+            }
+            if indices and max(indices) >= len(value):
+                kind = "param groups" if path.endswith(_GROUPS) else "nested scheduler states"
+                found.append(
+                    f"{path} holds {max(indices) + 1} saved {kind}, the running "
+                    f"{type(owner).__name__} {len(value)}: DCP would load the first "
+                    f"{len(value)} and drop the rest; build it as the saved run did"
+                )
+            for i, inner in enumerate(value):
+                walk(inner, f"{path}.{i}", owner)
+
+    for top, owner in optimizers.items():
+        walk(state_dict[top], top, owner)
+    return found
+
+
+def _leaf_lists(value: Any, route: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], int]]:
+    """(route, length) of each list or tuple DCP saves as one value under ``value`` (a
+    scheduler's ``_milestones``, ``base_lrs``; a param group's ``betas``, ``params``): a list
+    of dicts is planned entry by entry, so its dicts are walked instead."""
+    if isinstance(value, dict):
+        return [hit for key, inner in value.items() for hit in _leaf_lists(inner, (*route, key))]
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        return [hit for i, inner in enumerate(value) for hit in _leaf_lists(inner, (*route, i))]
+    return [(route, len(value))] if isinstance(value, (list, tuple)) else []
+
+
+def _other_length(path: str, saved: int, running: int) -> str:
+    """Why a saved list of another length than the template's fails the resume (load_dcp
+    and the dry run say it alike): it loads, then fails or trains on the wrong lr later."""
+    return (
+        f"{path} holds {saved} saved value(s), the running state {running}: saved by a "
+        "scheduler or optimizer of another shape; build it as the saved run did"
+    )
+
+
+def _check_lengths(state_dict: Mapping[str, Any], lists: list[tuple[str, Any, int]]) -> None:
+    """OptimizerStateError where a loaded list under ``state_dict`` has another length than
+    the template's had (``lists``: top, route, length, taken before the load)."""
+    for top, route, want in lists:
+        node: Any = state_dict[top]
+        for part in route:
+            inside = isinstance(node, dict) and part in node
+            inside = inside or (
+                isinstance(node, list) and isinstance(part, int) and part < len(node)
+            )
+            node = node[part] if inside else None
+        if isinstance(node, (list, tuple)) and len(node) != want:
+            where = ".".join(map(str, (top, *route)))
+            raise OptimizerStateError(f"compatshim.optim: {_other_length(where, len(node), want)}")
+
+
 def _absent(path: str, saved: set[str]) -> bool:
     """Whether the checkpoint lacks ``path``: neither it nor an item holding it is saved
     (torch 2.2 saves ``param_groups`` as one item; 2.3+ key by key)."""
@@ -438,7 +530,13 @@ def load_dcp(
     from torch.distributed.checkpoint.state_dict_loader import load
 
     reader = storage_reader or FileSystemReader(checkpoint_id)
-    saved = set(reader.read_metadata().state_dict_metadata)
+    entries = reader.read_metadata().state_dict_metadata
+    saved = set(entries)
+    shapes = _other_shapes(state_dict, optimizers, saved) + _not_tensors(
+        state_dict, optimizers, entries
+    )
+    if shapes:  # before anything is loaded: the template stays as it was
+        raise OptimizerStateError(f"compatshim.optim: {shapes[0]}")
     left_out: list[tuple[dict[str, Any], str, Any]] = []
     for top, owner in optimizers.items():
         for container, key, path in _known_paths(top, state_dict[top], owner):
@@ -448,6 +546,8 @@ def load_dcp(
     # torch 2.3+ saves no entry for an empty dict or list (and plans none); 2.2 plans one as
     # an item: one the checkpoint lacks stays as it is, as on 2.3+
     kept = [(c, k, c.pop(k)) for c, k, path in _empties(state_dict, "") if _absent(path, saved)]
+    # the template's lists, before any is left out or read whole: each loaded one is checked
+    lists = [(top, *hit) for top in optimizers for hit in _leaf_lists(state_dict[top])]
     whole = [(c, k, path, c[k]) for c, k, path in _whole_items(state_dict, optimizers, saved)]
     for container, key, _, _ in whole:
         container[key] = None  # a leaf: DCP reads the saved item in its place
@@ -474,6 +574,7 @@ def load_dcp(
             raise OptimizerStateError(
                 f"compatshim.optim: {unread[0]} was not read from the checkpoint"
             )
+        _check_lengths(state_dict, lists)
         filled: list[str] = []
         adapted: dict[str, Any] = {}
         for top, owner in optimizers.items():
