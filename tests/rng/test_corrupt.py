@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -217,3 +218,144 @@ def test_failure_while_setting_puts_back_what_was_set(monkeypatch: pytest.Monkey
         rng.restore(state)
     monkeypatch.undo()
     assert same(snapshot(), before)
+
+
+UNSIGNED = [getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)]
+
+
+@pytest.mark.skipif(not UNSIGNED, reason="torch < 2.3 has no uint16/32/64")
+@pytest.mark.parametrize("path", [("python", "internal"), ("numpy", "key")])
+@pytest.mark.parametrize("dtype", UNSIGNED, ids=str)
+def test_unsigned_word_tensors_whose_values_fit_restore_exactly(
+    path: tuple[str, ...], dtype: torch.dtype
+) -> None:
+    """``torch.from_numpy(np.random.get_state()[1])`` is a uint32 tensor: torch's min() raised
+    NotImplementedError ("min_all" not implemented for 'UInt32') instead of reading it."""
+    words = BASE[path[0]][path[1]]
+    if dtype == torch.uint16:
+        words = words % 65536  # a valid key that fits 16 bits
+    expected_state = mutate(BASE, path, "replace", words)
+    rng.restore(expected_state, warn=False)
+    want = draws()
+    rng.restore(mutate(BASE, path, "replace", words.to(dtype)), warn=False)
+    assert draws() == want
+
+
+@pytest.mark.skipif(not hasattr(torch, "uint64"), reason="torch < 2.3 has no uint64")
+@pytest.mark.parametrize("path", [("python", "internal"), ("numpy", "key")])
+def test_unsigned_word_tensors_past_uint32_are_refused(path: tuple[str, ...]) -> None:
+    listed = BASE[path[0]][path[1]].tolist()
+    listed[3] = 2**63 + 5  # would wrap to a negative int64, or read as a huge word
+    words = torch.tensor(listed, dtype=torch.uint64)
+    before = snapshot()
+    with pytest.raises(rng.RNGStateError, match=rf"{path[1]}.*uint32 range"):
+        rng.restore(mutate(BASE, path, "replace", words))
+    assert same(snapshot(), before)
+
+
+@pytest.mark.parametrize("path", [("python", "internal"), ("numpy", "key"), ("torch_cpu",)])
+def test_sparse_word_tensors_are_refused_naming_the_field(path: tuple[str, ...]) -> None:
+    """A sparse key reached torch's min(), which raised NotImplementedError for SparseCPU."""
+    holder: Any = BASE
+    for key in path:
+        holder = holder[key]
+    before = snapshot()
+    with pytest.raises(rng.RNGStateError, match=rf"{path[-1]}.*sparse"):
+        rng.restore(mutate(BASE, path, "replace", holder.to_sparse()))
+    assert same(snapshot(), before)
+
+
+def test_a_quantized_word_tensor_is_refused() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantize_per_tensor is deprecated in newer torch
+        words = torch.quantize_per_tensor(torch.ones(624), 1.0, 0, torch.quint8)
+    with pytest.raises(rng.RNGStateError, match=r"key.*integer tensor"):
+        rng.restore(mutate(BASE, ("numpy", "key"), "replace", words))
+
+
+@pytest.mark.skipif(not hasattr(torch, "uint32"), reason="torch < 2.3 has no uint32 tensors")
+def test_a_transformers_numpy_key_from_torch_from_numpy_loads(tmp_path: Path) -> None:
+    """The realistic case: numpy's uint32 key turned into a tensor before torch.save."""
+    import random
+
+    import numpy as np
+
+    name, key, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = (name, torch.from_numpy(key.copy()), pos, has_gauss, cached)
+    torch.save(
+        {"python": random.getstate(), "numpy": numpy_state, "cpu": torch.get_rng_state()},
+        tmp_path / "rng_state.pth",
+    )
+    want = draws()
+    assert rng.load(tmp_path / "rng_state.pth", warn=False).exact
+    assert draws() == want
+
+
+def own_file(**changes: Any) -> dict[str, Any]:
+    found: dict[str, Any] = {
+        "format": "compatshim.rng.file",
+        "version": 1,
+        "source": "compatshim",
+        "world_size": 1,
+        "ranks": [copy.deepcopy(BASE)],
+    }
+    found.update(changes)
+    return found
+
+
+@pytest.mark.parametrize("version", [9, 2, 0, None, "1", True, 1.0])
+def test_a_file_of_an_unknown_version_is_refused_naming_both(tmp_path: Path, version: Any) -> None:
+    """Detect, don't guess: version 9 was read as if it were version 1."""
+    before = snapshot()
+    found = own_file(version=version)
+    with pytest.raises(rng.RNGStateError, match=r"version .*known: 1"):
+        rng.restore(found)
+    for name in ("rng.pt", "rng_state.pth"):  # rng_state.pth was rebuilt as a version 1 file
+        torch.save(found, tmp_path / name)
+        with pytest.raises(rng.RNGStateError, match=r"version .*known: 1"):
+            rng.load(tmp_path / name)
+    assert same(snapshot(), before)
+
+
+@pytest.mark.parametrize(
+    ("world_size", "saved_rank", "message"),
+    [
+        (None, -3, "saved_rank"),
+        (None, 10**7, "saved_rank"),
+        (None, True, "saved_rank"),
+        (None, "0", "saved_rank"),
+        (None, 1.0, "saved_rank"),
+        (1, 0, "saved_rank.*world_size"),
+        (1, 5, "saved_rank.*world_size"),
+    ],
+)
+def test_a_saved_rank_the_format_cannot_hold_is_refused(
+    tmp_path: Path, world_size: Any, saved_rank: Any, message: str
+) -> None:
+    """saved_rank -3 was accepted and reported as "state of saved rank -3"; a non-int one was
+    dropped silently. It is written only beside world_size None, as a rank number."""
+    before = snapshot()
+    found = own_file(world_size=world_size, saved_rank=saved_rank)
+    with pytest.raises(rng.RNGStateError, match=message):
+        rng.restore(found)
+    torch.save(found, tmp_path / "rng.pt")
+    with pytest.raises(rng.RNGStateError, match=message):
+        rng.load(tmp_path / "rng.pt")
+    assert same(snapshot(), before)
+
+
+@pytest.mark.parametrize("saved_rank", [None, 0, 3, 10**7 - 1])
+def test_a_saved_rank_the_format_writes_is_read(saved_rank: int | None) -> None:
+    found = own_file(world_size=None, saved_rank=saved_rank)
+    report = rng.restore(found, warn=False)
+    assert report.exact and report.saved_rank == (0 if saved_rank is None else saved_rank)
+
+
+def test_a_captured_rank_past_any_job_reads_as_unknown_on_both_paths(tmp_path: Path) -> None:
+    """restore(state) and read() of the same state agree on an implausible captured rank
+    (read's file check refuses a saved_rank past MAX_SAVED_RANK): rank 0's, as when unknown."""
+    state = copy.deepcopy(BASE)
+    state["meta"] = {**state["meta"], "rank": 10**8, "world_size": None}
+    assert rng.restore(state, warn=False).saved_rank == 0
+    torch.save(state, tmp_path / "rng.pt")
+    assert rng.load(tmp_path / "rng.pt", warn=False).saved_rank == 0

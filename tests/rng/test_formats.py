@@ -141,3 +141,23 @@ def test_legacy_non_zip_torch_file_reads_safely(tmp_path: Path) -> None:
     want = draws()
     assert rng.load(tmp_path / "rng_state.pth").exact
     assert draws() == want
+
+
+@pytest.mark.parametrize(
+    ("names", "pattern"),
+    [
+        (("rng_state_0.pth", "rng_state_00.pth"), r"rng_state_0\.pth.*rng_state_00\.pth"),
+        (("rng_state_1.pth", "rng_state_0.pth", "rng_state_001.pth"), r"rng_state_001\.pth"),
+        (("random_states_0.pkl", "random_states_000.pkl"), r"random_states_0\.pkl"),
+    ],
+)
+def test_two_files_naming_one_rank_are_refused_naming_both(
+    tmp_path: Path, names: tuple[str, ...], pattern: str
+) -> None:
+    """rng_state_0.pth beside rng_state_00.pth: whichever the folder listed last was used.
+    transformers and accelerate write unpadded numbers only, so neither is the right one."""
+    source = FIXTURES / "np2" / "transformers_dist" / "rng_state_0.pth"
+    for name in names:
+        (tmp_path / name).write_bytes(source.read_bytes())
+    with pytest.raises(rng.RNGStateError, match=rf"two files for rank.*{pattern}"):
+        rng.read(tmp_path)

@@ -26,7 +26,7 @@ from .formats import merge_ranks, to_file
 from .plan import DevicePolicy, WorldSizePolicy
 from .restore import restore
 from .restore_report import RestoreReport
-from .state import is_state, make_file
+from .state import MAX_RANK_DIGITS, is_state, make_file
 
 PathLike = Union[str, "os.PathLike[str]"]
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -34,7 +34,6 @@ _PER_RANK = (
     ("transformers", re.compile(r"rng_state_(\d+)\.pth$")),
     ("accelerate", re.compile(r"random_states_(\d+)\.pkl$")),
 )
-MAX_RANK_DIGITS = 7  # a rank number of 10 million or more is no real job's
 _TORCH_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 
 
@@ -220,11 +219,19 @@ def _first_missing(indexed: dict[int, Path], limit: int = 10) -> list[int]:
 
 def _read_directory(folder: Path, trusted: bool) -> dict[str, Any]:
     for source, pattern in _PER_RANK:
-        indexed = {}
-        for child in folder.iterdir():
+        indexed: dict[int, Path] = {}
+        for child in sorted(folder.iterdir()):
             match = pattern.fullmatch(child.name)
-            if match:
-                indexed[_rank_number(match.group(1), str(child))] = child
+            if not match:
+                continue
+            rank = _rank_number(match.group(1), str(child))
+            if rank in indexed:  # rng_state_0.pth and rng_state_00.pth: neither framework pads
+                raise RNGStateError(
+                    f"{folder}: two files for rank {rank}: {short(indexed[rank].name, 80)} and "
+                    f"{short(child.name, 80)}; transformers and accelerate write one, unpadded "
+                    "(rng_state_0.pth): remove the one that is not this checkpoint's"
+                )
+            indexed[rank] = child
         if not indexed:
             continue
         if max(indexed) + 1 != len(indexed):

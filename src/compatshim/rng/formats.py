@@ -28,12 +28,12 @@ from .errors import RNGStateError
 from .state import (
     FILE_FORMAT,
     MAX_STATE_ELEMENTS,
-    PY_STATE_WORDS,
     STATE_FORMAT,
     NumpyMT,
     Parts,
     byte_state,
     captured_position,
+    check_file_header,
     cpu_state,
     cuda_state,
     is_file,
@@ -141,13 +141,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _is_python_words_tensor(value: Any) -> bool:
-    """``random.getstate()`` with its words as a tensor (checked before ``tolist``)."""
-    if not (isinstance(value, (tuple, list)) and len(value) == 3 and _is_tensor(value[1])):
-        return False
-    return bool(value[1].dim() == 1 and value[1].numel() == PY_STATE_WORDS)
-
-
 def _is_tensor(value: Any) -> bool:
     import torch
 
@@ -169,10 +162,7 @@ def convert(obj: Mapping[str, Any], layout: str, where: str = "state") -> Parts:
     keys = LAYOUTS[layout]
     parts = Parts(meta={"writer": layout})
     if keys.python and obj.get(keys.python) is not None:
-        value = obj[keys.python]
-        if _is_python_words_tensor(value):
-            value = (value[0], value[1].tolist(), value[2])
-        parts.python = python_state(value, f"{where}.{keys.python}")
+        parts.python = python_state(obj[keys.python], f"{where}.{keys.python}")
     if keys.numpy and obj.get(keys.numpy) is not None:
         parts.numpy = _numpy_entry(obj[keys.numpy], f"{where}.{keys.numpy}")
     if keys.cpu and obj.get(keys.cpu) is not None:
@@ -239,6 +229,7 @@ def to_file(obj: Any, *, saved_rank: int | None = None, what: str = "the object"
             "pass the dict as they wrote it"
         )
     if is_file(inner):
+        check_file_header(inner)  # before read() rebuilds it as a version 1 file
         return dict(inner)
     if layout == "compatshim":
         from .state import parse_state

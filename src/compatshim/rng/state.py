@@ -13,12 +13,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from .._text import short
+from .._text import cut, short
 from .errors import RNGStateError
 
 STATE_FORMAT = "compatshim.rng.state"
 FILE_FORMAT = "compatshim.rng.file"
 SCHEMA_VERSION = 1
+KNOWN_FILE_VERSIONS = (SCHEMA_VERSION,)  # the file versions parse_file reads
+MAX_RANK_DIGITS = 7  # a rank number of 10 million or more is no real job's
+MAX_SAVED_RANK = 10**MAX_RANK_DIGITS - 1
 
 PY_STATE_WORDS = 625  # random.getstate()[1]: 624 MT words + the position
 MT_WORDS = 624
@@ -105,6 +108,7 @@ def _tensor(value: Any, where: str, dtype_name: str, numel: int | None = None) -
     torch = _torch()
     if not isinstance(value, torch.Tensor):
         raise _fail(where, f"expected a torch tensor, got {type(value).__name__}")
+    _dense(value, where)
     limit = numel if numel is not None else MAX_STATE_ELEMENTS
     if value.dim() == 1 and value.numel() > limit:
         raise _fail(where, f"expected at most {limit} elements, got {value.numel()}")
@@ -121,17 +125,34 @@ def _tensor(value: Any, where: str, dtype_name: str, numel: int | None = None) -
     return value.detach().clone().contiguous()
 
 
+_WORD_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+def _dense(value: Any, where: str) -> None:
+    """A sparse or nested tensor is no generator state, and torch's reductions and strides
+    raise their own errors on it (NotImplementedError for SparseCPU)."""
+    if value.layout != _torch().strided:
+        raise _fail(where, f"expected a dense tensor, got a {str(value.layout)[:40]} one")
+
+
 def words(values: Any, where: str, count: int) -> tuple[int, ...]:
     """``count`` uint32 words from a tensor, list or tuple, range-checked."""
     torch = _torch()
     if isinstance(values, torch.Tensor):
-        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+        _dense(values, where)
+        # every integer dtype torch has (uint16/32/64 from 2.3: torch.from_numpy of numpy's
+        # uint32 key); torch.min has no kernel for the unsigned ones, nor for quantized ones
+        dtypes = [getattr(torch, name) for name in _WORD_DTYPES if hasattr(torch, name)]
+        if values.dtype not in dtypes:
             raise _fail(where, f"expected an integer tensor, got {values.dtype}")
         if values.dim() != 1 or values.numel() != count:
             raise _fail(where, f"expected {count} words, got shape {tuple(values.shape)}")
-        if int(values.min()) < 0 or int(values.max()) >= _U32:
+        if values.device.type != "cpu":
+            raise _fail(where, f"expected a CPU tensor, got one on {values.device}")
+        listed = values.tolist()  # exact Python ints for every dtype above, uint64 included
+        if min(listed) < 0 or max(listed) >= _U32:
             raise _fail(where, "values outside the uint32 range")
-        return tuple(values.tolist())
+        return tuple(listed)
     if not isinstance(values, (list, tuple)) or len(values) != count:
         size = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
         raise _fail(where, f"expected {count} words, got {size}")
@@ -235,7 +256,7 @@ def captured_position(parts: Parts) -> tuple[int | None, int | None]:
     """(rank, world size) that ``capture()`` recorded; None outside a process group or if odd."""
     rank: Any = parts.meta.get("rank")
     world_size: Any = parts.meta.get("world_size")
-    if not _is_int(rank) or rank < 0:
+    if not _is_int(rank) or not 0 <= rank <= MAX_SAVED_RANK:
         return None, None
     if not _is_int(world_size) or not rank < world_size:
         return int(rank), None
@@ -332,8 +353,34 @@ def make_file(
     return found
 
 
+def check_file_header(obj: Mapping[str, Any]) -> None:
+    """The file's version and saved_rank, before anything reads it as version 1: a file of a
+    later format is refused, never guessed at (also where ``read`` rebuilds a file dict)."""
+    version = obj.get("version")
+    if not (_is_int(version) and version in KNOWN_FILE_VERSIONS):
+        known = ", ".join(str(v) for v in KNOWN_FILE_VERSIONS)
+        raise RNGStateError(
+            f"RNG file version {short(version)} is not one this release reads (known: {known}); "
+            "a file from another compatshim release (read it with that one) or a damaged one"
+        )
+    saved_rank = obj.get("saved_rank")
+    if saved_rank is None:
+        return
+    if obj.get("world_size") is not None:  # make_file writes saved_rank only without it
+        raise RNGStateError(
+            f"invalid RNG file: saved_rank {short(saved_rank)} beside world_size "
+            f"{short(obj.get('world_size'))} (a saved_rank is written only for a one-rank file)"
+        )
+    if not _is_int(saved_rank) or not 0 <= saved_rank <= MAX_SAVED_RANK:
+        raise RNGStateError(
+            f"invalid RNG file: saved_rank {short(saved_rank)} is not a rank number "
+            f"(an int in [0, {MAX_SAVED_RANK}] or None)"
+        )
+
+
 def parse_file(obj: Mapping[str, Any]) -> SavedFile:
     """Validate an RNG file dict into :class:`SavedFile`; the one place it is read."""
+    check_file_header(obj)
     ranks = obj.get("ranks")
     if not isinstance(ranks, list) or not ranks:
         raise RNGStateError("invalid RNG file: 'ranks' must be a non-empty list of states")
@@ -346,10 +393,13 @@ def parse_file(obj: Mapping[str, Any]) -> SavedFile:
             f"invalid RNG file: world_size {short(world_size)} but {len(all_parts)} rank states"
         )
     saved_rank = obj.get("saved_rank")
+    source = obj.get("source", "compatshim")
+    if not isinstance(source, str):  # never str() of what a file holds (a tensor, a big int)
+        raise RNGStateError(f"invalid RNG file: 'source' is {short(source)}, not a str")
     return SavedFile(
-        source=str(obj.get("source", "compatshim")),
+        source=cut(source),
         world_size=world_size,
-        saved_rank=saved_rank if _is_int(saved_rank) else None,
+        saved_rank=saved_rank,
         ranks=all_parts,
     )
 
