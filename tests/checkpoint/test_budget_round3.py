@@ -375,6 +375,29 @@ def rng_dicts_sharing_children(folder: Path) -> Path:
     return _write(folder, P2 + out + get(5) + STOP)
 
 
+# --------------------------------------------------------------------------- 11: 2026-12-05 audit
+
+
+@case()
+def getattr_chain_of_one_long_name(folder: Path) -> Path:
+    """getattr(getattr(...(object, S)..., S), S), 3,000 levels, S one memo-shared 1,000-char
+    str (19 KB): load refuses the first call, then scans the file for every refusal, and the
+    scan named each level by the last one's name and S: 4.3 GB of names, 12 s."""
+    out = b"cbuiltins\ngetattr\n" + put(0) + u("a" * 1000) + put(1) + b"0"
+    out += get(0) * 3000 + b"cbuiltins\nobject\n" + (get(1) + b"\x86R") * 3000
+    return _write(folder, P2 + out + STOP)
+
+
+@case()
+def timedelta_of_huge_ints_again_and_again(folder: Path) -> Path:
+    """timedelta(B, -86400 * B), B a 180 KB int, the argument pair memo-shared and the call
+    made 100,000 times (960 KB): each does arithmetic on the ints, charged 16 bytes (29 s)."""
+    big = 1 << (8 * 180_000 - 8)
+    out = b"cdatetime\ntimedelta\n" + put(0) + long4(big) + long4(-86400 * big) + b"\x86"
+    out += put(1) + b"0]" + put(2) + b"(" + (get(0) + get(1) + b"R0") * 100_000 + b"1"
+    return _write(folder, P2 + out + STOP)
+
+
 # --------------------------------------------------------------------------- the child process
 
 CHILD = textwrap.dedent(

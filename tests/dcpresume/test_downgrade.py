@@ -647,3 +647,74 @@ def test_a_release_newer_than_the_table_is_written_as_its_newest_row_and_said(
     assert "torch 2.16 is newer than compatshim's table" in report.changes[0]
     known = downgrade_dcp(FIXTURE / "dcp-nested", tmp_path / "known", torch="2.15")
     assert not any("newer than" in line for line in known.changes)
+
+
+def _shared_record_metadata(kind: str) -> bytes:
+    """A ``.metadata`` sharing one record among many entries by memo reads (2026-12-05
+    audit): ``transforms``, one ``_StorageInfo`` whose ``transform_descriptors`` list holds
+    100,000 strs, behind 2,000 storage entries (the records reader walked the list at each:
+    6 s); ``properties``, one 64-dimension ``TensorStorageMetadata`` behind 140,000 entries of
+    7 bytes each (each checked again, uncharged)."""
+    import itertools
+    import struct
+
+    from tests.checkpoint.corpus import P2, STOP, g, get, put
+
+    def text(value: str) -> bytes:  # SHORT_BINUNICODE: the entries stay a few bytes
+        return b"\x8c" + bytes([len(value)]) + value.encode()
+
+    meta = "torch.distributed.checkpoint.metadata"
+    out = g(meta, "Metadata") + put(0) + b"0"
+    if kind == "transforms":
+        out += g(meta, "MetadataIndex") + put(2) + b"0"
+        out += g("torch.distributed.checkpoint.filesystem", "_StorageInfo") + put(3) + b"0"
+        out += b"}(" + text("fqn") + text("step") + b"u" + put(5) + b"0"
+        out += get(3) + b")\x81}(" + text("relative_path") + text("__0_0.distcp")
+        out += text("offset") + b"K\x00" + text("length") + b"K\x01"
+        out += text("transform_descriptors") + b"](" + text("z") + b"2" * 99_999 + b"eub"
+        out += put(4) + b"0" + get(0) + b")\x81}(" + text("state_dict_metadata") + b"}"
+        out += text("planner_data") + b"N" + text("storage_data") + b"}("
+        out += (get(2) + b")\x81" + get(5) + b"b" + get(4)) * 2_000
+        return P2 + out + b"uub" + STOP
+    dims = b"K\x01" * 64
+    out += g(meta, "TensorStorageMetadata") + put(1) + b"0"
+    out += g(meta, "TensorProperties") + put(2) + b"0"
+    out += g("torch", "Size") + put(3) + b"0" + get(3) + b"(" + dims + b"t\x85R" + put(4) + b"0"
+    out += get(2) + b")\x81(" + g("torch", "float32")
+    out += g("torch.serialization", "_get_layout") + text("torch.strided") + b"\x85R\x89"
+    out += g(meta, "_MEM_FORMAT_ENCODING") + b"K\x00\x85R\x89(" + dims + b"ttb" + put(5) + b"0"
+    out += get(1) + b")\x81}(" + text("properties") + get(5) + text("size") + get(4)
+    out += text("chunks") + b"]ub" + put(6) + b"0"
+    out += get(0) + b")\x81}(" + text("planner_data") + b"N" + text("storage_data") + b"}"
+    out += text("state_dict_metadata") + b"}("
+    keys = itertools.product([chr(c) for c in range(0x21, 0x7F)], repeat=3)
+    out += b"".join(
+        text("".join(k)) + struct.pack("<cI", b"j", 6) for k in itertools.islice(keys, 140_000)
+    )
+    return P2 + out + b"uub" + STOP
+
+
+@pytest.mark.parametrize("kind", ["transforms", "properties"])
+def test_a_record_shared_by_every_entry_is_paid_at_each_use(tmp_path: Path, kind: str) -> None:
+    src = shutil.copytree(FIXTURE / "dcp-nested", tmp_path / "src")
+    (Path(src) / ".metadata").write_bytes(_shared_record_metadata(kind))
+    for read in (read_folder, lambda f: downgrade_dcp(f, tmp_path / "old", torch="2.8")):
+        start = time.process_time()
+        with pytest.raises(CheckpointError, match="work budget"):
+            read(src)
+        assert time.process_time() - start < 1.0
+
+
+def test_a_data_file_name_no_file_system_holds_is_damage_not_a_crash(tmp_path: Path) -> None:
+    """A lone surrogate in ``relative_path`` raised os's UnicodeEncodeError from every reader
+    of ``.metadata`` (inspect printed a traceback): now a CheckpointError naming it."""
+    records = read_folder(FIXTURE / "dcp-nested")
+    records.storage[0].info["relative_path"] = "x/\ud800"
+    src = _craft(tmp_path / "src", records)
+    with pytest.raises(CheckpointError, match="that no file system holds"):
+        read_folder(src)
+    done = subprocess.run(
+        [sys.executable, "-m", "compatshim", "inspect", str(src)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr

@@ -45,6 +45,7 @@ from .._text import cut, names, short
 from . import _safetensors
 from ._gate import ALLOWLIST, Verdict, judge
 from ._machine import Machine, Source
+from ._objects import GETATTR_NAME
 from ._tensors import REBUILDS
 from .allowlist import STORAGE_DTYPES, lookup, storage_type
 from .errors import CheckpointError, UndecodableTextError, UnsafeCheckpointError, as_well
@@ -721,10 +722,20 @@ class ScanMachine(Machine):
         ):  # its rule (load also checks the partial's state, which this scan does not)
             self.found.problems.append("functools.partial of anything but object.__new__")
         if rule == "builtins.getattr":  # the one rule entry: what it reaches is judged as a name
-            if len(args) == 2 and type(args[0]) is Symbol and type(args[1]) is str:
+            # load reads getattr(class, short name) only: anything else is one fixed name, so
+            # getattr(getattr(...(object, S)..., S), S) cannot grow a name by len(S) a level
+            # (7 KB of file held 500 MB of names)
+            if (
+                len(args) == 2
+                and type(args[0]) is Symbol
+                and args[0].name not in self.found.reached
+                and not args[0].name.endswith(")")
+                and type(args[1]) is str
+                and len(args[1]) <= GETATTR_NAME
+            ):
                 reached = f"{args[0].name}.{args[1]}"
             else:
-                reached = "builtins.getattr(<anything but a class and a name>)"
+                reached = "builtins.getattr(<anything but a global and a short name>)"
             self.found.globals[reached] += 1
             self.found.reached.add(reached)
             return Symbol(reached)

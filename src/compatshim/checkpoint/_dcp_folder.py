@@ -61,6 +61,12 @@ def _refuse_paths_outside(metadata: Any, what: str, folder: str | None = None) -
         if path in seen:  # a rank's file holds many items: each path is judged once
             continue
         seen.add(path)
+        try:  # a lone surrogate ("\ud800"): no file system names it, os raises its own error
+            os.fsencode(path)
+        except UnicodeEncodeError:
+            raise CheckpointError(
+                f"{what}: a data file name {short(path)} that no file system holds"
+            ) from None
         parts = re.split(r"[/\\]", path)
         if not path or "\0" in path or os.path.isabs(path) or ".." in parts or path[1:2] == ":":
             raise UnsafeCheckpointError(

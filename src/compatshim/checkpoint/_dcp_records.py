@@ -330,6 +330,9 @@ def _tensor(entry: dict[str, Any], what: str, walks: Walks) -> Tensor:
         raise CheckpointError(f"{what}: layout or memory format is not one torch writes")
     if type(grad) is not bool or type(pin) is not bool:
         raise CheckpointError(f"{what}: requires_grad or pin_memory is not a bool")
+    # one record may serve every entry: each use checks its size and strides again
+    dims = sum(len(v) if isinstance(v, tuple) else 0 for v in (strides, entry.get("size")))
+    walks.visit(dims, f"{what}: checking its size and strides")
     if strides is not None:
         strides = check_shape(strides, what, "strides")
     chunks = []
@@ -402,6 +405,8 @@ def _checked(top: Any, what: str, named: frozenset[str], budget: Budget) -> Fold
             if type(fields.get(name)) is not int or fields[name] < 0:
                 raise CheckpointError(f"{where}: {name} is {short(fields.get(name))}")
         transforms = fields.get("transform_descriptors")
+        if isinstance(transforms, (list, tuple)):  # one list may serve every entry
+            walks.visit(len(transforms), f"{where}: checking its transform_descriptors")
         if transforms is not None and (
             type(transforms) not in (list, tuple) or not all(type(t) is str for t in transforms)
         ):

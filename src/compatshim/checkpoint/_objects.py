@@ -179,7 +179,8 @@ def _packed(kind: Any, size: int, name: str) -> Constructor:
 
 
 def make_timedelta(_: Any, args: tuple[Any, ...]) -> Any:
-    if len(args) > 3 or not all(type(a) is int for a in args):
+    """(days, seconds, microseconds) as timedelta pickles them: each fits 64 bits."""
+    if len(args) > 3 or not all(type(a) is int and a.bit_length() < 64 for a in args):
         raise bad("datetime.timedelta", args)
     return datetime.timedelta(*args)
 
@@ -283,6 +284,9 @@ def set_instance_dict(inst: Any, state: Any, what: str) -> None:
     object.__getattribute__(inst, "__dict__").update(state)
 
 
+GETATTR_NAME = 200  # the longest attribute name getattr(class, name) reads
+
+
 def method_of_listed_class(args: tuple[Any, ...], entry_of: Callable[[Any], Entry | None]) -> Entry:
     """``getattr(cls, name)``, read and not called: the ``method`` (or ``constant``) row
     ``Class.name`` of the table.
@@ -292,7 +296,7 @@ def method_of_listed_class(args: tuple[Any, ...], entry_of: Callable[[Any], Entr
     ``vars(cls)[name]`` (:func:`allowlist.class_function`: no descriptor or
     ``__getattr__`` runs); the loader then resolves the row as if named.
     """
-    if len(args) != 2 or type(args[1]) is not str or len(args[1]) > 200:
+    if len(args) != 2 or type(args[1]) is not str or len(args[1]) > GETATTR_NAME:
         raise _getattr_refused(args, "exactly (class, name), name a short str, is accepted")
     owner, name = args
     owner_entry = entry_of(owner)
