@@ -396,9 +396,13 @@ _FIELDS: dict[str, tuple[type, bool, int | None]] = {
 }
 
 
+_SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1  # torch.Generator.manual_seed's range
+
+
 def _checked(state: Any) -> Mapping[str, Any]:
-    """``state`` if it is a position (typed, counts >= 0); compared by type first, so a
-    tensor or another object from a checkpoint never decides a comparison."""
+    """``state`` if it is a position (typed, counts >= 0, an epoch torch can seed with);
+    compared by type first, so a tensor or another object from a checkpoint never decides a
+    comparison."""
     if not isinstance(state, Mapping):  # not a position at all: the caller's mistake
         raise TypeError(f"state: expected a dict from compatshim.data.position, got {short(state)}")
     if type(state.get("format")) is not str:
@@ -417,7 +421,79 @@ def _checked(state: Any) -> Mapping[str, Any]:
         if type(value) is not kind or below:
             what = kind.__name__ if least is None else f"an int >= {least}"
             raise DataPositionError(f"state[{name!r}]: expected {what}, got {short(value)}")
+    epoch, seed = state["epoch"], state["seed"]
+    if epoch > _SEED_MAX:  # torch seeds a generator with seed + epoch: a raw ValueError past it
+        raise DataPositionError(
+            f"state['epoch']: expected an int <= 2**64 - 1 (torch's seed range), got {short(epoch)}"
+        )
+    if seed is not None and state["shuffle"] and not _SEED_MIN <= seed + epoch <= _SEED_MAX:
+        raise DataPositionError(
+            f"state['seed'] + state['epoch']: {short(seed)} + {short(epoch)} is outside torch's "
+            "seed range [-2**63, 2**64 - 1]: DistributedSampler seeds its shuffle with it"
+        )
     return state
+
+
+def _num_samples(length: int, world_size: int, drop_last: bool) -> int:
+    """A DistributedSampler's samples per rank, as torch counts them (``num_samples``)."""
+    if drop_last and length % world_size:
+        return -((world_size - length) // world_size)  # ceil((length - world_size) / world_size)
+    return -(-length // world_size)
+
+
+def _check_consumed(state: Mapping[str, Any]) -> None:
+    """``consumed`` and ``epoch_length`` as :func:`position` derives them from the other fields:
+    the re-deal trusts them, so a contradiction would repeat or skip samples silently.
+
+    A pass in the sampler's own order: ``epoch_length`` is the sampler's ``total_size``
+    (``drop_last``) or the dataset's length, ``consumed`` the whole epoch once the pass is over,
+    else ``world_size * batches * batch_size`` (at most ``epoch_length``). A pass dealt again
+    (``same_order`` False) started anywhere in the epoch: only the bounds are known.
+    """
+    consumed, epoch_length, length = (
+        state["consumed"],
+        state["epoch_length"],
+        state["dataset_length"],
+    )
+    if consumed is None:  # not a DistributedSampler's: never dealt again (resume says so)
+        return
+    if epoch_length is None or not 0 <= consumed <= epoch_length <= length:
+        raise DataPositionError(
+            f"state: consumed={short(consumed)}, epoch_length={short(epoch_length)} do not fit "
+            f"a dataset of {short(length)} samples"
+        )
+    if not state["same_order"]:
+        return
+    world, size, cut = state["world_size"], state["batch_size"], state["drop_last"]
+    sampler_drop_last, batches = state["sampler_drop_last"], state["batches"]
+    if sampler_drop_last is None or state["seed"] is None or state["shuffle"] is None or size == 0:
+        raise DataPositionError(
+            f"state: consumed={short(consumed)} names a DistributedSampler's epoch, but "
+            f"seed={short(state['seed'])}, shuffle={short(state['shuffle'])}, "
+            f"sampler_drop_last={short(sampler_drop_last)}, batch_size={short(size)}: "
+            "position() writes them together, with a batch size >= 1"
+        )
+    per_rank = _num_samples(length, world, sampler_drop_last)
+    expected_length = per_rank * world if sampler_drop_last else length
+    pass_length = per_rank // size if cut else -(-per_rank // size)
+    if batches > pass_length:
+        raise DataPositionError(
+            f"state: batches={short(batches)}, but the loader has only {short(pass_length)} "
+            f"batches in an epoch of dataset_length={short(length)} at world_size={short(world)}, "
+            f"batch_size={short(size)}, drop_last={cut}, sampler_drop_last={sampler_drop_last}"
+        )
+    if batches >= pass_length:
+        expected = expected_length
+    else:
+        expected = min(world * batches * size, expected_length)
+    if (consumed, epoch_length) != (expected, expected_length):
+        raise DataPositionError(
+            f"state: consumed={short(consumed)}, epoch_length={short(epoch_length)} contradict "
+            f"batches={short(batches)}, world_size={short(world)}, batch_size={short(size)}, "
+            f"drop_last={cut}, sampler_drop_last={sampler_drop_last}, dataset_length="
+            f"{short(length)}: those give consumed={short(expected)}, "
+            f"epoch_length={short(expected_length)} (an edited position repeats or skips samples)"
+        )
 
 
 def _deal(
@@ -538,6 +614,7 @@ def resume(loader: Any, state: Mapping[str, Any], *, even: bool = True) -> Resum
     saved = _checked(state)
     if type(even) is not bool:
         raise TypeError(f"even: expected True or False, got {short(even)}")
+    _check_consumed(saved)
     if saved.get("stateful") is not None and _is_torchdata(
         loader, "stateful_dataloader", "StatefulDataLoader"
     ):
@@ -744,6 +821,146 @@ def _saved_workers(stateful: Mapping[str, Any]) -> int | None:
     return 0 if type(stateful.get("_num_yielded")) is int else None
 
 
+# what torchdata raises loading a state it cannot use: its own checks (AssertionError,
+# ValueError), a missing or mistyped entry, a count past the pass's end (StopIteration; in a
+# generator, RuntimeError)
+_TORCHDATA_ERRORS = (
+    KeyError,
+    IndexError,
+    TypeError,
+    ValueError,
+    AssertionError,
+    AttributeError,
+    ArithmeticError,
+    StopIteration,
+    RuntimeError,
+)
+
+
+def _check_counts(loader: Any, saved: Mapping[str, Any]) -> None:
+    """The loader's state counts the position's ``batches`` (before any change).
+
+    torchdata trusts the counts in a state: ``_num_yielded`` (``_snapshot_step`` plus
+    ``_steps_since_snapshot`` with workers), the batches its sampler's iterator yielded, and
+    torchdata's BatchSampler's ``samples_yielded`` (its RandomSampler's ``yielded``). A missing
+    or negative one restarted the pass (the epoch served again), a huge one ran it out (a bare
+    StopIteration), a mistyped one failed at the first batch. The relations are those of
+    torchdata's own ``state_dict()``: its main-process state is the snapshot's, at
+    ``_snapshot_step`` batches, and a pass's last batch may have fewer samples (or, with
+    ``drop_last``, the samples left out are counted once the pass is over).
+    """
+    import torch.utils.data as data
+
+    stateful, batches = saved["stateful"], saved["batches"]
+
+    def number(value: Any, where: str) -> int:
+        if type(value) is not int or value < 0:
+            raise DataPositionError(
+                f"state['stateful']{where}: expected an int >= 0, got {short(value)}"
+            )
+        return value
+
+    def refuse(where: str, value: int, why: str) -> DataPositionError:
+        return DataPositionError(
+            f"state['stateful']{where}={short(value)}, but {why}: the loader's state and the "
+            "position's fields must describe the same pass (an edited state repeats or skips "
+            "samples)"
+        )
+
+    finished = stateful.get("_iterator_finished")
+    if type(finished) is not bool:
+        raise DataPositionError(
+            "state['stateful']['_iterator_finished']: expected True or False, got "
+            + short(finished)
+        )
+    snapshot = stateful.get("_snapshot")
+    if isinstance(snapshot, Mapping):  # with workers: the main process's state at a snapshot
+        main, inside = snapshot.get("_main_snapshot"), "['_snapshot']['_main_snapshot']"
+        if not isinstance(main, Mapping):
+            raise DataPositionError(
+                f"state['stateful']{inside}: expected a dict, got {short(main)}"
+            )
+        at = number(snapshot.get("_snapshot_step"), "['_snapshot']['_snapshot_step']")
+        since = number(stateful.get("_steps_since_snapshot"), "['_steps_since_snapshot']")
+        worker = snapshot.get("_last_yielded_worker_id")
+        if type(worker) is not int or not 0 <= worker < int(loader.num_workers):
+            raise DataPositionError(
+                "state['stateful']['_snapshot']['_last_yielded_worker_id']: expected an int "
+                f"from 0 to {int(loader.num_workers) - 1}, got {short(worker)}"
+            )
+        if at + since != batches:
+            raise refuse(
+                "['_steps_since_snapshot']",
+                since,
+                f"with _snapshot_step={at} that is {at + since} batches, batches={batches}",
+            )
+    else:
+        main, inside = stateful, ""
+        at = number(stateful.get("_num_yielded"), "['_num_yielded']")
+        if at != batches:
+            raise refuse("['_num_yielded']", at, f"state['batches']={batches}")
+    drawn = number(main.get("_sampler_iter_yielded"), inside + "['_sampler_iter_yielded']")
+    if isinstance(loader.dataset, data.IterableDataset):
+        return  # an endless index sampler: the dataset's own state (or a fast-forward) decides
+    if drawn != at:
+        raise refuse(
+            inside + "['_sampler_iter_yielded']", drawn, f"{at} batches were yielded at the save"
+        )
+    try:
+        length: int | None = len(loader)
+    except TypeError:  # a batch sampler of the user's without a length
+        length = None
+    if length is not None and batches > length:  # an epoch skipped, silently
+        raise DataPositionError(
+            f"state: batches={batches}, but the loader has only {length} batches in an epoch"
+        )
+    if length is not None and finished and batches != length:  # the rest skipped, silently
+        raise refuse(
+            "['_iterator_finished']", finished, f"state['batches']={batches} of {length} batches"
+        )
+    batcher, sampler = loader.batch_sampler, loader.sampler
+    random = _is_torchdata(sampler, "stateful_dataloader", "RandomSampler")
+    where = inside + "['_sampler_iter_state']"
+    state = main.get("_sampler_iter_state")
+    if _is_torchdata(batcher, "stateful_dataloader", "BatchSampler"):
+        if not isinstance(state, Mapping):
+            raise DataPositionError(
+                f"state['stateful']{where}: expected torchdata's BatchSampler's state (a dict "
+                f"with 'samples_yielded'), got {short(state)}"
+            )
+        samples = number(state.get("samples_yielded"), where + "['samples_yielded']")
+        size, cut = int(batcher.batch_size), bool(batcher.drop_last)
+        try:
+            total: int | None = len(sampler)
+        except TypeError:
+            total = None
+        full = at * size if total is None else min(at * size, total)
+        fits = samples == full or (  # the last batch is partial, or (drop_last) the end counted
+            (total is None and at > 0 and (at - 1) * size < samples < full)
+            or (cut and total is not None and at == total // size and samples == total)
+        )
+        if not fits:
+            raise refuse(
+                where + "['samples_yielded']",
+                samples,
+                f"{at} batches of {size} were yielded at the save",
+            )
+        where, state = where + "['sampler_iter_state']", state.get("sampler_iter_state")
+    elif batcher is None:  # batch_size=None: the sampler's own iterator, one sample a batch
+        samples = at
+    else:
+        return
+    if random:  # torchdata's RandomSampler replays from its own count
+        if not isinstance(state, Mapping):
+            raise DataPositionError(
+                f"state['stateful']{where}: expected torchdata's RandomSampler's state (a dict "
+                f"with 'yielded'), got {short(state)}"
+            )
+        drawn = number(state.get("yielded"), where + "['yielded']")
+        if drawn != samples:
+            raise refuse(where + "['yielded']", drawn, f"{samples} samples were drawn at the save")
+
+
 def _stateful_resume(loader: Any, saved: Mapping[str, Any]) -> Resumed | None:
     """The rest of the pass from the loader's own state at the saving world size, rank and
     number of workers; None where compatshim walks the sampler instead (another world size:
@@ -751,6 +968,8 @@ def _stateful_resume(loader: Any, saved: Mapping[str, Any]) -> Resumed | None:
     number of workers: a sampler that replays its order, over such a dataset); else
     DataPositionError, with the loader and sampler unchanged."""
     import copy
+
+    import torch.utils.data as data
 
     layout, world, rank = _where(loader)
     if saved["world_size"] != world:
@@ -794,6 +1013,8 @@ def _stateful_resume(loader: Any, saved: Mapping[str, Any]) -> Resumed | None:
         _check_dataset(layout.length, saved)
         if layout.distributed:
             _check_seed(layout.sampler, saved)
+    elif not isinstance(loader.dataset, data.IterableDataset):  # a permutation of its length
+        _check_dataset(len(loader.dataset), saved)
     workers, now = _saved_workers(saved["stateful"]), int(loader.num_workers)
     if workers is None:
         raise DataPositionError(
@@ -814,6 +1035,7 @@ def _stateful_resume(loader: Any, saved: Mapping[str, Any]) -> Resumed | None:
             f"loader: num_workers={now}, the position's num_workers={workers}: torchdata loads a "
             f"StatefulDataLoader's state only into as many workers, and {why}"
         )
+    _check_counts(loader, saved)
     epoch = int(saved["epoch"])
     chain = layout.owners() if layout is not None else [loader.sampler, loader.batch_sampler]
     owners = [owner for owner in chain if hasattr(owner, "set_epoch")]
@@ -830,7 +1052,7 @@ def _stateful_resume(loader: Any, saved: Mapping[str, Any]) -> Resumed | None:
         else:
             with _generators_kept(loader):
                 iterator = iter(loader)
-    except (KeyError, IndexError, TypeError, ValueError, AssertionError) as exc:
+    except _TORCHDATA_ERRORS as exc:
         loader.next_iter_state, loader._iterator = kept
         for owner, was in before:
             if was is not None:

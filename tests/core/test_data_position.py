@@ -116,7 +116,10 @@ def test_skipped_batches_are_never_loaded() -> None:
     data = Counting(torch.arange(40))
     sampler = DistributedSampler(data, num_replicas=2, rank=1, seed=3)
     load = DataLoader(data, batch_size=4, sampler=sampler)
-    state = {**cd.position(load, epoch=0, batches=0), "batches": 3}
+    plain = TensorDataset(torch.arange(40))  # the same order, saved after 3 batches
+    saving = DataLoader(plain, batch_size=4, sampler=DistributedSampler(plain, 2, 1, seed=3))
+    first(saving, 3)
+    state = cd.position(saving, epoch=0, batches=3)
     resumed = cd.resume(load, state)
     assert Counting.loads == []
     rest = samples(resumed)
@@ -572,3 +575,105 @@ def test_persistent_workers_keep_the_streams_of_the_next_epochs() -> None:
     assert load._iterator is rest.iterator
     assert run(sampler, load, rest)[0] == uninterrupted
     assert load._iterator is rest.iterator  # every later epoch reset it: one set of workers
+
+
+# -- found by an attacker audit (auditB): each failed before its fix ---------------------------
+
+
+@pytest.mark.parametrize("world_size", [2, 3], ids=["same-size", "other-size"])
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"epoch": 2**64}, r"state\['epoch'\]: expected an int <= 2\*\*64 - 1"),
+        ({"epoch": 2**64 - 1}, r"state\['seed'\] \+ state\['epoch'\]: 7 \+ 1844"),
+        ({"epoch": 2**63, "seed": 2**63}, r"state\['seed'\] \+ state\['epoch'\]"),
+    ],
+    ids=["epoch-2**64", "seed+epoch", "seed-2**63"],
+)
+def test_an_epoch_torch_cannot_seed_is_refused_and_changes_nothing(
+    world_size: int, change: dict[str, Any], match: str
+) -> None:
+    """epoch=2**64 raised torch's raw ``ValueError: Overflow when unpacking long long`` from
+    the shuffle's manual_seed(seed + epoch), after set_epoch had left the sampler there."""
+    state, _ = saved(10, 2, 1)
+    load = loader(10, world_size, 0, epoch=0)
+    with pytest.raises(DataPositionError, match=match):
+        cd.resume(load, {**state, **change})
+    assert load.sampler.epoch == 0  # type: ignore[attr-defined]
+
+
+def test_the_largest_epoch_torch_seeds_with_resumes() -> None:
+    """The bound is torch's own: seed + epoch = 2**64 - 1 seeds, so it resumes."""
+    last, taken = 2**64 - 1 - 7, []  # seed 7
+    for rank in range(2):
+        load = loader(10, 2, rank, epoch=last)
+        taken += first(load, 1)
+        state = cd.position(load, epoch=last, batches=1)
+    for world_size in (2, 3):
+        rest = [
+            samples(cd.resume(loader(10, world_size, r), state, even=False))
+            for r in range(world_size)
+        ]
+        assert sorted(taken + [i for part in rest for i in part]) == list(range(10))
+
+
+@pytest.mark.parametrize("world_size", [1, 2], ids=["same-size", "other-size"])
+@pytest.mark.parametrize(
+    ("lie", "match"),
+    [
+        ({"consumed": 0}, "consumed=0, epoch_length=40 contradict batches=3"),
+        ({"consumed": 16}, "consumed=16, epoch_length=40 contradict"),
+        ({"epoch_length": 12}, "consumed=12, epoch_length=12 contradict"),
+        ({"epoch_length": 20}, "consumed=12, epoch_length=20 contradict"),
+        ({"batches": 4}, "consumed=12, epoch_length=40 contradict batches=4"),
+        ({"batch_size": 2}, "contradict batches=3, world_size=1, batch_size=2"),
+        ({"sampler_drop_last": True, "epoch_length": 39}, "sampler_drop_last=True"),
+        ({"batches": 11}, "state: batches=11, but the loader has only 10 batches"),
+        ({"seed": None}, "seed=None, .* position\\(\\) writes them together"),
+    ],
+)
+def test_fields_that_contradict_each_other_are_refused_and_change_nothing(
+    world_size: int, lie: dict[str, Any], match: str
+) -> None:
+    """3 batches of 4 on 1 rank consumed 12 of 40: consumed=0 resumed on 2 ranks served all
+    40, epoch_length=12 none, epoch_length=20 only 8 of the 28 left, without an error."""
+    state, _ = saved(40, 1, 3, batch_size=4)
+    assert (state["consumed"], state["epoch_length"]) == (12, 40)
+    load = loader(40, world_size, 0, batch_size=4, epoch=0)
+    with pytest.raises(DataPositionError, match=match):
+        cd.resume(load, {**state, **lie})
+    assert load.sampler.epoch == 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("length", [7, 23, 24])
+@pytest.mark.parametrize("saved_at", [1, 2, 3])
+@pytest.mark.parametrize(
+    ("batch_size", "sampler_drop_last", "drop_last"),
+    [(3, False, False), (3, True, False), (3, False, True), (3, True, True), (None, True, False)],
+)
+def test_every_position_a_save_writes_resumes_at_another_world_size(
+    length: int, saved_at: int, batch_size: int | None, sampler_drop_last: bool, drop_last: bool
+) -> None:
+    """The checks above derive consumed and epoch_length as position() does: every count of
+    batches a pass can have, in each layout (uneven last batch, either drop_last, no batch
+    size), is taken at another world size, each remaining sample once (``even=False``)."""
+    kw: dict[str, Any] = {"batch_size": batch_size, "sampler_drop_last": sampler_drop_last}
+    if batch_size is not None:
+        kw["drop_last"] = drop_last
+    epoch = epoch_order(length)
+    if sampler_drop_last:
+        epoch = epoch[: length // saved_at * saved_at]
+    for taken in range(len(loader(length, saved_at, 0, **kw)) + 1):
+        state, consumed = saved(length, saved_at, taken, **kw)
+        assert cd.resume(loader(length, saved_at, 0, epoch=0, **kw), state).skipped == taken
+        resumed_at = 3 if saved_at != 3 else 2
+        rest = [
+            cd.resume(loader(length, resumed_at, r, **kw), state, even=False)
+            for r in range(resumed_at)
+        ]
+        served = [i for r in rest for i in samples(r)]
+        dropped = list(rest[0].dropped)  # the loader's drop_last cuts each rank's last batch
+        left = [i for i in epoch if i not in consumed]
+        if taken == len(loader(length, saved_at, 0, **kw)):
+            left = []  # the pass is over: what a drop_last left out stays out
+        assert sorted(served + dropped) == sorted(left), (taken, consumed, served)

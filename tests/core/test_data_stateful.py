@@ -10,6 +10,7 @@ anything else is refused with ``DataPositionError``.
 
 from __future__ import annotations
 
+import copy
 import itertools
 from typing import Any
 
@@ -315,8 +316,9 @@ def test_a_state_torchdata_cannot_load_is_refused_and_changes_nothing() -> None:
     state = cd.position(load, epoch=EPOCH, batches=2)
     again = distributed(24, 1, 0, batch_size=2)
     again.sampler.set_epoch(0)
+    broken = {k: v for k, v in state["stateful"].items() if k != "_shared_seed"}
     with pytest.raises(DataPositionError, match=r"state\['stateful'\]: torchdata could not load"):
-        cd.resume(again, {**state, "stateful": {"_num_yielded": 1}})
+        cd.resume(again, {**state, "stateful": broken})
     assert again.sampler.epoch == 0 and again.next_iter_state is None
 
 
@@ -347,3 +349,195 @@ def test_a_batch_sampler_over_a_distributed_sampler_gets_the_epoch() -> None:
     rest = cd.resume(load, state)
     assert sampler.epoch == 1
     assert before + [b[0].tolist() for b in rest] == uninterrupted
+
+
+# -- found by an attacker audit (auditB): each failed before its fix ---------------------------
+
+
+def _forty(workers: int, epoch: int) -> Any:
+    """The audit's loader: 40 samples, batches of 4, a DistributedSampler on one rank."""
+    data = TensorDataset(torch.arange(40))
+    sampler = DistributedSampler(data, 1, 0, seed=1)
+    sampler.set_epoch(epoch)
+    return StatefulDataLoader(data, batch_size=4, sampler=sampler, num_workers=workers)
+
+
+def _saved_mid_epoch(workers: int) -> dict[str, Any]:
+    load = _forty(workers, 1)
+    taken(load, 3)
+    return cd.position(load, epoch=1, batches=3)
+
+
+def _lie(state: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """``state`` with the loader state's entry at ``path`` (under a worker snapshot's main
+    state where there is one) set to ``value``."""
+    lied = copy.deepcopy(state)
+    inner = lied["stateful"]
+    if "_snapshot" in inner and path[0] not in ("_iterator_finished", "_steps_since_snapshot"):
+        inner = inner["_snapshot"]
+        if path[0] != "_snapshot_step" and path[0] != "_last_yielded_worker_id":
+            inner = inner["_main_snapshot"]
+    for key in path[:-1]:
+        inner = inner[key]
+    inner[path[-1]] = value
+    return lied
+
+
+_LIES = [
+    (("_iterator_finished",), "no", "_iterator_finished'\\]: expected True or False, got 'no'"),
+    (("_iterator_finished",), True, "_iterator_finished'\\]=True, but state\\['batches'\\]=3"),
+    (("_sampler_iter_state",), None, "_sampler_iter_state'\\]: expected torchdata's BatchSampler"),
+    (("_sampler_iter_state", "samples_yielded"), -5, "samples_yielded'\\]: expected an int >= 0"),
+    (("_sampler_iter_state", "samples_yielded"), 10**30, "samples_yielded'\\]=1000000000000"),
+    (("_sampler_iter_state", "samples_yielded"), 4, "samples_yielded'\\]=4, but 3 batches"),
+    (("_sampler_iter_yielded",), None, "_sampler_iter_yielded'\\]: expected an int >= 0, got None"),
+    (("_sampler_iter_yielded",), 1, "_sampler_iter_yielded'\\]=1, but"),
+]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize(
+    ("path", "value", "match"), _LIES, ids=[f"{p[-1]}={v!r}" for p, v, _ in _LIES]
+)
+def test_a_loader_state_that_lies_is_refused_and_changes_nothing(
+    workers: int, path: tuple[str, ...], value: Any, match: str
+) -> None:
+    """``_iterator_finished='no'``, ``_sampler_iter_state=None`` or ``samples_yielded=-5``
+    served the whole epoch again (and a wrong ``len``); ``samples_yielded=10**30`` let a bare
+    StopIteration out of resume() after set_epoch; ``_sampler_iter_yielded=None`` a TypeError
+    at the first batch. Each is refused before any change, naming the entry."""
+    state = _saved_mid_epoch(workers)
+    again = _forty(workers, 7)
+    with pytest.raises(DataPositionError, match=match):
+        cd.resume(again, _lie(state, path, value))
+    assert again.sampler.epoch == 7 and again.next_iter_state is None
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "match"),
+    [
+        (("_num_yielded",), 2, "_num_yielded'\\]=2, but state\\['batches'\\]=3"),
+        (("_num_yielded",), -1, "_num_yielded'\\]: expected an int >= 0, got -1"),
+    ],
+)
+def test_a_loader_state_counting_other_batches_is_refused(
+    path: tuple[str, ...], value: Any, match: str
+) -> None:
+    state = _saved_mid_epoch(0)
+    again = _forty(0, 7)
+    with pytest.raises(DataPositionError, match=match):
+        cd.resume(again, _lie(state, path, value))
+    assert again.sampler.epoch == 7 and again.next_iter_state is None
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "match"),
+    [
+        (("_steps_since_snapshot",), 10**6, "_steps_since_snapshot'\\]=1000000"),
+        (("_snapshot_step",), -1, "_snapshot_step'\\]: expected an int >= 0, got -1"),
+        (("_last_yielded_worker_id",), 10**9, "_last_yielded_worker_id'\\]: expected an int"),
+    ],
+)
+def test_a_worker_snapshot_that_lies_is_refused(
+    path: tuple[str, ...], value: Any, match: str
+) -> None:
+    """torchdata steps its iterator ``_steps_since_snapshot`` times and its worker cycle
+    ``_last_yielded_worker_id + 1`` times: a huge one ran the epoch out, or for ever."""
+    state = _saved_mid_epoch(2)
+    again = _forty(2, 7)
+    with pytest.raises(DataPositionError, match=match):
+        cd.resume(again, _lie(state, path, value))
+    assert again.sampler.epoch == 7 and again.next_iter_state is None
+
+
+def test_a_shuffled_state_of_another_dataset_length_is_refused() -> None:
+    """The RandomSampler's generator replays a permutation of the dataset it is given: 31
+    samples where 30 were saved is another order, silently."""
+    load = shuffled(30)
+    taken(load, 2)
+    state = cd.position(load, epoch=0, batches=2)
+    with pytest.raises(DataPositionError, match="its dataset has 31 samples, the position's 30"):
+        cd.resume(shuffled(31), state)
+
+
+def test_a_shuffled_state_whose_sampler_count_lies_is_refused() -> None:
+    """torchdata's RandomSampler replays from its own ``yielded``: 0 served the epoch again."""
+    load = shuffled()
+    taken(load, 2)
+    state = cd.position(load, epoch=0, batches=2)
+    lied = _lie(state, ("_sampler_iter_state", "sampler_iter_state", "yielded"), 0)
+    with pytest.raises(DataPositionError, match="\\['yielded'\\]=0, but"):
+        cd.resume(shuffled(seed=3), lied)
+
+
+def _builds() -> list[tuple[str, Any]]:
+    data = TensorDataset(torch.arange(23))
+
+    def dist(**kw: Any) -> Any:
+        def build() -> Any:
+            sampler = DistributedSampler(data, num_replicas=2, rank=1, seed=7)
+            sampler.set_epoch(EPOCH)
+            return StatefulDataLoader(data, sampler=sampler, **kw)
+
+        return build
+
+    def plain(**kw: Any) -> Any:
+        return lambda: StatefulDataLoader(data, generator=torch.Generator().manual_seed(5), **kw)
+
+    return [
+        ("dist", dist(batch_size=3)),
+        ("dist-drop-last", dist(batch_size=3, drop_last=True)),
+        ("dist-no-batch", dist(batch_size=None)),
+        ("dist-buckets", lambda: _buckets(data)),
+        ("sequential", plain(batch_size=4)),
+        ("shuffled", plain(batch_size=4, shuffle=True)),
+        ("shuffled-drop-last", plain(batch_size=4, shuffle=True, drop_last=True)),
+        ("shuffled-no-batch", plain(batch_size=None, shuffle=True)),
+        ("dist-2-workers", dist(batch_size=3, num_workers=2)),
+        ("dist-2-workers-every-3", dist(batch_size=3, num_workers=2, snapshot_every_n_steps=3)),
+        ("shuffled-2-workers", plain(batch_size=4, shuffle=True, num_workers=2)),
+    ]
+
+
+def _buckets(data: Any) -> Any:
+    sampler = DistributedSampler(data, num_replicas=1, rank=0, seed=0)
+    sampler.set_epoch(EPOCH)
+    return StatefulDataLoader(data, batch_sampler=Buckets(sampler))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("name", "build"), _builds(), ids=[name for name, _ in _builds()])
+def test_every_state_torchdata_writes_resumes(name: str, build: Any) -> None:
+    """The checks above take what torchdata's own state_dict() holds: at each batch of a pass,
+    at its end and in a resumed pass saved again, the rest is the uninterrupted one's."""
+    uninterrupted = [b[0].reshape(-1).tolist() for b in build()]
+    counts = sorted({0, 1, 2, len(uninterrupted) - 1, len(uninterrupted)})
+    for count in counts:
+        load = build()
+        it = iter(load)
+        before = [b[0].reshape(-1).tolist() for b in itertools.islice(it, count)]
+        if count == len(uninterrupted):
+            assert list(it) == []  # the pass has ended: _iterator_finished
+        state = cd.position(load, epoch=EPOCH, batches=count)
+        again = build()
+        rest = cd.resume(again, state)
+        assert len(rest) == len(uninterrupted) - count
+        following = [b[0].reshape(-1).tolist() for b in itertools.islice(rest, 1)]
+        assert before + following == uninterrupted[: count + len(following)]
+        if following:  # the pass resume started, saved again
+            state = cd.position(again, epoch=EPOCH, batches=1)
+            rest = cd.resume(build(), state)
+            assert [b[0].reshape(-1).tolist() for b in rest] == uninterrupted[count + 1 :]
+
+
+def test_a_state_past_the_end_of_the_pass_is_refused() -> None:
+    """Every count edited alike past the pass's 8 batches: resumed an empty pass, silently."""
+    load = shuffled()
+    taken(load, 2)
+    state = copy.deepcopy(cd.position(load, epoch=0, batches=2))
+    own = state["stateful"]
+    own["_num_yielded"] = own["_sampler_iter_yielded"] = state["batches"] = 10
+    own["_sampler_iter_state"]["samples_yielded"] = 30
+    own["_sampler_iter_state"]["sampler_iter_state"]["yielded"] = 30
+    with pytest.raises(DataPositionError, match="batches=10, but the loader has only 8 batches"):
+        cd.resume(shuffled(seed=3), state)
