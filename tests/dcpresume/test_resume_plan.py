@@ -353,12 +353,20 @@ def _another_shape(kind: str) -> tuple[dict[str, Any], dict[str, Any], str]:
     if kind == "betas":
         state["optim"]["param_groups"][0]["betas"] = (0.9, 0.99, 0.5)
         return state, {"optim": opt, "sched": sched}, "optim.param_groups.0.betas holds 3 saved"
+    if kind == "last_epoch":  # a str where a number was: a TypeError at the next step
+        state["sched"]["last_epoch"] = "3"
+        return state, {"optim": opt, "sched": sched}, "sched.last_epoch holds a str ('3'), the"
+    if kind == "lr":  # a list where a number was
+        state["optim"]["param_groups"][0]["lr"] = [0.1, 0.2]
+        return state, {"optim": opt, "sched": sched}, "optim.param_groups.0.lr holds a list"
     if kind == "step":  # put in the tensor's place
         state["optim"]["state"][0]["step"] = "7"
     return state, {"optim": opt, "sched": sched}, "optim.state.0.step: saved a non-tensor item"
 
 
-@pytest.mark.parametrize("kind", ["groups", "nested", "milestones", "betas", "step"])
+@pytest.mark.parametrize(
+    "kind", ["groups", "nested", "milestones", "betas", "last_epoch", "lr", "step"]
+)
 @pytest.mark.skipif(RUNNING < (2, 3), reason="torch 2.2 saves each list without tensors whole: "
                     "these checks read the 2.3+ layout only")  # fmt: skip
 def test_a_state_of_another_shape_fails_the_plan_and_the_load_alike(

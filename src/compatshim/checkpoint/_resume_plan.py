@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Callable
 
 from .._text import names, short
-from ..optim import _NOT_A_TENSOR, _other_length, _other_shapes
+from ..optim import _NOT_A_TENSOR, _kind, _other_leaf, _other_shapes
 from ._dcp_folder import data_problems
 from ._dcp_records import Folder, read_folder, running_torch_reads
 from ._expand import transformed
@@ -155,10 +155,11 @@ def plan_resume(
                 mismatched.append(f"{fqn}: {why}")
                 continue
             top = fqn.split(".", 1)[0]
-            if saved.entries[fqn] is None and top in owners and isinstance(value, (list, tuple)):
-                got = _item(saved, fqn, held)[0]  # load_dcp's check of its length, after the load
-                if isinstance(got, (list, tuple)) and len(got) != len(value):
-                    mismatched.append(_other_length(fqn, len(got), len(value)))
+            if saved.entries[fqn] is None and top in owners and _kind(value):
+                got = _item(saved, fqn, held)[0]  # load_dcp's check, once the item is loaded
+                why = "" if got is _UNREAD else _other_leaf(fqn, got, value)
+                if why:
+                    mismatched.append(why)
                     continue
             loads.append(fqn)
             if saved.entries[fqn] is None:

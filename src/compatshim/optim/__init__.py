@@ -359,30 +359,51 @@ def _other_shapes(
     return found
 
 
-def _leaf_lists(value: Any, route: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], int]]:
-    """(route, length) of each list or tuple DCP saves as one value under ``value`` (a
-    scheduler's ``_milestones``, ``base_lrs``; a param group's ``betas``, ``params``): a list
-    of dicts is planned entry by entry, so its dicts are walked instead."""
+def _kind(value: Any) -> str | None:
+    """What a saved value must stay to be read as the template's: a number (an int and a
+    float alike), a str, or a list or tuple; None (anything else: a bool, None, a tensor,
+    which releases and settings exchange: ``foreach=None`` or ``True``, an ``lr`` tensor)."""
+    if type(value) in (int, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a str"
+    return "a list" if isinstance(value, (list, tuple)) else None
+
+
+def _leaves(value: Any, route: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], Any]]:
+    """(route, value) of each value DCP saves as one item under ``value`` whose kind
+    :func:`_kind` knows (a scheduler's ``last_epoch``, ``_milestones``; a param group's
+    ``lr``, ``betas``): a list of dicts is planned entry by entry, so its dicts are walked."""
     if isinstance(value, dict):
-        return [hit for key, inner in value.items() for hit in _leaf_lists(inner, (*route, key))]
+        return [hit for key, inner in value.items() for hit in _leaves(inner, (*route, key))]
     if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        return [hit for i, inner in enumerate(value) for hit in _leaf_lists(inner, (*route, i))]
-    return [(route, len(value))] if isinstance(value, (list, tuple)) else []
+        return [hit for i, inner in enumerate(value) for hit in _leaves(inner, (*route, i))]
+    return [(route, value)] if _kind(value) else []
 
 
-def _other_length(path: str, saved: int, running: int) -> str:
-    """Why a saved list of another length than the template's fails the resume (load_dcp
-    and the dry run say it alike): it loads, then fails or trains on the wrong lr later."""
-    return (
-        f"{path} holds {saved} saved value(s), the running state {running}: saved by a "
-        "scheduler or optimizer of another shape; build it as the saved run did"
-    )
+def _other_leaf(path: str, saved: Any, running: Any) -> str:
+    """Why a saved value the template holds otherwise fails the resume (load_dcp and the dry
+    run say it alike; empty: it does not): a str or a list where the template holds a
+    number (``last_epoch='3'``, ``lr=[0.1, 0.2]``), a list of another length
+    (``_milestones``, ``betas``). Either loads, then fails or trains on the wrong lr later."""
+    have, want = _kind(saved), _kind(running)
+    if have and want and have != want:
+        return (
+            f"{path} holds {have} ({short(saved)}), the running state {want}: a scheduler or "
+            "optimizer of another shape, or a damaged checkpoint"
+        )
+    if want == "a list" and have == want and len(saved) != len(running):
+        return (
+            f"{path} holds {len(saved)} saved value(s), the running state {len(running)}: "
+            "saved by a scheduler or optimizer of another shape; build it as the saved run did"
+        )
+    return ""
 
 
-def _check_lengths(state_dict: Mapping[str, Any], lists: list[tuple[str, Any, int]]) -> None:
-    """OptimizerStateError where a loaded list under ``state_dict`` has another length than
-    the template's had (``lists``: top, route, length, taken before the load)."""
-    for top, route, want in lists:
+def _check_leaves(state_dict: Mapping[str, Any], leaves: list[tuple[str, Any, Any]]) -> None:
+    """OptimizerStateError where a loaded value under ``state_dict`` is not what the template
+    held there (``leaves``: top, route, value, taken before the load)."""
+    for top, route, want in leaves:
         node: Any = state_dict[top]
         for part in route:
             inside = isinstance(node, dict) and part in node
@@ -390,9 +411,9 @@ def _check_lengths(state_dict: Mapping[str, Any], lists: list[tuple[str, Any, in
                 isinstance(node, list) and isinstance(part, int) and part < len(node)
             )
             node = node[part] if inside else None
-        if isinstance(node, (list, tuple)) and len(node) != want:
-            where = ".".join(map(str, (top, *route)))
-            raise OptimizerStateError(f"compatshim.optim: {_other_length(where, len(node), want)}")
+        why = _other_leaf(".".join(map(str, (top, *route))), node, want)
+        if why:
+            raise OptimizerStateError(f"compatshim.optim: {why}")
 
 
 def _absent(path: str, saved: set[str]) -> bool:
@@ -546,8 +567,8 @@ def load_dcp(
     # torch 2.3+ saves no entry for an empty dict or list (and plans none); 2.2 plans one as
     # an item: one the checkpoint lacks stays as it is, as on 2.3+
     kept = [(c, k, c.pop(k)) for c, k, path in _empties(state_dict, "") if _absent(path, saved)]
-    # the template's lists, before any is left out or read whole: each loaded one is checked
-    lists = [(top, *hit) for top in optimizers for hit in _leaf_lists(state_dict[top])]
+    # the template's values, before any is left out or read whole: each loaded one is checked
+    leaves = [(top, *hit) for top in optimizers for hit in _leaves(state_dict[top])]
     whole = [(c, k, path, c[k]) for c, k, path in _whole_items(state_dict, optimizers, saved)]
     for container, key, _, _ in whole:
         container[key] = None  # a leaf: DCP reads the saved item in its place
@@ -574,7 +595,7 @@ def load_dcp(
             raise OptimizerStateError(
                 f"compatshim.optim: {unread[0]} was not read from the checkpoint"
             )
-        _check_lengths(state_dict, lists)
+        _check_leaves(state_dict, leaves)
         filled: list[str] = []
         adapted: dict[str, Any] = {}
         for top, owner in optimizers.items():
