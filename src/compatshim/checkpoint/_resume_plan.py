@@ -192,10 +192,12 @@ def plan_resume(
         else:
             missing.append(fqn)
     for top, items in read_whole.items():
-        done, why = _adapted(top, template[top], items, owners[top], saved, held)
+        done, why, other = _adapted(top, template[top], items, owners[top], saved, held)
         filled += [_fill(path, owners[top]) or (path, None) for path in done]
         if why:
             missing.append(why)
+        if other:
+            mismatched.append(other)
     if optimizers is not None:  # what load_dcp refuses before it loads anything
         mismatched += _other_shapes(template, owners, set(saved.entries))
     unused = tuple(k for k in saved.entries if k not in asked)
@@ -258,23 +260,29 @@ def _adapted(
     owner: Any,
     saved: Folder,
     held: dict[str, tuple[Any, str]],
-) -> tuple[list[str], str]:
+) -> tuple[list[str], str, str]:
     """The paths ``load_dcp`` fills in a top whose items the running torch reads whole (torch
-    2.2 plans a dict without tensors as one item), and why it would fail (empty: it would
-    not): the top as it will load, each item in its place as saved, adapted as ``load_dcp``
-    adapts it. ``items``: fqn -> route. An item hardened mode cannot read is not looked
-    into (the plan names it as refused where it is hardened)."""
-    from ..optim import _adapt
+    2.2 plans a dict without tensors as one item), why it would fail on a missing key, and on
+    a value of another shape (empty: it would not): the top as it will load, each item in its
+    place as saved, checked and adapted as ``load_dcp`` does. ``items``: fqn -> route. An
+    item hardened mode cannot read is not looked into (the plan names it as refused where
+    it is hardened)."""
+    from ..optim import _adapt, _leaves, _other_leaf, _value_at
 
+    leaves = _leaves(value)  # the template's, as load_dcp takes them before the load
     for fqn, route in items.items():
         item = _item(saved, fqn, held)[0]
         if item is _UNREAD:
-            return [], ""
+            return [], "", ""
         value = _replaced(value, route[1:], item)
+    for route, want in leaves:
+        other = _other_leaf(".".join(map(str, (top, *route))), _value_at(value, route), want)
+        if other:
+            return [], "", other
     try:
-        return _adapt(value, owner, top)[1], ""
+        return _adapt(value, owner, top)[1], "", ""
     except (TypeError, ValueError) as exc:  # OptimizerStateError: a key no release added
-        return [], f"{top} (read whole): {exc}"
+        return [], f"{top} (read whole): {exc}", ""
 
 
 def _replaced(tree: Any, route: tuple[Any, ...], value: Any) -> Any:

@@ -373,11 +373,14 @@ def _kind(value: Any) -> str | None:
 def _leaves(value: Any, route: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], Any]]:
     """(route, value) of each value DCP saves as one item under ``value`` whose kind
     :func:`_kind` knows (a scheduler's ``last_epoch``, ``_milestones``; a param group's
-    ``lr``, ``betas``): a list of dicts is planned entry by entry, so its dicts are walked."""
+    ``lr``, ``betas``): a list of dicts is planned entry by entry, so its dicts are walked,
+    and the list is kept too (torch 2.2 saved ``param_groups`` or ``_schedulers`` whole:
+    its length is checked once it is read)."""
     if isinstance(value, dict):
         return [hit for key, inner in value.items() for hit in _leaves(inner, (*route, key))]
     if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        return [hit for i, inner in enumerate(value) for hit in _leaves(inner, (*route, i))]
+        inside = [hit for i, inner in enumerate(value) for hit in _leaves(inner, (*route, i))]
+        return [(route, value), *inside]
     return [(route, value)] if _kind(value) else []
 
 
@@ -388,8 +391,9 @@ def _other_leaf(path: str, saved: Any, running: Any) -> str:
     (``_milestones``, ``betas``). Either loads, then fails or trains on the wrong lr later."""
     have, want = _kind(saved), _kind(running)
     if have and want and have != want:
+        shown = "" if have == "a list" else f" ({short(saved)})"
         return (
-            f"{path} holds {have} ({short(saved)}), the running state {want}: a scheduler or "
+            f"{path} holds {have}{shown}, the running state {want}: a scheduler or "
             "optimizer of another shape, or a damaged checkpoint"
         )
     if want == "a list" and have == want and len(saved) != len(running):
@@ -404,16 +408,20 @@ def _check_leaves(state_dict: Mapping[str, Any], leaves: list[tuple[str, Any, An
     """OptimizerStateError where a loaded value under ``state_dict`` is not what the template
     held there (``leaves``: top, route, value, taken before the load)."""
     for top, route, want in leaves:
-        node: Any = state_dict[top]
-        for part in route:
-            inside = isinstance(node, dict) and part in node
-            inside = inside or (
-                isinstance(node, list) and isinstance(part, int) and part < len(node)
-            )
-            node = node[part] if inside else None
-        why = _other_leaf(".".join(map(str, (top, *route))), node, want)
+        why = _other_leaf(
+            ".".join(map(str, (top, *route))), _value_at(state_dict[top], route), want
+        )
         if why:
             raise OptimizerStateError(f"compatshim.optim: {why}")
+
+
+def _value_at(node: Any, route: tuple[Any, ...]) -> Any:
+    """The value at ``route`` under ``node``; None where the route leads nowhere."""
+    for part in route:
+        inside = isinstance(node, dict) and part in node
+        inside = inside or (isinstance(node, list) and isinstance(part, int) and part < len(node))
+        node = node[part] if inside else None
+    return node
 
 
 def _absent(path: str, saved: set[str]) -> bool:
