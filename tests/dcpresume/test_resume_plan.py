@@ -404,3 +404,20 @@ def test_a_state_of_the_same_shape_passes_the_plan_and_the_load(tmp_path: Path) 
     assert plan_resume(path, state, owners).ok
     with one_rank_group(tmp_path / "store2"):
         assert load_dcp(state, owners, **dcp_kwargs(path)) == ()
+
+
+def test_a_nested_state_saved_as_another_item_fails_both_naming_it(tmp_path: Path) -> None:
+    """A nested scheduler's state saved as a str: load_dcp said it "was not read from the
+    checkpoint" (the audit: it was read; DCP did not put it in its place)."""
+    saved, _, _ = _another_shape("none")
+    saved["sched"]["_schedulers"][0] = "notadict"
+    path = tmp_path / "ckpt"
+    with one_rank_group(tmp_path / "store"):
+        dcp.save(saved, **dcp_kwargs(path, save=True))
+    state, owners, _ = _another_shape("none")
+    plan = plan_resume(path, state, owners)
+    assert not plan.ok and "sched._schedulers.0" in plan.text(), plan.text()
+    with one_rank_group(tmp_path / "store2"), pytest.raises(OptimizerStateError) as failed:
+        load_dcp(state, owners, **dcp_kwargs(path))
+    assert "sched._schedulers.0" in str(failed.value)
+    assert "not read from the checkpoint" not in str(failed.value)

@@ -601,7 +601,9 @@ def load_dcp(
         unread = [path for container, key, path, _ in whole if container[key] is None]
         if unread:
             raise OptimizerStateError(
-                f"compatshim.optim: {unread[0]} was not read from the checkpoint"
+                f"compatshim.optim: {unread[0]} was not loaded: the checkpoint holds it as one "
+                "item, where the running state holds entries, and DCP did not put it in their "
+                "place (a state of another shape, or a damaged checkpoint)"
             )
         _check_leaves(state_dict, leaves)
         filled: list[str] = []
