@@ -166,7 +166,6 @@ def plan_resume(
                 refusal = _item(saved, fqn, held)[1] if hardened else ""
                 if refusal:
                     refused.append(f"{fqn}: {refusal}")
-                top = fqn.split(".", 1)[0]
                 if top in owners and _holds_dict(value):  # torch 2.2: planned whole
                     read_whole.setdefault(top, {})[fqn] = tuple(routes[fqn])
             continue
@@ -267,18 +266,17 @@ def _adapted(
     place as saved, checked and adapted as ``load_dcp`` does. ``items``: fqn -> route. An
     item hardened mode cannot read is not looked into (the plan names it as refused where
     it is hardened)."""
-    from ..optim import _adapt, _leaves, _other_leaf, _value_at
+    from ..optim import _adapt, _leaves, _other_leaves
 
-    leaves = _leaves(value)  # the template's, as load_dcp takes them before the load
+    leaves = [(top, *hit) for hit in _leaves(value)]  # the template's, as load_dcp takes them
     for fqn, route in items.items():
         item = _item(saved, fqn, held)[0]
         if item is _UNREAD:
             return [], "", ""
         value = _replaced(value, route[1:], item)
-    for route, want in leaves:
-        other = _other_leaf(".".join(map(str, (top, *route))), _value_at(value, route), want)
-        if other:
-            return [], "", other
+    other = _other_leaves({top: value}, leaves)
+    if other:
+        return [], "", other
     try:
         return _adapt(value, owner, top)[1], "", ""
     except (TypeError, ValueError) as exc:  # OptimizerStateError: a key no release added

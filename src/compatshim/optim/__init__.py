@@ -404,15 +404,17 @@ def _other_leaf(path: str, saved: Any, running: Any) -> str:
     return ""
 
 
-def _check_leaves(state_dict: Mapping[str, Any], leaves: list[tuple[str, Any, Any]]) -> None:
-    """OptimizerStateError where a loaded value under ``state_dict`` is not what the template
-    held there (``leaves``: top, route, value, taken before the load)."""
+def _other_leaves(state_dict: Mapping[str, Any], leaves: list[tuple[str, Any, Any]]) -> str:
+    """The first loaded value under ``state_dict`` that is not what the template held there
+    (``leaves``: top, route, value, taken before the load), as :func:`_other_leaf` says it;
+    empty: none. load_dcp raises it; the dry run reports it for an item read whole."""
     for top, route, want in leaves:
         why = _other_leaf(
             ".".join(map(str, (top, *route))), _value_at(state_dict[top], route), want
         )
         if why:
-            raise OptimizerStateError(f"compatshim.optim: {why}")
+            return why
+    return ""
 
 
 def _value_at(node: Any, route: tuple[Any, ...]) -> Any:
@@ -605,7 +607,9 @@ def load_dcp(
                 "item, where the running state holds entries, and DCP did not put it in their "
                 "place (a state of another shape, or a damaged checkpoint)"
             )
-        _check_leaves(state_dict, leaves)
+        other = _other_leaves(state_dict, leaves)
+        if other:
+            raise OptimizerStateError(f"compatshim.optim: {other}")
         filled: list[str] = []
         adapted: dict[str, Any] = {}
         for top, owner in optimizers.items():
