@@ -161,3 +161,43 @@ def test_two_files_naming_one_rank_are_refused_naming_both(
         (tmp_path / name).write_bytes(source.read_bytes())
     with pytest.raises(rng.RNGStateError, match=rf"two files for rank.*{pattern}"):
         rng.read(tmp_path)
+
+
+def _whole_run_file(seeds: tuple[int, ...]) -> dict[str, Any]:
+    """What ``compatshim.rng.save`` writes at world size ``len(seeds)``: every rank's state."""
+    from compatshim.rng.state import make_file
+
+    states = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        states.append(rng.capture())
+    return make_file(states, source="compatshim", world_size=len(states))
+
+
+def test_a_whole_run_file_named_as_a_rank_file_keeps_every_rank(tmp_path: Path) -> None:
+    """rng.save(f"{ckpt}/rng_state_{rank}.pth") at world size 2: rank 0 writes every rank's
+    state under rank 0's name. The folder was read as world size 1, rank 1's state dropped."""
+    torch.save(_whole_run_file((1, 2)), tmp_path / "rng_state_0.pth")
+    found = rng.read(tmp_path)
+    assert found["world_size"] == 2 and len(found["ranks"]) == 2
+    restored = rng.restore(found, rank=1, world_size=2)
+    assert restored.exact and torch.equal(torch.get_rng_state(), found["ranks"][1]["torch_cpu"])
+
+
+def test_whole_run_files_beside_each_other_are_refused(tmp_path: Path) -> None:
+    """Two such files: each rank's first state was kept, so rank 1 restored rank 0's stream."""
+    for rank in (0, 1):
+        torch.save(_whole_run_file((1, 2)), tmp_path / f"rng_state_{rank}.pth")
+    with pytest.raises(rng.RNGStateError, match=r"rng_state_0\.pth.*states of 2 ranks"):
+        rng.read(tmp_path)
+
+
+def test_a_rank_file_holding_another_ranks_state_is_refused(tmp_path: Path) -> None:
+    """torch.save(rng.capture(), f"rng_state_{rank}.pth") with the names swapped: the state
+    says which rank captured it, and it is not the rank its name says."""
+    for rank in (0, 1):
+        state = rng.capture()
+        state["meta"] = {**state["meta"], "rank": 1 - rank, "world_size": 2}
+        torch.save(state, tmp_path / f"rng_state_{rank}.pth")
+    with pytest.raises(rng.RNGStateError, match=r"rng_state_0\.pth.*rank 1 captured.*rank 0"):
+        rng.read(tmp_path)

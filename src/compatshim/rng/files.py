@@ -242,7 +242,7 @@ def _read_directory(folder: Path, trusted: bool) -> dict[str, Any]:
                 + f" (highest rank file: {max(indexed)}, {len(indexed)} files)"
             )
         files = [read(indexed[r], trusted=trusted) for r in sorted(indexed)]
-        return merge_ranks(files, source)
+        return merge_ranks(files, source, [indexed[r].name for r in sorted(indexed)])
     single = folder / "rng_state.pth"
     if single.is_file():
         found = read(single, trusted=trusted)

@@ -240,8 +240,28 @@ def to_file(obj: Any, *, saved_rank: int | None = None, what: str = "the object"
     return single_rank_file(convert(inner, layout, where), layout, saved_rank)
 
 
-def merge_ranks(files: Sequence[dict[str, Any]], source: str) -> dict[str, Any]:
-    """One file dict from per-rank files 0..N-1 (transformers, accelerate checkpoints)."""
+def merge_ranks(
+    files: Sequence[dict[str, Any]], source: str, names: Sequence[str]
+) -> dict[str, Any]:
+    """One file dict from per-rank files 0..N-1 (transformers, accelerate checkpoints), named
+    ``names``. A file of every rank (what ``compatshim.rng.save`` writes) is taken whole when
+    it is the only one; beside others, or holding another rank than its name says, it is
+    refused: keeping its first rank gave every rank rank 0's stream."""
+    if len(files) == 1 and len(files[0]["ranks"]) > 1:
+        return files[0]
+    for rank, (found, name) in enumerate(zip(files, names)):
+        if len(found["ranks"]) != 1:
+            raise RNGStateError(
+                f"{short(name, 80)} holds the states of {len(found['ranks'])} ranks (a file "
+                "compatshim.rng.save wrote for the whole run) beside other per-rank files: "
+                "pass the path of the file you mean"
+            )
+        saved = found.get("saved_rank")
+        if saved is not None and saved != rank:
+            raise RNGStateError(
+                f"{short(name, 80)} holds the state rank {saved} captured, where its name says "
+                f"rank {rank}: rename the files to the ranks that saved them"
+            )
     return make_file([f["ranks"][0] for f in files], source=source, world_size=len(files))
 
 
