@@ -184,6 +184,18 @@ def test_a_whole_run_file_named_as_a_rank_file_keeps_every_rank(tmp_path: Path) 
     assert restored.exact and torch.equal(torch.get_rng_state(), found["ranks"][1]["torch_cpu"])
 
 
+def test_a_whole_run_file_named_rng_state_pth_in_a_folder_keeps_every_rank(
+    tmp_path: Path,
+) -> None:
+    """The folder's rng_state.pth was given world size 1 whatever it held: 2 ranks' states
+    with world size 1, which restore then refused as an invalid file."""
+    torch.save(_whole_run_file((1, 2)), tmp_path / "rng_state.pth")
+    found = rng.read(tmp_path)
+    assert found["world_size"] == 2 and len(found["ranks"]) == 2
+    assert rng.restore(found, rank=1, world_size=2).exact
+    assert torch.equal(torch.get_rng_state(), found["ranks"][1]["torch_cpu"])
+
+
 def test_whole_run_files_beside_each_other_are_refused(tmp_path: Path) -> None:
     """Two such files: each rank's first state was kept, so rank 1 restored rank 0's stream."""
     for rank in (0, 1):

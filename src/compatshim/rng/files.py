@@ -244,9 +244,8 @@ def _read_directory(folder: Path, trusted: bool) -> dict[str, Any]:
         files = [read(indexed[r], trusted=trusted) for r in sorted(indexed)]
         return merge_ranks(files, source, [indexed[r].name for r in sorted(indexed)])
     single = folder / "rng_state.pth"
-    if single.is_file():
-        found = read(single, trusted=trusted)
-        return make_file(found["ranks"], source=found["source"], world_size=1)
+    if single.is_file():  # read() says its world size: 1 unless a file of every rank
+        return read(single, trusted=trusted)
     raise RNGStateError(
         f"{folder} has no RNG files: looked for rng_state_N.pth / rng_state.pth (transformers) "
         "and random_states_N.pkl (accelerate); pass a file path for other layouts"
