@@ -9,6 +9,7 @@ The armed but not hardened control shows numpy's own behaviour: the payload runs
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -646,3 +647,53 @@ def test_a_pickle_that_inflates_past_64_bytes_per_stored_byte_is_refused(tmp_pat
         assert not got["ok"] and got["unpickling"], (path, got)
         assert "it inflates past" in got["error"] and "64 per stored byte" in got["error"], got
         assert got["peak_kib"] < 64 * 1024, got
+
+
+def _lying_npz(path: Path, size: int) -> None:
+    """An .npz whose one member (an object .npy: one ``size``-byte bytes item of zeros) says in
+    its zip headers that it is 0xFFFFFFFE bytes compressed: a 1.3 MB file."""
+    import struct
+    import zlib
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "|O", "fortran_order": False, "shape": (1,)}
+    )
+    head = header.getvalue() + b"\x80\x04\x8e" + size.to_bytes(8, "little")
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -15)
+    packed, crc = [deflate.compress(head)], zlib.crc32(head)
+    for _ in range(size >> 20):
+        packed.append(deflate.compress(bytes(1 << 20)))
+        crc = zlib.crc32(bytes(1 << 20), crc)
+    packed += [deflate.compress(b"\x85."), deflate.flush()]
+    crc = zlib.crc32(b"\x85.", crc)
+    claimed, name = 0xFFFFFFFE, b"a.npy"
+    local = struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 8, 0, 0, crc, claimed, claimed,
+                        len(name), 0) + name  # fmt: skip
+    central = struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, 8, 0, 0, crc, claimed,
+                          claimed, len(name), 0, 0, 0, 0, 0, 0) + name  # fmt: skip
+    body = local + b"".join(packed) + bytes(1 << 20)
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, len(central), len(body), 0)
+    path.write_bytes(body + central + end)
+
+
+def test_an_npz_member_claiming_more_bytes_than_its_file_holds_is_bounded_by_the_file(
+    tmp_path: Path,
+) -> None:
+    """The 64-per-stored-byte bound took the member's compressed size from the zip headers,
+    which the file writes: a 1.3 MB file claiming 4 GB inflated a 256 MiB pickle (600 MiB
+    from 2.7 MB: 1.26 GB of peak memory), and inspect called it loadable. The bound is now
+    held to the archive's own size."""
+    from compatshim.checkpoint import CheckpointError, inspect
+
+    npz = tmp_path / "lying.npz"
+    _lying_npz(npz, 256 << 20)
+    assert npz.stat().st_size < 2 << 20
+    result = _run(tmp_path, "counted", npz)
+    _assert_patched(result)
+    got = result["files"][str(npz)]
+    assert not got["ok"] and got["unpickling"], got
+    assert "it inflates past" in got["error"] and "64 per stored byte" in got["error"], got
+    assert got["peak_kib"] < 160 * 1024, got
+    with pytest.raises(CheckpointError, match="it inflates past"):
+        inspect(npz)

@@ -450,3 +450,28 @@ def test_a_dcp_folder_missing_or_short_of_a_data_file_is_unreadable(tmp_path: Pa
     assert f"data file '{data[0].name}': No such file or directory" in done.stdout
     assert "10 bytes, where .metadata places data up to byte" in done.stdout
     assert "message not shown" not in done.stdout
+
+
+def test_a_failure_on_one_file_does_not_hide_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """scan is a CI gate over many files: an error compatshim did not foresee on one of them
+    (a damaged .npz once raised zipfile's own) ended the scan with a traceback and exit 1,
+    "needs an allow entry", before the os.system pickle beside it was reached."""
+    from compatshim.checkpoint import inspect_cli
+
+    (tmp_path / "a.pkl").write_bytes(pickle.dumps({"x": 1}))
+    (tmp_path / "z.pkl").write_bytes(_os_system())
+    real = inspect_cli.scan_one
+
+    def failing(path: str) -> object:
+        if path.endswith("a.pkl"):
+            raise RuntimeError("unforeseen")
+        return real(path)
+
+    monkeypatch.setattr(inspect_cli, "scan_one", failing)
+    assert inspect_cli.scan_main([str(tmp_path)], as_json=True) == 3
+    found = {Path(row["path"]).name: row for row in json.loads(capsys.readouterr().out)["files"]}
+    assert found["z.pkl"]["severity"] == DANGEROUS
+    assert found["a.pkl"]["severity"] == "unreadable"
+    assert "RuntimeError" in found["a.pkl"]["error"] and "bug" in found["a.pkl"]["error"]

@@ -144,3 +144,59 @@ def test_a_cut_pickle_is_unreadable(tmp_path: Path) -> None:
     cut.write_bytes(cut.read_bytes()[:-5])
     with pytest.raises(CheckpointError):
         inspect(cut)
+
+
+def _damaged(tmp_path: Path) -> dict[str, Path]:
+    """.npz files numpy writes, each then damaged in one way zipfile only sees reading the
+    member: a CRC, a compression method, the encryption flag, the deflate data."""
+    import io
+    import struct
+
+    def saved(compress: bool) -> bytearray:
+        buffer = io.BytesIO()
+        (np.savez_compressed if compress else np.savez)(buffer, a=_objects({"k": 1}))
+        return bytearray(buffer.getvalue())
+
+    made: dict[str, bytearray] = {}
+    data = saved(False)
+    data[data.rfind(b"PK\x01\x02") + 16] ^= 0xFF
+    made["crc"] = data
+    data = saved(False)
+    at = data.rfind(b"PK\x01\x02")
+    data[at + 10 : at + 12] = data[8:10] = struct.pack("<H", 99)
+    made["method"] = data
+    data = saved(False)
+    data[data.rfind(b"PK\x01\x02") + 8] |= 1
+    data[6] |= 1
+    made["encrypted"] = data
+    data = saved(True)
+    start = 30 + sum(struct.unpack("<HH", data[26:30]))
+    data[start : start + 4] = b"\xff\xff\xff\xff"
+    made["deflate"] = data
+    paths = {}
+    for name, data in made.items():
+        paths[name] = tmp_path / f"{name}.npz"
+        paths[name].write_bytes(bytes(data))
+    return paths
+
+
+def test_a_damaged_npz_member_is_a_typed_error_and_the_scan_goes_on(tmp_path: Path) -> None:
+    """zipfile's own errors reading a member (BadZipFile, NotImplementedError, RuntimeError,
+    zlib.error) left inspect untyped: `compatshim scan` printed a traceback, exited 1
+    ("needs an allow entry") and never reached the os.system pickle beside them."""
+    damaged = _damaged(tmp_path)
+    for name, path in damaged.items():
+        with pytest.raises(CheckpointError, match=rf"{name}\.npz: member 'a\.npy': not readable"):
+            inspect(path)
+    (tmp_path / "z.pkl").write_bytes(pickle.dumps(_Payload(tmp_path / "RAN")))
+    done = subprocess.run(
+        [sys.executable, "-m", "compatshim", "scan", "--json", str(tmp_path)],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": SRC},
+    )  # fmt: skip
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    import json
+
+    found = {Path(row["path"]).name: row for row in json.loads(done.stdout)["files"]}
+    assert found["z.pkl"]["severity"] == DANGEROUS, found
+    assert all("not readable" in found[f"{n}.npz"]["error"] for n in damaged), found
+    assert not (tmp_path / "RAN").exists()

@@ -31,6 +31,7 @@ import json
 import os
 import shlex
 import zipfile
+import zlib
 from dataclasses import asdict, dataclass, field, replace
 from typing import IO, Any, Iterable, Iterator
 
@@ -730,9 +731,29 @@ def _inspect_numpy(path: str) -> CheckpointInfo:
             raise CheckpointError(f"{path}: not an .npz numpy reads: {plain_text(exc)}") from None
         with archive:
             for member in archive.infolist():
-                with archive.open(member) as data:
-                    info = _npy(info, npy, data, f"{path}: member {short(member.filename, 200)}")
+                what = f"{path}: member {short(member.filename, 200)}"
+                try:
+                    with archive.open(member) as data:
+                        info = _npy(info, npy, data, what)
+                except CheckpointError:  # some are a ValueError too (undecodable text)
+                    raise
+                except _MEMBER_DAMAGE as exc:  # what zipfile raises reading it: numpy.load's too
+                    raise CheckpointError(f"{what}: not readable: {plain_text(exc)}") from None
     return info
+
+
+#: what ``zipfile`` raises on a member it cannot read: a bad CRC or header, a compression
+#: method it lacks (NotImplementedError), an encrypted member (RuntimeError), damaged deflate
+#: data (zlib.error, EOFError)
+_MEMBER_DAMAGE = (
+    zipfile.BadZipFile,
+    zlib.error,
+    NotImplementedError,
+    RuntimeError,
+    EOFError,
+    OSError,
+    ValueError,
+)
 
 
 def _npy(

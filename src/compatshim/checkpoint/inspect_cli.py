@@ -275,7 +275,11 @@ def scan_main(paths: Sequence[str], as_json: bool = False) -> int:
     progress = Progress(len(found))
     results = []
     for count, path in enumerate(found, 1):
-        results.append(scan_one(path))
+        try:
+            results.append(scan_one(path))
+        except Exception as exc:  # a compatshim bug on one file must not hide the others
+            why = f"compatshim failed on it ({type(exc).__name__}): a bug, please report it"
+            results.append(Scanned(path, None, why))
         progress.step(count)
     progress.close()
     counts = {severity: 0 for severity in SEVERITIES}

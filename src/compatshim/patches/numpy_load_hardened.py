@@ -206,21 +206,35 @@ def one_pickle(file: IO[bytes]) -> io.BytesIO:
 
 def _bounded(file: IO[bytes]) -> IO[bytes]:
     """``file`` read through ``_expand.Bounded``: at most ``EXPANSION_PER_BYTE`` bytes per
-    byte it is stored in: an ``.npz`` member's compressed size (``zipfile``'s own record of
-    it, 3.7+), a compressed file's size on disk (gzip, bz2, lzma: ``fileno()`` is the
-    file's); a stream of neither is read as it comes."""
-    import os
-
+    byte it is stored in: an ``.npz`` member's compressed size (``zipfile``'s record of it,
+    3.7+, which the file wrote: held to the size of the archive it lies in), a compressed
+    file's size on disk (gzip, bz2, lzma: ``fileno()`` is the file's); a stream of neither
+    is read as it comes."""
     from ..checkpoint.request import Bounded, expansion_limit
 
     stored = getattr(file, "_orig_compress_size", None)  # zipfile.ZipExtFile
-    if type(stored) is not int:
-        try:
-            stored = os.fstat(file.fileno()).st_size
-        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+    if type(stored) is int:  # a member claiming 4 GB of a 3 MB file inflated 600 MB
+        archive = getattr(getattr(file, "_fileobj", None), "_file", None)  # its _SharedFile's
+        size = None if archive is None else _size(archive)
+        stored = stored if size is None else min(stored, size)
+    else:
+        stored = _size(file)
+        if stored is None:
             return file
     what = str(getattr(file, "name", None) or "the stream")
     return Bounded(file, expansion_limit(stored), what, "it inflates", "")  # type: ignore[return-value]
+
+
+def _size(file: Any) -> int | None:
+    """The size of the file under ``file`` (``fileno()``'s, or a ``BytesIO``'s), if known."""
+    import os
+
+    if isinstance(file, io.BytesIO):
+        return file.getbuffer().nbytes
+    try:
+        return os.fstat(file.fileno()).st_size
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None
 
 
 def safe_pickle(real: ModuleType) -> SafePickle:
