@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["cut", "named", "names", "short"]
+__all__ = ["cut", "escaped", "named", "names", "short"]
+
+#: what a terminal acts on or hides: C0, DEL and C1 controls (ESC sequences, ``\r``, BEL),
+#: format characters (bidi overrides U+202A-U+202E and isolates U+2066-U+2069, zero-width),
+#: line and paragraph separators, surrogates, private-use and unassigned code points
+_ESCAPED = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
 
 def short(value: Any, limit: int = 40) -> str:
@@ -27,11 +32,36 @@ def short(value: Any, limit: int = 40) -> str:
     return text if len(text) < limit + 20 else text[: limit + 17] + "..."
 
 
-def cut(text: str, limit: int = 200) -> str:
-    """``text`` (a name the file wrote, already a str) at most about ``limit`` characters."""
-    if len(text) <= limit:
+def escaped(text: str, backslash: bool = False) -> str:
+    """``text`` with what a terminal acts on or hides (``_ESCAPED``) written as ``\\xNN`` /
+    ``\\uNNNN`` / ``\\UNNNNNNNN``: a name from a file cannot move the cursor, erase a verdict,
+    write the clipboard or reorder a line. ``backslash``: a backslash is doubled too, so no
+    escape can be forged (not idempotent then: for text shown once)."""
+    if text.isprintable() and not (backslash and "\\" in text):
         return text
-    return f"{text[: limit - 40]}... ({len(text)} characters)"
+    import unicodedata  # only here: start-up stays flat
+
+    out = []
+    for char in text:
+        if char == "\\" and backslash:
+            out.append("\\\\")
+        elif " " <= char <= "~" or unicodedata.category(char) not in _ESCAPED:
+            out.append(char)
+        else:
+            code = ord(char)
+            out.append(
+                f"\\x{code:02x}" if code < 0x100 else
+                f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+            )  # fmt: skip
+    return "".join(out)
+
+
+def cut(text: str, limit: int = 200) -> str:
+    """``text`` (a name the file wrote, already a str) at most about ``limit`` characters,
+    :func:`escaped`: messages and warnings carry it to a terminal."""
+    if len(text) > limit:
+        return f"{escaped(text[: limit - 40])}... ({len(text)} characters)"
+    return escaped(text)
 
 
 def names(items: list[str], limit: int = 20) -> str:

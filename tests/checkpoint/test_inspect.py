@@ -281,6 +281,44 @@ def test_error_messages_are_escaped(tmp_path: Path) -> None:
         assert char not in done.stderr
 
 
+def test_a_refusal_message_and_warning_carry_the_name_escaped(tmp_path: Path) -> None:
+    """The refusal's text (what a user prints, what a traceback shows, and the warning the
+    armed torch.load prints unasked) carried a global's name raw; ``refused`` keeps it exact."""
+    path = tmp_path / "forged.pkl"
+    path.write_bytes(_stack_global_pickle(("mod" + FORGED, "fn\u202e")))
+    with pytest.raises(UnsafeCheckpointError) as caught:
+        load(path)
+    assert caught.value.refused == ("mod" + FORGED + ".fn\u202e",)
+    assert "mod\\x1b[2K\\x0d" in str(caught.value) and "fn\\u202e" in str(caught.value)
+    script = (
+        "import compatshim.auto, sys, torch\n"
+        "try:\n    torch.load(sys.argv[1])\nexcept Exception:\n    pass"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=240,
+        env={**os.environ, "COMPATSHIM_SAFE_LOAD": "1"},
+    )  # fmt: skip
+    assert "CheckpointRefusedWarning" in done.stderr, done.stderr
+    for char in CONTROLS:
+        assert char not in str(caught.value) and char not in done.stderr, repr(char)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(), max_size=300))
+def test_cut_escapes_once_and_keeps_plain_names(text: str) -> None:
+    from compatshim._text import cut, escaped
+
+    shown = cut(text, 10_000)
+    import unicodedata
+
+    from compatshim._text import _ESCAPED
+
+    assert shown == escaped(shown)  # nothing left to escape: messages built from messages agree
+    assert not any(unicodedata.category(char) in _ESCAPED for char in shown)
+    if text.isprintable():
+        assert shown == text
+
+
 def test_printable_is_bounded_and_unambiguous() -> None:
     from compatshim.checkpoint.inspect_cli import printable
 

@@ -386,3 +386,24 @@ def test_mutated_files_load_or_raise_checkpoint_error(data: st.DataObject) -> No
     for reader in (load, inspect):
         with contextlib.suppress(CheckpointError):
             reader(io.BytesIO(bytes(raw)))
+
+
+def test_the_report_shows_a_bounded_part_of_a_large_metadata(tmp_path: Path) -> None:
+    """Every __metadata__ entry was a line: a 95 MB header of 7.4 million keys printed 7.4
+    million lines (tensors were already cut at 50); --json keeps them all."""
+    import json
+
+    header = json.dumps({"__metadata__": {f"k{i}": "v" for i in range(5000)}}).encode()
+    path = tmp_path / "meta.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    done = subprocess.run(
+        [sys.executable, "-m", "compatshim", "inspect", str(path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("  metadata k") == 50 and "and 4950 more metadata" in done.stdout
+    full = subprocess.run(
+        [sys.executable, "-m", "compatshim", "inspect", "--json", str(path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert len(json.loads(full.stdout)["metadata"]) == 5000

@@ -718,3 +718,33 @@ def test_a_data_file_name_no_file_system_holds_is_damage_not_a_crash(tmp_path: P
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_keys_from_the_folder_reach_the_terminal_escaped(
+    tmp_path: Path, capsys: Any, monkeypatch: Any
+) -> None:
+    """A DCP key is the file's text. resume-check and dcp-downgrade printed it raw (ESC, CR,
+    BEL, U+202E: `inspect` escaped the same keys): one key moved the cursor up, erased the
+    WOULD FAIL verdict and the MISSING line, and printed "resumes" in their place."""
+    forged = "\x1b[3F\x1b[J\r\x07\u202e"
+    src = tmp_path / "src"
+    state = {"w": torch.ones(2), "k" + forged: torch.zeros(3), "n" + forged: 7,
+             "cfg": {"a" + forged: 1}}  # fmt: skip
+    if hasattr(torch, "uint16"):  # a dtype torch 2.2 lacks: the rewrite for 2.2 names the key
+        state["u" + forged] = torch.zeros(3, dtype=torch.uint16)
+    dcp.save(state, **dcp_kwargs(src, save=True))
+    (tmp_path / "forged_state.py").write_text(
+        "import torch\ndef state():\n    return {'w': torch.zeros(2), 'bias': torch.zeros(2)}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert cli(["resume-check", str(src), "--state", "forged_state:state"]) == 1
+    codes = {
+        cli(["dcp-downgrade", str(src), str(tmp_path / t), "--torch", t]) for t in ("2.2", "2.8")
+    }
+    assert codes <= {0, 1}
+    out = capsys.readouterr()
+    for text in (out.out, out.err):
+        assert not any(char in text for char in "\x1b\r\x07\u202e"), text
+    assert "WOULD FAIL" in out.out and "k\\x1b[3F\\x1b[J\\x0d\\x07\\u202e" in out.out
+    if hasattr(torch, "uint16"):
+        assert "u\\x1b[3F" in out.err

@@ -52,7 +52,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .._text import names, short
+from .._text import escaped, names, short
 from ._dcp_folder import METADATA
 from ._dcp_records import DCP, FS, SHARD, Folder, Size, Storage, Tensor, read_folder
 from .errors import CheckpointError, as_well
@@ -594,14 +594,14 @@ def main(src: str, dst: str, target: str, link: bool) -> int:
     try:
         report = downgrade_dcp(src, dst, torch=target, link=link)
     except (DowngradeError, UnsafeCheckpointError) as exc:
-        print(f"compatshim dcp-downgrade: refused: {exc}", file=sys.stderr)
+        print(f"compatshim dcp-downgrade: refused: {escaped(str(exc))}", file=sys.stderr)
         return 1
     except (CheckpointError, OSError, ValueError) as exc:
-        print(f"compatshim dcp-downgrade: {exc}", file=sys.stderr)
+        print(f"compatshim dcp-downgrade: {escaped(str(exc))}", file=sys.stderr)
         return 2
     how = "hard-linked" if report.linked else "copied"
-    print(f"{report.dst}: {report.src} as torch {report.written_as} reads it "
-          f"({len(report.files)} other file(s) {how})")  # fmt: skip
-    for line in report.changes:
-        print(f"  {line}")
+    print(escaped(f"{report.dst}: {report.src} as torch {report.written_as} reads it "
+                  f"({len(report.files)} other file(s) {how})"))  # fmt: skip
+    for line in report.changes:  # a key may hold ESC, CR, U+202E
+        print(f"  {escaped(line)}")
     return 0

@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass
 from typing import IO, Any, Callable
 
-from .._text import names, short
+from .._text import escaped, names, short
 from ..optim import _NOT_A_TENSOR, _kind, _other_leaf, _other_shapes
 from ._dcp_folder import data_problems
 from ._dcp_records import Folder, read_folder, running_torch_reads
@@ -90,7 +90,7 @@ class ResumePlan:
             )
         if self.unused:
             lines.append(f"  in the checkpoint, not asked for: {names(list(self.unused), 10)}")
-        return "\n".join(lines)
+        return "\n".join(escaped(line) for line in lines)  # a key may hold ESC, CR, U+202E
 
 
 def plan_resume(
@@ -424,7 +424,7 @@ def main(folder: str, state: str, hardened: bool) -> int:
     try:
         plan = plan_resume(folder, template, optimizers, hardened=hardened)
     except (CheckpointError, OSError) as exc:
-        print(f"compatshim resume-check: {exc}", file=sys.stderr)
+        print(f"compatshim resume-check: {escaped(str(exc))}", file=sys.stderr)
         return 2
     except (TypeError, ValueError) as exc:  # what the function returned: the state's fault
         print(f"compatshim resume-check: --state {state}: {exc}", file=sys.stderr)

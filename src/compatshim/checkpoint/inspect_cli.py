@@ -20,9 +20,9 @@ from __future__ import annotations
 import json
 import sys
 import time
-import unicodedata
 from typing import IO, Sequence
 
+from .._text import escaped
 from ._inspect import (
     DANGEROUS,
     EXIT_CODES,
@@ -47,39 +47,14 @@ def _size(count: int) -> str:
 
 MAX_SHOWN = 200  # characters of one file-derived string
 MAX_TENSORS_SHOWN = 50
-_ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
 
 def printable(text: object, limit: int = MAX_SHOWN) -> str:
-    """``text`` cut to ``limit`` characters, with controls escaped, safe to print to a terminal.
-
-    Escaped as ``\\xNN`` / ``\\uNNNN`` / ``\\UNNNNNNNN``: C0, DEL and C1 controls (ESC
-    sequences, ``\\r``), format characters (bidi overrides U+202A-U+202E and isolates
-    U+2066-U+2069, zero-width), line/paragraph separators, surrogates, private-use and
-    unassigned code points; a backslash is doubled so escapes cannot be forged.
-    """
+    """``text`` cut to ``limit`` characters, :func:`~compatshim._text.escaped` with every
+    backslash doubled: safe to print to a terminal, and no escape in it is forged."""
     whole = text if type(text) is str else str(text)  # str, int or our own exception
-    cut = whole[:limit]
-    out = []
-    for char in cut:
-        if char == "\\":
-            out.append("\\\\")
-        elif " " <= char <= "~":
-            out.append(char)
-        elif unicodedata.category(char) in _ESCAPED_CATEGORIES:
-            code = ord(char)
-            out.append(
-                f"\\x{code:02x}"
-                if code < 0x100
-                else f"\\u{code:04x}"
-                if code < 0x10000
-                else f"\\U{code:08x}"
-            )
-        else:
-            out.append(char)
-    if len(whole) > limit:
-        out.append(f"...({len(whole)} characters)")
-    return "".join(out)
+    shown = escaped(whole[:limit], backslash=True)
+    return shown + (f"...({len(whole)} characters)" if len(whole) > limit else "")
 
 
 def _tensor_lines(info: CheckpointInfo) -> list[str]:
@@ -89,8 +64,11 @@ def _tensor_lines(info: CheckpointInfo) -> list[str]:
         lines.append(f"    {printable(tensor.name)}: {printable(tensor.dtype, 40)} [{shape}]")
     if len(info.named_tensors) > MAX_TENSORS_SHOWN:
         lines.append(f"    ... and {len(info.named_tensors) - MAX_TENSORS_SHOWN} more (--json)")
-    for key, value in (info.metadata or {}).items():
+    metadata = list((info.metadata or {}).items())
+    for key, value in metadata[:MAX_TENSORS_SHOWN]:  # a header may hold millions
         lines.append(f"  metadata {printable(key, 80)}: {printable(value)}")
+    if len(metadata) > MAX_TENSORS_SHOWN:
+        lines.append(f"  ... and {len(metadata) - MAX_TENSORS_SHOWN} more metadata (--json)")
     return lines
 
 
