@@ -303,3 +303,66 @@ def test_a_long_dotted_name_is_looked_up_in_linear_time() -> None:
         start = time.process_time()
         assert deny.denied_global(name) is None
         assert time.process_time() - start < 2, top
+
+
+def _fills(module: str, name: str, op: bytes) -> bytes:
+    """``module.name`` by STACK_GLOBAL, then ``op`` on it: SETITEMS open=pathlib.Path (a dict)
+    or APPEND a folder (a list)."""
+    if op == b"setitems":
+        body = b"(\x8c\x04open" + _stack_global("pathlib", "Path")[2:-1] + b"u"
+    else:
+        body = b"\x8c\x0f/tmp/nowhere/pwa"
+    return _stack_global(module, name)[:-1] + body + b"."
+
+
+@pytest.mark.parametrize(
+    ("name", "op"), [("json.__builtins__", b"setitems"), ("json.__path__", b"append")]
+)
+def test_a_live_module_container_is_denied_whatever_allows_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, op: bytes
+) -> None:
+    """allow=["json.__builtins__"] handed the file builtins' namespace itself, and its
+    SETITEMS made open() return a Path; json.__path__ plus one APPEND put a folder of the
+    file's choosing on an import path (a later `import json.x` ran code from it). inspect
+    offered the allow line for both."""
+    import builtins
+    import json
+
+    path = tmp_path / "fills.pkl"
+    path.write_bytes(_fills(*name.split("."), op))
+    obj = getattr(json, name.split(".")[1])
+    before = (builtins.open, list(json.__path__))
+    try:
+        for allowed in ([name], [(obj, name)]):
+            with pytest.raises(UnsafeCheckpointError, match="live container") as caught:
+                load(path, allow=allowed)
+            assert "No allow entry admits" in str(caught.value)
+        with pytest.raises(ValueError, match="live container"):
+            allow_process(name, reason="trust me")
+        (use,) = [use for use in inspect(path).globals if use.name == name]
+        assert use.dangerous and use.allow is None
+        assert (builtins.open, list(json.__path__)) == before
+    finally:  # where the defence fails, this process must not go on with a poisoned open
+        builtins.open, json.__path__[:] = before
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "torch.autograd.grad_mode.set_grad_enabled",  # is torch.set_grad_enabled
+        "torch._tensor_str.set_printoptions",  # is torch.set_printoptions
+    ],
+)
+def test_another_name_of_an_object_a_prefix_entry_denies_is_denied(spelling: str) -> None:
+    """torch.set_* was judged by name: the same objects under their home module's name, or
+    given as objects, were admitted, and a 40-byte file turned gradients off."""
+    module, _, name = spelling.rpartition(".")
+    obj = getattr(sys.modules[module], name)
+    assert deny.denied_global(spelling) and deny.denied_object(obj)
+    with pytest.raises(ValueError, match="denied"):
+        allow_process(obj, reason="trust me")
+    data = _stack_global(module, name)[:-1] + b"\x89\x85R."  # (False,) REDUCE
+    grad = torch.is_grad_enabled()
+    with pytest.raises(UnsafeCheckpointError, match="denied"):
+        load(io.BytesIO(data), allow=[obj])
+    assert torch.is_grad_enabled() == grad

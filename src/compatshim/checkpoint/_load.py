@@ -34,6 +34,7 @@ import functools
 import io
 import logging
 import os
+import re
 import sys
 from typing import IO, Any, Callable, Iterable, NamedTuple
 
@@ -73,6 +74,10 @@ Restore = Callable[[Any, str], Any]
 ADVICE = (
     ". allow=[...] admits globals you trust for one call; trusted=True loads a file you "
     "trust completely (torch.load(weights_only=False): it runs any code in the file)"
+)
+DENIED_ADVICE = (
+    ". No allow entry admits a denied global: the file may be malicious. Load it only if you "
+    "trust it completely: trusted=True (torch.load(weights_only=False): it runs any code in it)"
 )
 
 
@@ -526,4 +531,16 @@ def load(f: Any, map_location: Any = None, *, allow: Iterable[Any] = (), mmap: b
     try:
         return read(f, Request(map_location, allow, mmap))
     except UnsafeCheckpointError as exc:
-        raise advised(exc, not_rebuilt(exc.refused) or ADVICE) from None
+        raise advised(exc, _advice(exc.refused)) from None
+
+
+def _advice(refused: tuple[str, ...]) -> str:
+    """What to do: never "allow it" for a denied global (the refusal said it cannot be)."""
+    from .deny import denied_global
+
+    if any(denied_global(name) for name in refused if _GLOBAL_NAME.fullmatch(name)):
+        return DENIED_ADVICE
+    return not_rebuilt(refused) or ADVICE
+
+
+_GLOBAL_NAME = re.compile(r"[A-Za-z_][\w.]*\.[A-Za-z_]\w*")

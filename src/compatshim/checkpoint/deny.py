@@ -10,7 +10,9 @@ points). Only compatshim's curated allowlist handles a denied name it lists itse
 never as a callable the file calls freely.
 
 Names lie, so objects are judged by what they are (:func:`denied_object`): a module
-object is denied (it reaches its ``os``, its ``sys``); so is a callable whose name does
+object is denied (it reaches its ``os``, its ``sys``), and so is a module's live dict, list
+or set (``json.__builtins__`` is builtins' namespace: the file's SETITEMS would change
+``open``); so is a callable whose name does
 not lead back to it (no ``__qualname__``, as ``ctypes.memmove`` or ``exit``; a bound
 method of some instance). Otherwise every spelling of the object is judged: the name it
 reports (``functools.reduce`` reports ``_functools``), the module a C function is bound
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import sys
 import types
+from collections.abc import MutableMapping, MutableSequence, MutableSet
 from typing import Any, Callable, Mapping
 
 from ._names import canonical_name, spellings
@@ -173,6 +176,11 @@ DENIED: dict[str, str] = {
     "torch._ops._Ops.load_library": "loads any shared library (torch.ops.load_library)",
     "torch._classes._Classes.load_library": "loads any shared library (torch.classes)",
     "torch.set_*": "torch's global state (default dtype and device, threads, flags)",
+    "torch.cuda.set_*": "torch.cuda's global state (device, stream, allocator settings)",
+    "torch.autograd.set_*": "autograd's global state (grad mode, anomaly mode), set when built",
+    "torch.autograd.grad_mode.*": "grad mode: set_grad_enabled(False) turns gradients off",
+    "torch.autograd.anomaly_mode.*": "anomaly detection: global state, set when built",
+    "torch.multiprocessing.*": "starts processes (spawn) and unpickles what they send",
     "torch._C._set_*": "torch's global state (grad mode, flags)",
     "torch.random.*": "torch's global generator state (manual_seed, set_rng_state)",
     "torch.use_deterministic_algorithms": "torch's global state",
@@ -223,6 +231,13 @@ def denied(name: str) -> str | None:
 
 
 MODULE = "a module object: reaches everything the module holds (its os, its sys, its loader)"
+CONTAINER = (
+    "a live container of a module (builtins' namespace, a package's __path__, os.environ): "
+    "the file would change it, and with it what runs later"
+)
+#: what a file may never be handed by name: the machine fills dicts, lists and sets with
+#: SETITEMS, APPENDS and ADDITEMS (``json.__builtins__`` is builtins' namespace itself)
+_MUTABLE = (dict, list, set, bytearray, MutableMapping, MutableSequence, MutableSet)
 UNNAMED = (
     "a callable whose name does not lead back to it (no __qualname__, or its module holds "
     "another object there): compatshim cannot tell what it runs"
@@ -236,6 +251,8 @@ def denied_object(obj: Any) -> str | None:
     attributes and ``sys.modules`` only; imports nothing."""
     if isinstance(obj, types.ModuleType):
         return MODULE
+    if isinstance(obj, _MUTABLE) and not isinstance(obj, type):
+        return CONTAINER
     try:
         module = getattr(obj, "__module__", None)
         qualname = getattr(obj, "__qualname__", None)
@@ -254,6 +271,9 @@ def denied_object(obj: Any) -> str | None:
     for name, reason in _EXACT.items():  # this very object under a listed spelling
         if _lookup(name) is obj:
             return reason
+    reason = _prefixed(obj)  # torch.set_printoptions is torch._tensor_str.set_printoptions
+    if reason is not None:
+        return reason
     if type(module) is str and (module.startswith("_") or module == "builtins"):
         short = getattr(obj, "__name__", None)  # a C module's object, as its wrapper exports it
         for name, reason in _MODULES.items():
@@ -269,6 +289,30 @@ def denied_object(obj: Any) -> str | None:
         if isinstance(obj, types.MethodType) and not isinstance(owner, type):
             return UNNAMED  # a method of an instance that is a module (torch.ops: load_library)
     return None
+
+
+def _prefixed(obj: Any) -> str | None:
+    """The reason of a ``prefix*`` entry (``torch.set_*``) under which an imported module
+    holds this very object, whatever its own name (``torch.autograd.grad_mode.
+    set_grad_enabled``): the module's names are read, once per module state."""
+    for prefix, reason in _PREFIXES:
+        home, _, start = prefix.rpartition(".")
+        module = sys.modules.get(home)
+        if module is None:
+            continue
+        namespace = _MODULE_DICT(module)
+        key = (prefix, id(module), len(namespace))
+        found = _PREFIXED.get(key)
+        if found is None:
+            found = frozenset(id(v) for k, v in list(namespace.items()) if k.startswith(start))
+            _PREFIXED[key] = found
+        if id(obj) in found:
+            return reason
+    return None
+
+
+#: (prefix entry, module, its size) -> ids of the objects it names there (modules hold them)
+_PREFIXED: dict[tuple[str, int, int], frozenset[int]] = {}
 
 
 def denied_global(name: str) -> str | None:
