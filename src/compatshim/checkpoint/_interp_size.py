@@ -11,18 +11,18 @@ config root: ``${a}`` names a node of its own root, and what a text names is
 never cached across roots (issue 37, item 2: a decoy config read first made
 another's chain that doubles look small):
 
-* a string: its own length (:data:`PARSE` times it if it holds ``${``: each
-  read parses it), plus per ``${`` it holds (nested and escaped ones
-  too, as the policy treats them as live) :data:`REF_COST` and the bound of
-  the node it names (with, inside longer text, a container's raw repr: that
-  is what ``str()`` of a container prints); a resolver call adds :data:`REPR`
-  times the text and the references after it (a default such as ``[${x}]``
-  renders ``x`` with repr: a backslash doubles at each level), and
-  ``oc.select`` the bound of the node it selects (so max(target, default) is
-  covered). ``oc.select`` returns its default as is, so it adds :data:`REPR`
-  only where a list or dict literal (``[`` or ``{`` outside key text) follows
-  its key: nested defaults ``${oc.select:a,${b}}`` grow by addition, not 10x
-  per level (issue 37, item 9);
+* a string: its own length (:data:`PARSE` times it, times its bracket nesting, if it
+  holds ``${``: each read parses it, in time quadratic in the nesting:
+  ``${oc.select:k,[[[...]]]}`` 120 deep took 93 ms a read), plus per ``${`` it holds
+  (nested and escaped ones too, as the policy treats them as live) :data:`REF_COST` and
+  the bound of the node it names (with, inside longer text, a container's raw repr: that
+  is what ``str()`` of a container prints); a resolver call adds :data:`REPR` times the
+  text and the references after it (a default such as ``[${x}]`` renders ``x`` with
+  repr: a backslash doubles at each level), and ``oc.select`` the bound of the node it
+  selects (so max(target, default) is covered). ``oc.select`` returns its default as is,
+  so it adds :data:`REPR` only where a list or dict literal (``[`` or ``{`` outside key
+  text) follows its key: nested defaults ``${oc.select:a,${b}}`` grow by addition, not
+  10x per level (issue 37, item 9);
 * a container: the bounds of its children, their keys and :data:`ENTRY` per
   entry (``to_container(resolve=True)`` copies it at every reference);
 * a number, bool, bytes, enum or path: a bound of its repr.
@@ -76,6 +76,19 @@ _ARG_STOP = frozenset("\\{}()[]:'\"$, \t")  # ends oc.select's unquoted key
 _WS = " \t"
 _OPEN = re.compile(r"[\[{]")  # may open a list or dict literal in a resolver's arguments
 Charge = Callable[[int, str], None]
+
+
+def nesting(text: str) -> int:
+    """The deepest nesting of ``[``, ``{`` and ``(`` in ``text``, at least 1 (quotes not told
+    apart: an upper bound on what omegaconf's parser meets), in one pass."""
+    depth = deepest = 0
+    for char in text:
+        if char in "[{(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]})":
+            depth -= 1
+    return max(1, deepest)
 
 
 class _Unbounded(Exception):
@@ -265,7 +278,7 @@ class _Sizes:
             for index, args in selects:
                 if last < args:
                     found[index] = (found[index][0], found[index][1], False)
-        total = PARSE * len(text)
+        total = PARSE * len(text) * nesting(text)  # the parse is quadratic in the nesting
         after = 0  # bounds of the references after the current one
         for position, size, call in reversed(found):
             if call:  # its arguments render with repr: text and values after it, x REPR

@@ -51,6 +51,10 @@ Interpolation policy (:func:`check_text`)
     after one resolution is live too: an escaped ``\\${`` (omegaconf hands it back as
     ``${``, which a saved-and-reloaded hparams.yaml resolves), and, where the load holds
     a bare ``$``, a ``{`` that a reference can join to it (``${d}{oc.env:X}``, d = "$").
+    Where the load holds both a piece that may end in ``$`` and one that may start with
+    ``{`` (a value's end or start, a quoted argument, after an interpolation), every value
+    that interpolates is refused: resolution can join them into any call, its name split
+    over several values (``${a}${b}${c}``: ``$``, ``{o``, ``c.env:X}``).
     A path, bytes or enum value or key is checked as the text it shows (``str()`` of a path,
     ``repr`` of bytes, an enum member's name, ``str()`` and ``repr``): ``d = Path("$")`` is a
     bare ``$`` as ``d = "$"`` is, and ``b"${eval:1}"`` inside ``"x${d}"`` is a call.
@@ -356,8 +360,22 @@ class Builder:
                 texts.extend((text, obj, False) for text in _texts_of(state["_val"], shown))
         unique = {id(text): text for text, _, _ in texts}  # shared strings scanned once
         self.dollar = any(bare_dollar(text) for text in unique.values())
+        glue = (
+            self.dollar
+            and any(map(ends_dollar, unique.values()))
+            and any(map(starts_brace, unique.values()))
+        )
         for text, node, key in texts:
             self._check(text, node, key)
+            if glue and "${" in text:
+                raise unsafe(
+                    f"omegaconf value at {path_of(node)} interpolates, and this load holds a "
+                    "value that ends in '$' and one that starts with '{': resolving can join "
+                    "them into new interpolation syntax (${oc.env:X}, built from pieces), live "
+                    "once the resolved config is saved and read back (hparams.yaml): refused, "
+                    "whatever is allowed",
+                    RESOLVER_PREFIX,
+                )
         nodes = [(obj, name) for obj, name in self.made.values() if name not in (_META, _CMETA)]
         charge_expansion(nodes, self.charge, path_of)  # node references that expand (case 11)
 
@@ -513,6 +531,36 @@ def bare_dollar(text: str) -> bool:
     """Whether ``text`` holds a ``$`` that starts no ``${`` (one resolution can join it to a
     following ``{``)."""
     return text.count("$") != text.count("${")
+
+
+_PIECE_END = frozenset("'\"}$")  # after a "$": it ends a piece (a value, a quoted argument)
+_PIECE_START = frozenset("'\"},")  # before a "{": it starts a piece (a dict argument: ",")
+
+
+def ends_dollar(text: str) -> bool:
+    """Whether a piece of ``text`` may end in ``$``: the text's end, or a ``$`` before a quote,
+    a ``}`` or another ``$`` (``"x$${d}"``), where resolution joins what follows."""
+    if text.endswith("$"):
+        return True
+    position = text.find("$")
+    while position >= 0:
+        if text[position + 1] in _PIECE_END:
+            return True
+        position = text.find("$", position + 1)
+    return False
+
+
+def starts_brace(text: str) -> bool:
+    """Whether a piece of ``text`` may start with a ``{`` that starts no ``${``: the text's
+    start, or a ``{`` after a quote (``'{'``), an interpolation's ``}`` or a ``,``."""
+    if text.startswith("{"):
+        return True
+    position = text.find("{", 1)
+    while position >= 0:
+        if text[position - 1] in _PIECE_START:
+            return True
+        position = text.find("{", position + 1)
+    return False
 
 
 def _resolver_at(text: str, position: int) -> str | None:
