@@ -57,8 +57,8 @@ def escaped(text: str, backslash: bool = False) -> str:
 
 
 def cut(text: str, limit: int = 200) -> str:
-    """``text`` (a name the file wrote, already a str) at most about ``limit`` characters,
-    :func:`escaped`: messages and warnings carry it to a terminal."""
+    """``text`` (a name the file wrote, already a str) cut to about ``limit`` characters, then
+    :func:`escaped` (up to 10 characters each): messages and warnings carry it to a terminal."""
     if len(text) > limit:
         return f"{escaped(text[: limit - 40])}... ({len(text)} characters)"
     return escaped(text)

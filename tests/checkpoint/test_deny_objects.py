@@ -366,3 +366,25 @@ def test_another_name_of_an_object_a_prefix_entry_denies_is_denied(spelling: str
     with pytest.raises(UnsafeCheckpointError, match="denied"):
         load(io.BytesIO(data), allow=[obj])
     assert torch.is_grad_enabled() == grad
+
+
+def test_a_prefix_entry_judges_callables_live_and_leaves_constants_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The identity check of a prefix entry also caught constants (uuid._AIX is False, so
+    None, True, 1 and typing.TYPE_CHECKING read denied), and its cache missed an object
+    given to a covered name after the first look."""
+    assert deny.denied_object(None) is None and deny.denied_object(True) is None
+    assert deny.denied_global("typing.TYPE_CHECKING") is None
+    assert deny.denied_object(torch.set_grad_enabled) is not None  # the cache is made
+
+    def hook(*args: Any) -> None:
+        """A caller's own function."""
+
+    module = types.ModuleType("compatshim_test_hook")
+    module.hook = hook  # type: ignore[attr-defined]
+    hook.__module__, hook.__qualname__ = module.__name__, "hook"
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    assert deny.denied_object(hook) is None
+    monkeypatch.setattr(torch, "set_warn_always", hook)  # the same names, another object
+    assert deny.denied_object(hook) is not None

@@ -489,6 +489,9 @@ GLUED = {  # "$" and "{" from separate pieces, joined by resolution into ${oc.en
     "a quoted '{'": {"d": "$", "x": "${d}${oc.select:zz,'{'}oc.env:COMPATSHIM_SECRET}"},
     "both quoted": {"x": "${oc.select:a,'$'}${oc.select:b,'{'}oc.env:COMPATSHIM_SECRET}"},
     "three nodes": {"a": "$", "b": "{o", "c": "c.env:COMPATSHIM_SECRET}", "x": "${a}${b}${c}"},
+    "an escaped {": {"d": "$", "x": "${d}${oc.select:zz,\\{oc.env:COMPATSHIM_SECRET\\}}"},
+    "a spaced $": {"x": "${oc.select:zz, $ }${oc.select:b,'{'}oc.env:COMPATSHIM_SECRET}"},
+    "spaced, escaped": {"x": "${oc.select:zz, $ }${oc.select:zz,\\{}oc.env:COMPATSHIM_SECRET}"},
 }
 
 
@@ -525,6 +528,19 @@ def test_dollars_and_braces_that_cannot_be_joined_load(tmp_path: pathlib.Path) -
     assert OmegaConf.to_container(loaded, resolve=True)["out"] == "$HOME/data/run"
     regex = OmegaConf.create({"pattern": "^.*ckpt$", "name": "run", "out": "${name}.ckpt"})
     assert load(save(regex, tmp_path, "regex.pt"))["hparams"].out == "run.ckpt"
+    both = OmegaConf.create(  # a piece ends in "$", one starts with "{": none is joined
+        {
+            "pattern": "^.*ckpt$",
+            "label": "$\\alpha$",
+            "filename": "{epoch}-{val_loss:.2f}",
+            "tag": "{model}_{seed}",
+            "name": "run",
+            "out": "${name}.ckpt",
+            "dir": "${name}/${tag}",
+        }
+    )
+    loaded = load(save(both, tmp_path, "both.pt"))["hparams"]
+    assert loaded.out == "run.ckpt" and loaded.dir == "run/{model}_{seed}"
 
 
 @pytest.mark.skipif(not HAS_BYTES, reason="omegaconf < 2.2 holds no bytes or paths")
@@ -1130,6 +1146,16 @@ def test_a_genuine_hydra_config_inspects_clean_without_reading_tensor_data(
     monkeypatch.undo()
     human = _cli(path)
     assert human.returncode == 0 and "REFUSED" not in human.stdout, human.stdout
+
+
+def test_nesting_is_not_lowered_by_closers_before_the_value_or_in_quotes() -> None:
+    from compatshim.checkpoint._interp_size import nesting
+
+    deep = "${oc.select:zz," + "[" * 120 + "]" * 120 + "}"
+    assert nesting(deep) == 121
+    assert nesting("]" * 120 + deep) == 121  # was 1: the charge of a 1-deep text
+    quoted = "${oc.select:zz,'" + "]" * 50 + "'," + "[" * 30 + "]" * 30 + "}"
+    assert nesting(quoted) == 31  # was 3
 
 
 def test_brackets_nested_deep_in_an_interpolation_are_charged_by_their_nesting(

@@ -697,3 +697,32 @@ def test_an_npz_member_claiming_more_bytes_than_its_file_holds_is_bounded_by_the
     assert got["peak_kib"] < 160 * 1024, got
     with pytest.raises(CheckpointError, match="it inflates past"):
         inspect(npz)
+
+
+@pytest.mark.parametrize("wrap", ["buffered", "tar"])
+def test_a_lying_member_of_an_archive_that_is_no_plain_file_is_bounded_too(
+    tmp_path: Path, wrap: str
+) -> None:
+    """The archive's size was read from fileno() or a BytesIO only: an .npz opened through a
+    BufferedReader or from a tar member fell back to the size the member claims."""
+    import contextlib
+    import tarfile
+    import zipfile
+
+    from compatshim.checkpoint import CheckpointError
+    from compatshim.patches.numpy_load_hardened import one_pickle
+
+    npz = tmp_path / "lying.npz"
+    _lying_npz(npz, 256 << 20)
+    with contextlib.ExitStack() as stack:
+        if wrap == "buffered":
+            stream: Any = io.BufferedReader(io.BytesIO(npz.read_bytes()))  # type: ignore[arg-type]
+        else:
+            with tarfile.open(tmp_path / "a.tar", "w") as tar:
+                tar.add(npz, "lying.npz")
+            stream = stack.enter_context(tarfile.open(tmp_path / "a.tar")).extractfile("lying.npz")
+        archive = stack.enter_context(zipfile.ZipFile(stream))
+        member = stack.enter_context(archive.open("a.npy"))
+        member.read(128)  # the .npy header, as numpy reads it
+        with pytest.raises(CheckpointError, match=r"inflates past \d{8} bytes"):
+            one_pickle(member)

@@ -200,16 +200,21 @@ def test_whole_run_files_beside_each_other_are_refused(tmp_path: Path) -> None:
     """Two such files: each rank's first state was kept, so rank 1 restored rank 0's stream."""
     for rank in (0, 1):
         torch.save(_whole_run_file((1, 2)), tmp_path / f"rng_state_{rank}.pth")
-    with pytest.raises(rng.RNGStateError, match=r"rng_state_0\.pth.*states of 2 ranks"):
+    with pytest.raises(rng.RNGStateError, match=r"rng_state_0\.pth.*holds 2 rank states"):
         rng.read(tmp_path)
 
 
-def test_a_rank_file_holding_another_ranks_state_is_refused(tmp_path: Path) -> None:
-    """torch.save(rng.capture(), f"rng_state_{rank}.pth") with the names swapped: the state
-    says which rank captured it, and it is not the rank its name says."""
+@pytest.mark.parametrize("written_by", ["torch.save", "rng.save"])
+def test_a_rank_file_holding_another_ranks_state_is_refused(
+    tmp_path: Path, written_by: str
+) -> None:
+    """rng_state_{rank}.pth with the names swapped, as bare states (torch.save of capture())
+    or as one-rank files (rng.save(state=...) outside a process group): the state says which
+    rank captured it, and it is not the rank its name says."""
     for rank in (0, 1):
         state = rng.capture()
         state["meta"] = {**state["meta"], "rank": 1 - rank, "world_size": 2}
-        torch.save(state, tmp_path / f"rng_state_{rank}.pth")
+        path = tmp_path / f"rng_state_{rank}.pth"
+        torch.save(state, path) if written_by == "torch.save" else rng.save(path, state=state)
     with pytest.raises(rng.RNGStateError, match=r"rng_state_0\.pth.*rank 1 captured.*rank 0"):
         rng.read(tmp_path)

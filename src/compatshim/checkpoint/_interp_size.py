@@ -79,14 +79,23 @@ Charge = Callable[[int, str], None]
 
 
 def nesting(text: str) -> int:
-    """The deepest nesting of ``[``, ``{`` and ``(`` in ``text``, at least 1 (quotes not told
-    apart: an upper bound on what omegaconf's parser meets), in one pass."""
+    """An upper bound of the nesting of ``[``, ``{`` and ``(`` omegaconf's parser meets in
+    ``text``, at least 1, in one pass: every opener counts, a closer only outside quotes,
+    and never below zero (closers before the value cannot cancel its depth)."""
     depth = deepest = 0
+    quote = ""
+    escaped = False
     for char in text:
-        if char in "[{(":
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char in "'\"" and quote in ("", char):
+            quote = "" if quote else char
+        elif char in "[{(":
             depth += 1
             deepest = max(deepest, depth)
-        elif char in "]})":
+        elif char in "]})" and not quote and depth:
             depth -= 1
     return max(1, deepest)
 

@@ -367,11 +367,12 @@ class Builder:
         )
         for text, node, key in texts:
             self._check(text, node, key)
-            if glue and "${" in text:
+            if glue and joins(text):
                 raise unsafe(
-                    f"omegaconf value at {path_of(node)} interpolates, and this load holds a "
-                    "value that ends in '$' and one that starts with '{': resolving can join "
-                    "them into new interpolation syntax (${oc.env:X}, built from pieces), live "
+                    f"omegaconf value at {path_of(node)} joins an interpolation to what follows "
+                    "it, and this load holds a piece that ends in '$' and one that starts with "
+                    "'{': resolving can join them into new interpolation syntax (${oc.env:X}, "
+                    "built from pieces), live "
                     "once the resolved config is saved and read back (hparams.yaml): refused, "
                     "whatever is allowed",
                     RESOLVER_PREFIX,
@@ -533,8 +534,12 @@ def bare_dollar(text: str) -> bool:
     return text.count("$") != text.count("${")
 
 
-_PIECE_END = frozenset("'\"}$")  # after a "$": it ends a piece (a value, a quoted argument)
-_PIECE_START = frozenset("'\"},")  # before a "{": it starts a piece (a dict argument: ",")
+# a piece (a value, a quoted or unquoted argument) may end after "$" and start before "{"
+# where omegaconf strips blanks around an argument and reads "\{" as "{"
+_PIECE_END = frozenset("'\"}$\\ \t")
+_PIECE_START = frozenset("'\"},\\ \t")
+_BETWEEN = "\\'\""  # what may stand between two pieces that resolution joins (not blanks:
+# omegaconf strips those only at an argument's ends, and there "}" follows)
 
 
 def ends_dollar(text: str) -> bool:
@@ -547,6 +552,22 @@ def ends_dollar(text: str) -> bool:
         if text[position + 1] in _PIECE_END:
             return True
         position = text.find("$", position + 1)
+    return False
+
+
+def joins(text: str) -> bool:
+    """Whether resolving ``text`` joins a piece to a following interpolation or ``{``: a
+    ``}`` or a ``$`` followed (past quotes and backslashes) by ``${`` or ``{``. Text
+    that interpolates only between other characters (``${root}/${name}.ckpt``) joins none."""
+    for mark in ("}", "$"):
+        position = text.find(mark)
+        while position >= 0:
+            after = position + 1
+            while after < len(text) and text[after] in _BETWEEN:
+                after += 1
+            if text.startswith(("${", "{") if mark == "}" else "${", after):
+                return True
+            position = text.find(mark, position + 1)
     return False
 
 

@@ -292,27 +292,29 @@ def denied_object(obj: Any) -> str | None:
 
 
 def _prefixed(obj: Any) -> str | None:
-    """The reason of a ``prefix*`` entry (``torch.set_*``) under which an imported module
-    holds this very object, whatever its own name (``torch.autograd.grad_mode.
-    set_grad_enabled``): the module's names are read, once per module state."""
+    """The reason of a ``prefix*`` entry (``torch.set_*``) under whose names an imported
+    module holds this very callable, whatever its own name (``torch.autograd.grad_mode.
+    set_grad_enabled``). The matching names are listed once per size of the module's
+    namespace; what each holds is read at every call (a name given a new object counts)."""
+    if not _callable(obj):  # a constant under such a name (uuid._AIX) runs nothing
+        return None
     for prefix, reason in _PREFIXES:
         home, _, start = prefix.rpartition(".")
         module = sys.modules.get(home)
         if module is None:
             continue
         namespace = _MODULE_DICT(module)
-        key = (prefix, id(module), len(namespace))
-        found = _PREFIXED.get(key)
-        if found is None:
-            found = frozenset(id(v) for k, v in list(namespace.items()) if k.startswith(start))
-            _PREFIXED[key] = found
-        if id(obj) in found:
+        known = _PREFIXED.get(prefix)
+        if known is None or known[0] is not module or known[1] != len(namespace):
+            names = tuple(name for name in list(namespace) if name.startswith(start))
+            known = _PREFIXED[prefix] = (module, len(namespace), names)
+        if any(namespace.get(name, _MISSING) is obj for name in known[2]):
             return reason
     return None
 
 
-#: (prefix entry, module, its size) -> ids of the objects it names there (modules hold them)
-_PREFIXED: dict[tuple[str, int, int], frozenset[int]] = {}
+#: prefix entry -> (its module, the size of its namespace, the names the entry covers there)
+_PREFIXED: dict[str, tuple[Any, int, tuple[str, ...]]] = {}
 
 
 def denied_global(name: str) -> str | None:

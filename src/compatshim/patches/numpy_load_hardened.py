@@ -214,15 +214,33 @@ def _bounded(file: IO[bytes]) -> IO[bytes]:
 
     stored = getattr(file, "_orig_compress_size", None)  # zipfile.ZipExtFile
     if type(stored) is int:  # a member claiming 4 GB of a 3 MB file inflated 600 MB
-        archive = getattr(getattr(file, "_fileobj", None), "_file", None)  # its _SharedFile's
-        size = None if archive is None else _size(archive)
-        stored = stored if size is None else min(stored, size)
+        stored = min(stored, _archive_size(getattr(file, "_fileobj", None), stored))
     else:
         stored = _size(file)
         if stored is None:
             return file
     what = str(getattr(file, "name", None) or "the stream")
     return Bounded(file, expansion_limit(stored), what, "it inflates", "")  # type: ignore[return-value]
+
+
+def _archive_size(shared: Any, claimed: int) -> int:
+    """The size of the archive a zip member is read from (its ``_SharedFile``'s file: by
+    ``fileno()``, a ``BytesIO``'s buffer, or a seek to its end under the ZipFile's lock, as
+    ``_SharedFile`` itself seeks before each read); ``claimed`` where none of them tells."""
+    archive = getattr(shared, "_file", None)
+    if archive is None:
+        return claimed
+    size = _size(archive)
+    lock = getattr(shared, "_lock", None)
+    if size is None and lock is not None:
+        try:
+            with lock:
+                here = archive.tell()
+                size = archive.seek(0, 2)
+                archive.seek(here)
+        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+            return claimed
+    return claimed if type(size) is not int else size
 
 
 def _size(file: Any) -> int | None:

@@ -247,16 +247,23 @@ def merge_ranks(
     ``names``. A file of every rank (what ``compatshim.rng.save`` writes) is taken whole when
     it is the only one; beside others, or holding another rank than its name says, it is
     refused: keeping its first rank gave every rank rank 0's stream."""
-    if len(files) == 1 and len(files[0]["ranks"]) > 1:
+    lone = files[0].get("ranks") if len(files) == 1 else None
+    if isinstance(lone, list) and len(lone) > 1:
         return files[0]
     for rank, (found, name) in enumerate(zip(files, names)):
-        if len(found["ranks"]) != 1:
+        ranks = found.get("ranks")
+        if not isinstance(ranks, list) or len(ranks) != 1:
+            count = len(ranks) if isinstance(ranks, list) else short(ranks)
             raise RNGStateError(
-                f"{short(name, 80)} holds the states of {len(found['ranks'])} ranks (a file "
-                "compatshim.rng.save wrote for the whole run) beside other per-rank files: "
-                "pass the path of the file you mean"
+                f"{short(name, 80)} holds {count} rank states, where a file of a folder of "
+                "per-rank files holds one (a file compatshim.rng.save wrote for the whole run "
+                "is read alone): pass the path of the file you mean"
             )
         saved = found.get("saved_rank")
+        if saved is None:  # rng.save(state=...) of one rank: the rank its capture() recorded
+            meta = ranks[0].get("meta") if isinstance(ranks[0], Mapping) else None
+            saved = meta.get("rank") if isinstance(meta, Mapping) else None
+            saved = saved if type(saved) is int else None
         if saved is not None and saved != rank:
             raise RNGStateError(
                 f"{short(name, 80)} holds the state rank {saved} captured, where its name says "
