@@ -388,3 +388,14 @@ def test_a_prefix_entry_judges_callables_live_and_leaves_constants_alone(
     assert deny.denied_object(hook) is None
     monkeypatch.setattr(torch, "set_warn_always", hook)  # the same names, another object
     assert deny.denied_object(hook) is not None
+
+
+def test_no_refusal_advises_allowing_an_object_the_deny_list_refuses() -> None:
+    """The patched torch.load's advice judged names alone: for json.__builtins__ (denied as
+    an object) it said "COMPATSHIM_ALLOW=json.__builtins__" right after "cannot be allowed"."""
+    from compatshim.patches._safe_pickle import how_to_allow
+
+    for name in ("json.__builtins__", "torch.autograd.grad_mode.set_grad_enabled"):
+        advice = how_to_allow((name,))
+        assert "may be malicious" in advice and "COMPATSHIM_ALLOW" not in advice, advice
+    assert "COMPATSHIM_ALLOW=types.SimpleNamespace" in how_to_allow(("types.SimpleNamespace",))

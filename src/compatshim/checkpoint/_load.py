@@ -34,7 +34,6 @@ import functools
 import io
 import logging
 import os
-import re
 import sys
 from typing import IO, Any, Callable, Iterable, NamedTuple
 
@@ -536,11 +535,8 @@ def load(f: Any, map_location: Any = None, *, allow: Iterable[Any] = (), mmap: b
 
 def _advice(refused: tuple[str, ...]) -> str:
     """What to do: never "allow it" for a denied global (the refusal said it cannot be)."""
-    from .deny import denied_global
+    from .deny import refused_globals
 
-    if any(denied_global(name) for name in refused if _GLOBAL_NAME.fullmatch(name)):
+    if refused_globals(refused)[1]:
         return DENIED_ADVICE
     return not_rebuilt(refused) or ADVICE
-
-
-_GLOBAL_NAME = re.compile(r"[A-Za-z_][\w.]*\.[A-Za-z_]\w*")

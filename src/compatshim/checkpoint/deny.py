@@ -31,10 +31,11 @@ the modules that wrap them. Names are judged as ``_names.canonical`` spells them
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 from collections.abc import MutableMapping, MutableSequence, MutableSet
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ._names import canonical_name, spellings
 
@@ -399,6 +400,18 @@ def _longest_module_name() -> int:
 
 _MODULE_DICT: Callable[[Any], Mapping[str, Any]] = vars(types.ModuleType)["__dict__"].__get__
 _TYPE_DICT: Callable[[Any], Mapping[str, Any]] = vars(type)["__dict__"].__get__
+
+
+_GLOBAL_NAME = re.compile(r"[A-Za-z_][\w.]*\.[A-Za-z_]\w*")
+
+
+def refused_globals(refused: Iterable[str]) -> tuple[list[str], list[str]]:
+    """The ``module.name`` globals among a refusal's entries (others name an operation:
+    "SETITEM a dict"), and those of them the deny list refuses, judged as objects
+    (:func:`denied_global`): every refusal's advice must say "it may be malicious" for
+    these, never how to allow them."""
+    names = [name for name in refused if _GLOBAL_NAME.fullmatch(name)]
+    return names, [name for name in names if denied_global(name) is not None]
 
 
 def denied_entry(name: str, obj: Any = None) -> str | None:

@@ -24,13 +24,10 @@ HARDENED_PROMISE = (
 def how_to_allow(refused: tuple[str, ...]) -> str:
     """Advice for a hardened reader's caller; never torch's (its wording sends PyG to
     unsafe loads)."""
-    import re
-
-    from ..checkpoint.deny import denied
+    from ..checkpoint.deny import refused_globals
     from ..checkpoint.request import not_rebuilt
 
-    names = [n for n in refused if re.fullmatch(r"[A-Za-z_][\w.]*\.[A-Za-z_]\w*", n)]
-    risky = [n for n in names if denied(n) is not None]
+    names, risky = refused_globals(refused)
     unbuilt = not_rebuilt(names)
     if unbuilt and not risky:
         return unbuilt[1:]  # without its leading "."
