@@ -52,9 +52,10 @@ Interpolation policy (:func:`check_text`)
     ``${``, which a saved-and-reloaded hparams.yaml resolves), and, where the load holds
     a bare ``$``, a ``{`` that a reference can join to it (``${d}{oc.env:X}``, d = "$").
     Where the load holds both a piece that may end in ``$`` and one that may start with
-    ``{`` (a value's end or start, a quoted argument, after an interpolation), every value
-    that interpolates is refused: resolution can join them into any call, its name split
-    over several values (``${a}${b}${c}``: ``$``, ``{o``, ``c.env:X}``).
+    ``{`` (a value's end or start, a quoted argument, after an interpolation), a value that
+    joins an interpolation to a following ``${`` or ``{`` (:func:`joins`) is refused:
+    resolution can join them into any call, its name split over several values
+    (``${a}${b}${c}``: ``$``, ``{o``, ``c.env:X}``).
     A path, bytes or enum value or key is checked as the text it shows (``str()`` of a path,
     ``repr`` of bytes, an enum member's name, ``str()`` and ``repr``): ``d = Path("$")`` is a
     bare ``$`` as ``d = "$"`` is, and ``b"${eval:1}"`` inside ``"x${d}"`` is a call.
@@ -365,16 +366,16 @@ class Builder:
             and any(map(ends_dollar, unique.values()))
             and any(map(starts_brace, unique.values()))
         )
+        joined = {key for key, text in unique.items() if joins(text)} if glue else set()
         for text, node, key in texts:
             self._check(text, node, key)
-            if glue and joins(text):
+            if id(text) in joined:  # each shared string scanned once, as _check does
                 raise unsafe(
                     f"omegaconf value at {path_of(node)} joins an interpolation to what follows "
                     "it, and this load holds a piece that ends in '$' and one that starts with "
                     "'{': resolving can join them into new interpolation syntax (${oc.env:X}, "
-                    "built from pieces), live "
-                    "once the resolved config is saved and read back (hparams.yaml): refused, "
-                    "whatever is allowed",
+                    "built from pieces), live once the resolved config is saved and read back "
+                    "(hparams.yaml): refused, whatever is allowed",
                     RESOLVER_PREFIX,
                 )
         nodes = [(obj, name) for obj, name in self.made.values() if name not in (_META, _CMETA)]
