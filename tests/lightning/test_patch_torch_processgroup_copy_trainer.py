@@ -8,7 +8,12 @@ emulated below it) or ``spawn``, so the dataset crosses into each worker by pick
 
 - ``COMPATSHIM_AUTO=1``: every rank fits its steps; each worker holds an unbound
   stand-in for the group (armed in the worker too), and the batches equal those
-  of the same seed under ``fork``, where no pickling happens.
+  of the same seed from a dataset that keeps no group, with nothing armed: the
+  stand-in changes no sample. (That reference is not ``fork``, though fork gives the
+  same batches: Python 3.11 up to 3.11.7 can deadlock a child forked from a process
+  whose other threads hold the interpreter's thread-state lock, CPython gh-112275. A
+  rank here has gloo's and Lightning's threads; the CI's 3.11.7 hung there once, and
+  here once in 32 runs.)
 - ``COMPATSHIM_AUTO=0`` (the control): the workers cannot be started, with torch's
   known ``cannot pickle ... ProcessGroup`` error.
 """
@@ -40,12 +45,12 @@ HARD_TIMEOUT = 480.0
 STEPS = 3
 RESULT = re.compile(r"^RESULT (\{.*\})$", re.M)
 PICKLE_ERROR = "TypeError: cannot pickle 'torch._C._distributed_c10d.ProcessGroup' object"
-SCENARIOS: dict[str, tuple[str, bool]] = {
-    "forkserver": ("forkserver", True),
-    "spawn": ("spawn", True),
-    "fork": ("fork", False),  # the reference: fork shares the group, nothing is pickled
-    "forkserver_unarmed": ("forkserver", False),
-    "spawn_unarmed": ("spawn", False),
+SCENARIOS: dict[str, tuple[tuple[str, ...], bool]] = {  # name: (arguments, armed)
+    "forkserver": (("forkserver",), True),
+    "spawn": (("spawn",), True),
+    "reference": (("spawn", "no-group"), False),  # the same seed, no group, nothing armed
+    "forkserver_unarmed": (("forkserver",), False),
+    "spawn_unarmed": (("spawn",), False),
 }
 
 
@@ -54,8 +59,8 @@ def runs() -> Iterator[dict[str, Future[Run]]]:
     workers = int(os.environ.get("COMPATSHIM_TEST_PARALLEL", "2"))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         yield {
-            name: pool.submit(run_script, SCRIPT, method, auto=auto, hard_timeout=HARD_TIMEOUT)
-            for name, (method, auto) in SCENARIOS.items()
+            name: pool.submit(run_script, SCRIPT, *args, auto=auto, hard_timeout=HARD_TIMEOUT)
+            for name, (args, auto) in SCENARIOS.items()
         }
 
 
@@ -95,11 +100,14 @@ def test_every_rank_fits_with_workers_armed_by_the_environment(
 
 
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
-def test_batches_equal_the_same_seed_under_fork(runs: dict[str, Future[Run]], method: str) -> None:
-    reference = reports(finished(runs, "fork"))
+def test_batches_equal_the_same_seed_without_the_group(
+    runs: dict[str, Future[Run]], method: str
+) -> None:
+    reference = reports(finished(runs, "reference"))
     got = reports(finished(runs, method))
     for rank in (0, 1):
-        assert set(samples(reference[rank], "group_type")) == {"ProcessGroup"}  # fork shares it
+        assert set(samples(reference[rank], "group_type")) == {"NoneType"}
+        assert set(samples(reference[rank], "armed")) == {False}
         for key in ("index", "x"):
             assert samples(got[rank], key) == samples(reference[rank], key), (rank, key)
 

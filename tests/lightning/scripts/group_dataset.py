@@ -1,10 +1,11 @@
 """A Lightning Trainer run (CPU, 2 ranks, ddp over gloo) whose dataset holds a gloo subgroup.
 
-``python group_dataset.py <start method>``: the DataLoader has two workers started
-by that method (``forkserver`` is Python 3.14's default on Linux; ``default`` names
-none, as users write it). The dataset is
+``python group_dataset.py <start method> [no-group]``: the DataLoader has two workers
+started by that method (``forkserver`` is Python 3.14's default on Linux; ``default``
+names none, as users write it). The dataset is
 built in ``train_dataloader()``, after Lightning has set up the process group, and
-keeps a ``dist.new_group`` subgroup. Each rank fits a few steps and prints one
+keeps a ``dist.new_group`` subgroup (``no-group``: every rank still makes it, and the
+dataset keeps None). Each rank fits a few steps and prints one
 ``RESULT {json}`` line with what its workers sent.
 """
 
@@ -25,16 +26,17 @@ STEPS = 3
 
 
 class Model(LightningModule):
-    def __init__(self, method: str) -> None:
+    def __init__(self, method: str, keep_group: bool) -> None:
         super().__init__()
         self.method = method
+        self.keep_group = keep_group
         self.body = torch.nn.Linear(2, 1)
         self.seen: list[dict[str, Any]] = []
 
     def train_dataloader(self) -> DataLoader:  # type: ignore[type-arg]
         group = dist.new_group([0, 1], backend="gloo")  # every rank makes it, as it must
         return DataLoader(
-            GroupDataset(group),
+            GroupDataset(group if self.keep_group else None),
             batch_size=2,
             num_workers=2,
             multiprocessing_context=None if self.method == "default" else self.method,
@@ -57,9 +59,9 @@ class Model(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def main(method: str) -> None:
+def main(method: str, keep_group: bool = True) -> None:
     seed_everything(7, workers=True)
-    model = Model(method)
+    model = Model(method, keep_group)
     trainer = Trainer(
         accelerator="cpu",
         devices=2,
@@ -84,4 +86,4 @@ def main(method: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], keep_group="no-group" not in sys.argv[2:])
