@@ -18,6 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from compatshim._engine.patching import Patcher  # noqa: E402
 from compatshim.patches import torch_load_safe_globals as patch  # noqa: E402
 
 PATCH = "torch-load-safe-globals"
@@ -70,6 +71,37 @@ def test_install_twice_wraps_once_and_uninstall_restores(installed: Any) -> None
         assert row.fixed
         assert torch.load is torch.serialization.load
         assert not hasattr(torch.load.__compatshim_original__, "__compatshim_original__")
+
+
+@needs_default
+def test_uninstall_keeps_a_wrapper_a_library_put_on_after_it(installed: Any) -> None:
+    """A library wraps torch.load after compatshim. Uninstall keeps the library's wrapper,
+    and compatshim's under it hands every call to torch's load (a Namespace is refused again,
+    as torch refuses it). The library then puts back what it found: install wraps torch's own
+    function again, not that leftover, and uninstall puts the leftover back."""
+    original = torch.load.__compatshim_original__
+    ours = torch.load
+
+    def theirs(*args: Any, **kwargs: Any) -> Any:
+        return ours(*args, **kwargs)
+
+    torch.load = theirs
+    try:
+        installed.uninstall([PATCH])
+        assert torch.load is theirs and torch.serialization.load is original
+        with pytest.raises(pickle.UnpicklingError):
+            torch.load(_saved({"hparams": argparse.Namespace(a=1)}))
+        assert not patch.confirm(torch)
+        torch.load = ours  # the library unwraps
+        installed.install(include=[PATCH])
+        assert torch.load is not ours and torch.load.__compatshim_original__ is original
+        assert torch.load(_saved({"hparams": argparse.Namespace(a=1)}))["hparams"].a == 1
+        (row,) = [r for r in installed.status() if r.name == PATCH]
+        assert row.applied and row.fixed, row
+        installed.uninstall([PATCH])
+        assert torch.load is ours and torch.serialization.load is original
+    finally:
+        torch.load = original
 
 
 @needs_default
@@ -299,7 +331,7 @@ def test_hardened_reads_every_file_with_compatshim(tmp_path: Path) -> None:
         calls.append((args, kwargs))
         raise AssertionError("torch's own load must not run")
 
-    load = patch._wrap(original, True)
+    load = patch._wrap(original, True, Patcher())
     state = torch.nn.Linear(2, 2).state_dict()
     loaded = load(_saved(state), "cpu", pickle, weights_only=False, encoding="latin1")
     assert all(torch.equal(loaded[k], state[k]) for k in state)
@@ -349,7 +381,7 @@ def test_hardened_sees_registrations_made_after_a_load(registrations: Any) -> No
     and one made by a ``safe_globals`` context stops counting when the context ends."""
     from compatshim.checkpoint import UnsafeCheckpointError
 
-    load = patch._wrap(torch.load, True)
+    load = patch._wrap(torch.load, True, Patcher())
     registered, in_context = _saved({"r": _Registered(3)}), _saved({"c": _InContext(4)})
 
     def value(buffer: io.BytesIO) -> int:
@@ -378,7 +410,7 @@ def test_hardened_sees_registrations_made_after_a_load(registrations: Any) -> No
 def test_each_hardened_load_reads_as_its_own_arguments_ask() -> None:
     """The wrapper keeps the last request and reuses it when a load asks the same: a load
     asking another ``map_location``, ``mmap`` or ``encoding`` gets its own, in any order."""
-    load = patch._wrap(torch.load, True)
+    load = patch._wrap(torch.load, True, Patcher())
     buffer = _saved({"w": torch.ones(2)})
 
     def device(**kwargs: Any) -> str:

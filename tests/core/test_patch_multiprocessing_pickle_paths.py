@@ -104,6 +104,37 @@ def test_uninstall_restores_the_original_function() -> None:
     assert multiprocessing.reduction.dump is original
 
 
+def test_a_wrapper_a_library_put_on_after_install_survives_uninstall() -> None:
+    """Uninstall keeps the library's wrapper; compatshim's under it stops annotating. Put
+    back by that library, the leftover is not taken for the patch in force: install wraps
+    the original again."""
+    import io
+
+    original = multiprocessing.reduction.dump
+    compatshim.install(include=[PATCH])
+    ours = multiprocessing.reduction.dump
+
+    def theirs(obj: Any, file: Any, protocol: Any = None) -> Any:
+        return ours(obj, file, protocol)
+
+    multiprocessing.reduction.dump = theirs  # type: ignore[assignment]
+    try:
+        compatshim.uninstall([PATCH])
+        assert multiprocessing.reduction.dump is theirs
+        with pytest.raises(TypeError) as caught:
+            theirs(Config(lock=threading.Lock()), io.BytesIO())
+        assert "compatshim" not in str(caught.value)
+        multiprocessing.reduction.dump = ours  # the library unwraps
+        compatshim.install(include=[PATCH])
+        again = multiprocessing.reduction.dump
+        assert again is not ours and again.__compatshim_original__ is original  # type: ignore[attr-defined]
+        compatshim.uninstall([PATCH])
+        assert multiprocessing.reduction.dump is ours
+    finally:
+        compatshim.uninstall([PATCH])
+        multiprocessing.reduction.dump = original  # type: ignore[assignment]
+
+
 def test_status_row_says_applied_and_fixed(armed: None) -> None:
     row = next(s for s in compatshim.status() if s.name == PATCH)
     assert row.applied and row.fixed, row

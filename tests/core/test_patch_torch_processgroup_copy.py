@@ -89,6 +89,22 @@ def test_install_twice_is_once_and_uninstall_restores_exact_objects(bare_group: 
     assert compatshim.uninstall([NAME]) == []
 
 
+def test_the_probe_leaves_no_copyreg_cache_on_the_class() -> None:
+    """A deepcopy through copyreg caches ``__slotnames__`` on the class; the probe's own
+    copies must not, or uninstall would leave an attribute behind."""
+    compatshim.uninstall([NAME])
+    cls = dist.ProcessGroup
+    cached = vars(cls).get("__slotnames__")
+    if cached is not None:
+        del cls.__slotnames__  # a copy made earlier in this process cached it
+    try:
+        assert patch_module.probe(dist) is True
+        assert "__slotnames__" not in vars(cls)
+    finally:
+        if cached is not None:
+            cls.__slotnames__ = cached
+
+
 def test_patch_armed_before_torch_is_imported() -> None:
     code = textwrap.dedent(
         f"""

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Iterator
@@ -103,6 +104,62 @@ def test_uninstall_restores_exact_objects(target_dir: Path, patch_name: str) -> 
     assert not hasattr(module, "ADDED"), "attributes the patch added must be removed"
     assert TARGET not in import_hooks.watched()
     assert not status_row(patch_name)["applied"]
+
+
+def test_uninstall_leaves_what_a_library_set_after_the_patch(
+    target_dir: Path, patch_name: str
+) -> None:
+    module = importlib.import_module(TARGET)
+    compatshim.install(include=[patch_name])
+
+    def theirs(self: object) -> str:
+        return "theirs"
+
+    module.Thing.method = theirs  # another library's later change to the same attribute
+    compatshim.uninstall([patch_name])
+    assert module.Thing.__dict__["method"] is theirs, "uninstall dropped a later change"
+    assert not hasattr(module, "ADDED"), "what nobody replaced is still undone"
+
+
+def test_an_install_waits_for_the_hook_an_uninstall_left_working(target_dir: Path) -> None:
+    """install, uninstall, install from three threads while the first hook is inside its
+    apply: the third hook's probe must not run through the first one's fix, which is
+    reverted as soon as that hook sees it is stale (armed, but nothing applied)."""
+    module = importlib.import_module(TARGET)
+    original = module.Thing.__dict__["method"]
+    inside, release = threading.Event(), threading.Event()
+
+    def slow_apply(target: ModuleType, patcher: Patcher) -> None:
+        _apply(target, patcher)
+        if not release.is_set():  # the first apply only
+            inside.set()
+            release.wait(10)
+
+    name = "test-stale-hook-race"
+    registry.register(make_patch(name, (TARGET,), _probe, slow_apply))
+    try:
+        first = threading.Thread(target=compatshim.install, kwargs={"include": [name]})
+        first.start()
+        assert inside.wait(10)
+        undo = threading.Thread(target=compatshim.uninstall, args=([name],))
+        undo.start()
+        deadline = time.monotonic() + 10
+        while name in registry.armed() and time.monotonic() < deadline:
+            time.sleep(0.001)  # disarmed; it now waits for the first hook
+        second = threading.Thread(target=compatshim.install, kwargs={"include": [name]})
+        second.start()
+        second.join(0.3)
+        release.set()
+        for thread in (first, undo, second):
+            thread.join(20)
+            assert not thread.is_alive()
+        row = status_row(name)
+        assert row["armed"] and row["applied"], row
+        assert module.Thing().method() == "fixed", "armed, reported applied, but not in force"
+    finally:
+        release.set()
+        registry.unregister(name)
+    assert module.Thing.__dict__["method"] is original
 
 
 def test_install_twice_is_install_once(target_dir: Path, patch_name: str) -> None:

@@ -1,7 +1,11 @@
 """Reversible changes: every patch makes its edits through a :class:`Patcher`.
 
 The patcher records exactly what was there before (including "nothing was
-there"), so reverting restores the original objects, not equal copies.
+there"), so reverting restores the original objects, not equal copies. It
+restores only what still holds compatshim's own object: a library that replaced
+it afterwards (wrapping ``torch.load`` over compatshim's wrapper, say) keeps its
+object, and compatshim's wrapper under it passes every call through once
+reverted (:attr:`Patcher.live`, :func:`wrapping`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ class Patcher:
 
     def __init__(self) -> None:
         self._undo: list[Callable[[], None]] = []
+        #: False once reverted; a wrapper checks it, so that one another library still
+        #: holds (it wrapped ours) passes calls through
+        self.live = True
 
     def setattr(self, obj: Any, name: str, value: Any) -> None:
         """Set ``obj.name`` (looking only at ``obj.__dict__`` for the original)."""
@@ -27,6 +34,8 @@ class Patcher:
         setattr(obj, name, value)
 
         def undo() -> None:
+            if _current(obj, name) is not value:
+                return  # replaced after compatshim: the newer object stays
             if original is _MISSING:
                 delattr(obj, name)
             else:
@@ -39,6 +48,8 @@ class Patcher:
         mapping[key] = value
 
         def undo() -> None:
+            if mapping.get(key, _MISSING) is not value:
+                return  # replaced after compatshim: the newer object stays
             if original is _MISSING:
                 mapping.pop(key, None)
             else:
@@ -51,11 +62,36 @@ class Patcher:
         self._undo.append(undo)
 
     def revert(self) -> None:
+        self.live = False
         while self._undo:
             self._undo.pop()()
 
     def __bool__(self) -> bool:
         return bool(self._undo)
+
+
+def _current(obj: Any, name: str) -> Any:
+    if hasattr(obj, "__dict__"):
+        return vars(obj).get(name, _MISSING)
+    return getattr(obj, name, _MISSING)
+
+
+def in_force(function: Any) -> bool:
+    """Whether ``function`` is a wrapper of ours whose patch is not reverted."""
+    if getattr(function, "__compatshim_original__", None) is None:
+        return False
+    patcher = getattr(function, "__compatshim_patcher__", None)
+    return patcher is None or bool(patcher.live)
+
+
+def wrapping(current: Any) -> Any:
+    """What a patch should wrap in place of ``current``: ``current`` itself; for a wrapper of
+    ours whose patch was reverted while another library held it (it passes calls through,
+    and that library has since put it back), the function it wraps; None for a wrapper of
+    ours in force (a patch applied twice by hand: wrapping again would nest)."""
+    if in_force(current):
+        return None
+    return getattr(current, "__compatshim_original__", None) or current
 
 
 def mark(function: F, **attributes: object) -> F:

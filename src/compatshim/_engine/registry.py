@@ -55,7 +55,8 @@ class _State:
         self.generation = 0
         self.patcher = Patcher()
         self.claimed: set[str] = set()  # targets decided, or being decided, this generation
-        self.workers: list[int] = []  # threads working on a target outside the lock
+        #: (thread, generation) of each hook working on a target outside the lock
+        self.workers: list[tuple[int, int]] = []
         self.applied_targets: list[str] = []
         self.defect: dict[str, bool] = {}  # target -> present before the fix
         self.fixed: dict[str, bool] = {}  # target -> probe passes after the fix
@@ -307,20 +308,41 @@ def _on_import(state: _State, target: str, module: ModuleType) -> None:
         if not state.armed or target in state.claimed:
             return
         state.claimed.add(target)
-        state.workers.append(get_ident())
         generation = state.generation
+        worker = (get_ident(), generation)
+        state.workers.append(worker)
     outcome = _Outcome()
     try:
+        _wait_for_stale(state, generation)
         outcome = _settled(patch, target, module)
     finally:
         with _lock:
-            state.workers.remove(get_ident())
+            state.workers.remove(worker)
             current = state.armed and state.generation == generation
             if current:
                 _record(state, target, outcome, module)
     if not current and outcome.patcher is not None:
         outcome.patcher.revert()  # uninstalled while this hook worked
     _report(state.name, target, outcome, applied=current)
+
+
+def _wait_for_stale(state: _State, generation: int) -> None:
+    """Let hooks of an earlier install of this patch finish first. Uninstalled while they
+    worked, they revert their own changes when done; a probe run before that would probe
+    through a fix about to vanish, find no defect, and leave the patch armed but unapplied."""
+    me = get_ident()  # this thread's own older hook (an import inside its apply) waits for us
+
+    def done() -> bool:
+        with _lock:
+            return all(t == me or older >= generation for t, older in state.workers)
+
+    if done():
+        return
+    import time
+
+    deadline = time.monotonic() + _WAIT_FOR_HOOKS_S
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def _record(state: _State, target: str, outcome: _Outcome, module: ModuleType | None) -> None:
@@ -481,7 +503,7 @@ def _wait_for_hooks(names: list[str]) -> None:
     me = get_ident()
     while time.monotonic() < deadline:
         with _lock:
-            busy = [name for name in names if any(worker != me for worker in _states[name].workers)]
+            busy = [name for name in names if any(t != me for t, _ in _states[name].workers)]
         if not busy:
             return
         time.sleep(0.001)

@@ -41,12 +41,13 @@ Confirmed
 The revert
     The module attribute gets the original function back (Patcher). The
     popen modules look ``reduction.dump`` up at each start, so nothing else
-    holds the wrapper.
+    holds the wrapper, unless a library wrapped it after compatshim: that
+    library's wrapper stays, and compatshim's under it passes every call on.
 """
 
 from __future__ import annotations
 
-from .._engine.patching import mark
+from .._engine.patching import in_force, mark, wrapping
 
 TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
 if TYPE_CHECKING:
@@ -112,18 +113,20 @@ def _annotate(exc: BaseException, obj: Any) -> None:
         pass
 
 
-def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap(original: Callable[..., Any], patcher: Patcher) -> Callable[..., Any]:
     import functools
 
     @functools.wraps(original)
     def dump(obj: Any, file: Any, protocol: Any = None) -> Any:
+        if not patcher.live:  # reverted, and a library that wrapped it still holds it
+            return original(obj, file, protocol)
         try:
             return original(obj, file, protocol)
         except Exception as exc:
             _annotate(exc, obj)
             raise
 
-    return mark(dump, __compatshim_original__=original)
+    return mark(dump, __compatshim_original__=original, __compatshim_patcher__=patcher)
 
 
 def probe(reduction: ModuleType) -> bool:
@@ -148,10 +151,10 @@ def confirm(reduction: ModuleType) -> bool:
     probe when ``status()`` (or the doctor) first asks; that is what ``fixed``
     reports.
     """
-    return getattr(vars(reduction).get("dump"), "__compatshim_original__", None) is not None
+    return in_force(vars(reduction).get("dump"))
 
 
 def apply(reduction: ModuleType, patcher: Patcher) -> None:
-    original = vars(reduction)["dump"]
-    if getattr(original, "__compatshim_original__", None) is None:
-        patcher.setattr(reduction, "dump", _wrap(original))
+    original = wrapping(vars(reduction)["dump"])
+    if original is not None:
+        patcher.setattr(reduction, "dump", _wrap(original, patcher))

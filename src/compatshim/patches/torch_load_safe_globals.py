@@ -109,12 +109,15 @@ Confirmed
     with compatshim's loader).
 
 The revert
-    Every attribute gets the original function object back (Patcher).
+    Every attribute gets the original function object back (Patcher), unless a
+    library replaced it after compatshim (wrapping ``torch.load`` in turn): its
+    object stays, and compatshim's wrapper under it hands every call to torch's
+    function. A later ``install()`` wraps torch's function again, not that wrapper.
 """
 
 from __future__ import annotations
 
-from .._engine.patching import mark
+from .._engine.patching import in_force, mark, wrapping
 from ._safe_pickle import how_to_allow as _how_to_allow
 from ._safe_pickle import refused_hardened
 
@@ -422,17 +425,21 @@ def _skipped_by_warnings(function: Callable[..., Any]) -> None:
     function.__code__ = code.replace(co_filename=name)
 
 
-def _wrap(original: Callable[..., Any], hardened: bool) -> Callable[..., Any]:
+def _wrap(original: Callable[..., Any], hardened: bool, patcher: Patcher) -> Callable[..., Any]:
     """``torch.load`` that retries torch's weights-only refusals through compatshim's loader.
 
     ``hardened``: compatshim's loader reads every file first and alone (torch's
     weights-only unpickler never sees it: its crashes on hostile files would be ours).
+    Once ``patcher`` is reverted it is torch's ``load`` (a library that wrapped it may
+    still hold it).
     """
     import functools
     import pickle
 
     @functools.wraps(original)
     def load(*args: Any, **kwargs: Any) -> Any:
+        if not patcher.live:
+            return original(*args, **kwargs)
         f = args[0] if args else kwargs.get("f")
         start = _position(f)
         if hardened:
@@ -445,10 +452,15 @@ def _wrap(original: Callable[..., Any], hardened: bool) -> Callable[..., Any]:
             return _through_compatshim(f, start, args, kwargs, refusal, hardened)
 
     _skipped_by_warnings(load)
-    return mark(load, __compatshim_original__=original, __compatshim_hardened__=hardened)
+    return mark(
+        load,
+        __compatshim_original__=original,
+        __compatshim_hardened__=hardened,
+        __compatshim_patcher__=patcher,
+    )
 
 
-def _guard_inner(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+def _guard_inner(original: Callable[..., Any], name: str, patcher: Patcher) -> Callable[..., Any]:
     """Hardened: ``torch.serialization._load`` / ``_legacy_load`` (what ``torch.load`` runs
     inside, also called directly by ``torch.distributed._serialization`` and reached through
     a ``torch.load`` reference taken before ``install()``) refuse torch's full unpickler."""
@@ -457,6 +469,8 @@ def _guard_inner(original: Callable[..., Any], name: str) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def inner(*args: Any, **kwargs: Any) -> Any:
+        if not patcher.live:
+            return original(*args, **kwargs)
         pickle_module = args[2] if len(args) > 2 else kwargs.get("pickle_module")
         weights_only = sys.modules.get("torch._weights_only_unpickler")
         if pickle_module is None or pickle_module is not weights_only:
@@ -471,7 +485,7 @@ def _guard_inner(original: Callable[..., Any], name: str) -> Callable[..., Any]:
             )
         return original(*args, **kwargs)
 
-    return mark(inner, __compatshim_original__=original)
+    return mark(inner, __compatshim_original__=original, __compatshim_patcher__=patcher)
 
 
 def _saved(torch: ModuleType, payload: Any, name: str) -> Any:
@@ -556,8 +570,7 @@ def confirm(torch: ModuleType) -> bool:
     """
     from torch import serialization
 
-    loads = [vars(owner).get("load") for owner in (torch, serialization)]
-    return all(getattr(load, "__compatshim_original__", None) is not None for load in loads)
+    return all(in_force(vars(owner).get("load")) for owner in (torch, serialization))
 
 
 def _warn_stale(original: Callable[..., Any], owners: tuple[ModuleType, ...]) -> None:
@@ -604,10 +617,10 @@ def apply(torch: ModuleType, patcher: Patcher) -> None:
     hardened = _settings.safe_load()
     wrapped: dict[int, Callable[..., Any]] = {}
     for owner in (torch, serialization):
-        original = vars(owner)["load"]
-        if getattr(original, "__compatshim_original__", None) is not None:
-            continue  # already ours (installed twice by hand): wrapping again would nest
-        replacement = wrapped.setdefault(id(original), _wrap(original, hardened))
+        original = wrapping(vars(owner)["load"])
+        if original is None:
+            continue  # ours, in force (applied twice by hand): wrapping again would nest
+        replacement = wrapped.setdefault(id(original), _wrap(original, hardened, patcher))
         patcher.setattr(owner, "load", replacement)
     if hardened:
         from .._engine import import_hooks
@@ -615,6 +628,6 @@ def apply(torch: ModuleType, patcher: Patcher) -> None:
         if import_hooks.finishing() is None:  # armed after torch's import: look for old copies
             _warn_stale(vars(serialization)["load"].__compatshim_original__, (torch, serialization))
         for name in ("_load", "_legacy_load"):
-            inner = vars(serialization).get(name)
-            if callable(inner) and getattr(inner, "__compatshim_original__", None) is None:
-                patcher.setattr(serialization, name, _guard_inner(inner, name))
+            inner = wrapping(vars(serialization).get(name))
+            if callable(inner):
+                patcher.setattr(serialization, name, _guard_inner(inner, name, patcher))

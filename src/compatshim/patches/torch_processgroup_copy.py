@@ -338,12 +338,21 @@ def _bare_group(cls: type) -> Any:
 
 
 def probe(module: ModuleType) -> bool:
-    import copy
-    import pickle
-
     cls = _process_group_class(module)
     if cls is None:
         return False  # a torch build without torch.distributed has nothing to copy
+    cached = "__slotnames__" in vars(cls)
+    try:
+        return _copy_fails(cls)
+    finally:
+        if not cached and "__slotnames__" in vars(cls):  # copyreg's cache, set by the copy
+            delattr(cls, "__slotnames__")  # uninstall leaves the class as it found it
+
+
+def _copy_fails(cls: type) -> bool:
+    import copy
+    import pickle
+
     group = _bare_group(cls)
     try:
         copy.deepcopy(group)
