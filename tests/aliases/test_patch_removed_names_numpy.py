@@ -25,6 +25,28 @@ def test_row_stack_is_vstack_armed_and_gone_after_uninstall() -> None:
     assert found == [False, True, [[0, 1], [0, 1]], ["numpy.row_stack"], False]
 
 
+@pytest.mark.skipif(not version_at_least("numpy", "1.24"), reason="numpy < 1.24 has np.complex")
+def test_a_getattr_a_library_set_after_install_stays_and_ours_under_it_answers_nothing() -> None:
+    found = run(
+        "import json, numpy as np, compatshim\n"
+        "numpys = vars(np).get('__getattr__')\n"
+        "compatshim.install(include=['removed-names'])\n"
+        "ours = vars(np)['__getattr__']\n"
+        "def theirs(name): return ours(name)\n"
+        "np.__getattr__ = theirs\n"
+        "compatshim.uninstall(['removed-names'])\n"
+        "kept = vars(np)['__getattr__'] is theirs\n"
+        "gone = not hasattr(np, 'complex')\n"
+        "np.__getattr__ = ours  # the library puts back what it found\n"
+        "compatshim.install(include=['removed-names'])\n"
+        "again = np.complex is complex and vars(np)['__getattr__'] is not ours\n"
+        "compatshim.uninstall(['removed-names'])\n"
+        "print(json.dumps([kept, gone, again, vars(np).get('__getattr__') is ours,\n"
+        "                  not hasattr(np, 'complex'), ours.original is numpys]))"
+    )
+    assert found == [True, True, True, True, True, True]
+
+
 @pytest.mark.skipif(version_at_least("numpy", "2.5"), reason="numpy >= 2.5 has no row_stack")
 def test_row_stack_left_alone_where_numpy_has_it() -> None:
     found = run(

@@ -105,6 +105,67 @@ def test_uninstall_keeps_a_wrapper_a_library_put_on_after_it(installed: Any) -> 
 
 
 @needs_default
+def test_a_library_wrapper_made_with_functools_wraps_is_not_taken_for_ours(
+    installed: Any,
+) -> None:
+    """functools.wraps copies our marks onto a library's wrapper; a re-install must wrap it,
+    not skip past it to torch's function."""
+    import functools
+
+    original = torch.load.__compatshim_original__
+    calls: list[int] = []
+
+    @functools.wraps(torch.load)
+    def theirs(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    installed.uninstall([PATCH])
+    torch.load = theirs
+    try:
+        installed.install(include=[PATCH])
+        assert torch.load is not theirs and torch.load.__compatshim_original__ is theirs
+        calls.clear()  # the patch's probe went through it too
+        torch.load(_saved({"w": torch.ones(1)}))
+        assert calls == [1]
+        installed.uninstall([PATCH])
+        assert torch.load is theirs
+    finally:
+        torch.load = original
+
+
+def test_a_reference_taken_under_an_earlier_install_stays_hardened(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``from torch import load`` while armed, then uninstall and install again: the old
+    reference is read by compatshim's loader as the new torch.load is, never torch's."""
+    import compatshim
+
+    calls: list[int] = []
+    real = patch._through_compatshim
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(patch, "_through_compatshim", counted)
+    monkeypatch.setenv("COMPATSHIM_SAFE_LOAD", "1")
+    compatshim.uninstall([PATCH])
+    compatshim.install(include=[PATCH])
+    try:
+        old = torch.load
+        compatshim.uninstall([PATCH])
+        old(_saved({"w": torch.ones(1)}))
+        assert calls == [], "uninstalled: the old reference is torch's load again"
+        compatshim.install(include=[PATCH])
+        assert torch.load is not old
+        old(_saved({"w": torch.ones(1)}))
+        assert calls == [1], "re-armed: the old reference is hardened again"
+    finally:
+        compatshim.uninstall([PATCH])
+
+
+@needs_default
 def test_confirm_checks_both_names_are_the_wrapper(installed: Any) -> None:
     assert patch.confirm(torch)
     original = torch.serialization.load.__compatshim_original__

@@ -124,14 +124,16 @@ def test_uninstall_leaves_what_a_library_set_after_the_patch(
 def test_an_install_waits_for_the_hook_an_uninstall_left_working(target_dir: Path) -> None:
     """install, uninstall, install from three threads while the first hook is inside its
     apply: the third hook's probe must not run through the first one's fix, which is
-    reverted as soon as that hook sees it is stale (armed, but nothing applied)."""
+    reverted as soon as that hook sees it is stale (armed, but nothing applied), nor
+    while that revert is still running."""
     module = importlib.import_module(TARGET)
     original = module.Thing.__dict__["method"]
     inside, release = threading.Event(), threading.Event()
 
     def slow_apply(target: ModuleType, patcher: Patcher) -> None:
         _apply(target, patcher)
-        if not release.is_set():  # the first apply only
+        if not release.is_set():  # the first apply only, whose revert is slow too
+            patcher.on_revert(lambda: time.sleep(0.3))
             inside.set()
             release.wait(10)
 

@@ -4,8 +4,9 @@ The patcher records exactly what was there before (including "nothing was
 there"), so reverting restores the original objects, not equal copies. It
 restores only what still holds compatshim's own object: a library that replaced
 it afterwards (wrapping ``torch.load`` over compatshim's wrapper, say) keeps its
-object, and compatshim's wrapper under it passes every call through once
-reverted (:attr:`Patcher.live`, :func:`wrapping`).
+object. Wrappers that check :attr:`Patcher.live` (or their patch's own switch)
+then pass calls through where such a library still holds them; :func:`wrapping`
+tells a patch what to wrap when a leftover of ours is back in place.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Patcher:
 
     def __init__(self) -> None:
         self._undo: list[Callable[[], None]] = []
+        self._set: list[Any] = []  # every object set: our wrappers are known by identity
         #: False once reverted; a wrapper checks it, so that one another library still
         #: holds (it wrapped ours) passes calls through
         self.live = True
@@ -32,6 +34,7 @@ class Patcher:
         """Set ``obj.name`` (looking only at ``obj.__dict__`` for the original)."""
         original = vars(obj).get(name, _MISSING) if hasattr(obj, "__dict__") else _MISSING
         setattr(obj, name, value)
+        self._set.append(value)
 
         def undo() -> None:
             if _current(obj, name) is not value:
@@ -46,6 +49,7 @@ class Patcher:
     def setitem(self, mapping: MutableMapping[Any, Any], key: Any, value: Any) -> None:
         original = mapping.get(key, _MISSING)
         mapping[key] = value
+        self._set.append(value)
 
         def undo() -> None:
             if mapping.get(key, _MISSING) is not value:
@@ -69,6 +73,11 @@ class Patcher:
     def __bool__(self) -> bool:
         return bool(self._undo)
 
+    def made(self, obj: Any) -> bool:
+        """Whether this patcher set ``obj`` (by identity: ``functools.wraps`` copies our
+        marks onto another library's wrapper of ours, which must not pass for ours)."""
+        return any(value is obj for value in self._set)
+
 
 def _current(obj: Any, name: str) -> Any:
     if hasattr(obj, "__dict__"):
@@ -76,12 +85,16 @@ def _current(obj: Any, name: str) -> Any:
     return getattr(obj, name, _MISSING)
 
 
+def _maker(function: Any) -> Patcher | None:
+    """The patcher that set ``function``, a wrapper marked with it; None for anything else."""
+    patcher = getattr(function, "__compatshim_patcher__", None)
+    return patcher if isinstance(patcher, Patcher) and patcher.made(function) else None
+
+
 def in_force(function: Any) -> bool:
     """Whether ``function`` is a wrapper of ours whose patch is not reverted."""
-    if getattr(function, "__compatshim_original__", None) is None:
-        return False
-    patcher = getattr(function, "__compatshim_patcher__", None)
-    return patcher is None or bool(patcher.live)
+    patcher = _maker(function)
+    return patcher is not None and patcher.live
 
 
 def wrapping(current: Any) -> Any:
@@ -89,9 +102,10 @@ def wrapping(current: Any) -> Any:
     ours whose patch was reverted while another library held it (it passes calls through,
     and that library has since put it back), the function it wraps; None for a wrapper of
     ours in force (a patch applied twice by hand: wrapping again would nest)."""
-    if in_force(current):
-        return None
-    return getattr(current, "__compatshim_original__", None) or current
+    patcher = _maker(current)
+    if patcher is None:
+        return current
+    return None if patcher.live else current.__compatshim_original__
 
 
 def mark(function: F, **attributes: object) -> F:

@@ -312,17 +312,23 @@ def _on_import(state: _State, target: str, module: ModuleType) -> None:
         worker = (get_ident(), generation)
         state.workers.append(worker)
     outcome = _Outcome()
+    current = False
     try:
         _wait_for_stale(state, generation)
         outcome = _settled(patch, target, module)
     finally:
         with _lock:
-            state.workers.remove(worker)
             current = state.armed and state.generation == generation
             if current:
                 _record(state, target, outcome, module)
-    if not current and outcome.patcher is not None:
-        outcome.patcher.revert()  # uninstalled while this hook worked
+                state.workers.remove(worker)
+        if not current:
+            try:
+                if outcome.patcher is not None:
+                    outcome.patcher.revert()  # uninstalled while this hook worked
+            finally:
+                with _lock:  # only now: newer hooks and uninstall() wait for this revert
+                    state.workers.remove(worker)
     _report(state.name, target, outcome, applied=current)
 
 

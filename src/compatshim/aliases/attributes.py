@@ -12,7 +12,8 @@ releases that had it.
 An entry is provided only while the module neither has the name in its
 ``__dict__`` nor answers for it through its own ``__getattr__``; its target
 (``numpy.vstack``) must exist. Uninstalling puts the original ``__getattr__``
-back (or removes ours).
+back (or removes ours), unless a library set its own after compatshim: that one stays,
+and ours under it answers for no entry.
 """
 
 from __future__ import annotations
@@ -32,17 +33,26 @@ __all__ = ["apply", "missing", "provided"]
 
 
 class _AliasGetattr:
-    """The module ``__getattr__``: our entries first, then the module's own, if any."""
+    """The module ``__getattr__``: our entries first, then the module's own, if any.
+
+    Once its patch is reverted (``patcher.live`` False) it answers for no entry: a library
+    that set its own ``__getattr__`` over it after compatshim keeps that one, and may call it.
+    """
 
     def __init__(
-        self, module_name: str, entries: dict[str, tuple[Alias, Any]], original: Any
+        self,
+        module_name: str,
+        entries: dict[str, tuple[Alias, Any]],
+        original: Any,
+        patcher: Patcher,
     ) -> None:
         self.module_name = module_name
         self.entries = entries
         self.original = original
+        self.patcher = patcher
 
     def __call__(self, name: str) -> Any:
-        found = self.entries.get(name)
+        found = self.entries.get(name) if self.patcher.live else None
         if found is not None:
             alias, value = found
             note_use(alias)
@@ -59,7 +69,7 @@ def _answers(module: ModuleType, name: str) -> bool:
         return True
     original = own.get("__getattr__")
     if isinstance(original, _AliasGetattr):
-        if name in original.entries:  # provided by us: present
+        if original.patcher.live and name in original.entries:  # provided by us: present
             return True
         original = original.original
     if original is None:
@@ -94,7 +104,7 @@ def missing(module: ModuleType) -> dict[str, tuple[Alias, Any]]:
 def provided(module: ModuleType) -> list[str]:
     """The names our ``__getattr__`` answers for in ``module`` now."""
     hook = vars(module).get("__getattr__")
-    return sorted(hook.entries) if isinstance(hook, _AliasGetattr) else []
+    return sorted(hook.entries) if isinstance(hook, _AliasGetattr) and hook.patcher.live else []
 
 
 def apply(module: ModuleType, patcher: Patcher) -> None:
@@ -103,6 +113,9 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
     if not entries:
         return
     current = vars(module).get("__getattr__")
-    if isinstance(current, _AliasGetattr):  # already armed (installed twice)
-        return
-    patcher.setattr(module, "__getattr__", _AliasGetattr(module.__name__, entries, current))
+    if isinstance(current, _AliasGetattr):
+        if current.patcher.live:  # already armed (installed twice)
+            return
+        current = current.original  # ours, reverted, put back by a library: not wrapped again
+    hook = _AliasGetattr(module.__name__, entries, current, patcher)
+    patcher.setattr(module, "__getattr__", hook)

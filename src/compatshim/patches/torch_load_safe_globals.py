@@ -112,7 +112,9 @@ The revert
     Every attribute gets the original function object back (Patcher), unless a
     library replaced it after compatshim (wrapping ``torch.load`` in turn): its
     object stays, and compatshim's wrapper under it hands every call to torch's
-    function. A later ``install()`` wraps torch's function again, not that wrapper.
+    function. A later ``install()`` wraps torch's function again, not that wrapper;
+    while it is in force, every earlier wrapper (a ``torch.load`` reference taken
+    under an earlier install) acts as it says, hardened or not.
 """
 
 from __future__ import annotations
@@ -425,31 +427,45 @@ def _skipped_by_warnings(function: Callable[..., Any]) -> None:
     function.__code__ = code.replace(co_filename=name)
 
 
+#: (token, hardened) of each apply in force, the latest last (one at a time: the registry)
+_in_force: list[tuple[object, bool]] = []
+
+
+def _mode_in_force() -> bool | None:
+    """Whether the apply in force is hardened; None when none is."""
+    try:
+        return _in_force[-1][1]
+    except IndexError:  # read without a lock: emptied meanwhile
+        return None
+
+
 def _wrap(original: Callable[..., Any], hardened: bool, patcher: Patcher) -> Callable[..., Any]:
     """``torch.load`` that retries torch's weights-only refusals through compatshim's loader.
 
     ``hardened``: compatshim's loader reads every file first and alone (torch's
     weights-only unpickler never sees it: its crashes on hostile files would be ours).
-    Once ``patcher`` is reverted it is torch's ``load`` (a library that wrapped it may
-    still hold it).
+    Once ``patcher`` is reverted it acts as the apply in force says (a ``torch.load``
+    reference taken under an earlier install stays hardened through a re-install), and
+    with none in force it is torch's ``load`` (a library that wrapped it may hold it).
     """
     import functools
     import pickle
 
     @functools.wraps(original)
     def load(*args: Any, **kwargs: Any) -> Any:
-        if not patcher.live:
+        mode = hardened if patcher.live else _mode_in_force()
+        if mode is None:
             return original(*args, **kwargs)
         f = args[0] if args else kwargs.get("f")
         start = _position(f)
-        if hardened:
+        if mode:
             return _through_compatshim(f, start, args, kwargs, None, True)
         try:
             return original(*args, **kwargs)
         except pickle.UnpicklingError as refusal:
             if not _was_weights_only(kwargs, args):
                 raise
-            return _through_compatshim(f, start, args, kwargs, refusal, hardened)
+            return _through_compatshim(f, start, args, kwargs, refusal, False)
 
     _skipped_by_warnings(load)
     return mark(
@@ -469,7 +485,7 @@ def _guard_inner(original: Callable[..., Any], name: str, patcher: Patcher) -> C
 
     @functools.wraps(original)
     def inner(*args: Any, **kwargs: Any) -> Any:
-        if not patcher.live:
+        if not patcher.live and not _mode_in_force():  # as load's wrapper: see _wrap
             return original(*args, **kwargs)
         pickle_module = args[2] if len(args) > 2 else kwargs.get("pickle_module")
         weights_only = sys.modules.get("torch._weights_only_unpickler")
@@ -615,6 +631,9 @@ def apply(torch: ModuleType, patcher: Patcher) -> None:
     from .. import _settings
 
     hardened = _settings.safe_load()
+    entry = (object(), hardened)
+    _in_force.append(entry)
+    patcher.on_revert(lambda: _in_force.remove(entry))
     wrapped: dict[int, Callable[..., Any]] = {}
     for owner in (torch, serialization):
         original = wrapping(vars(owner)["load"])
