@@ -134,6 +134,65 @@ def test_a_library_wrapper_made_with_functools_wraps_is_not_taken_for_ours(
         torch.load = original
 
 
+@needs_default
+def test_a_library_wrapper_between_two_of_ours_means_one_retry(
+    installed: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """install, a library wraps torch.load, uninstall, install: torch.load is ours over the
+    library's over our retired one. A file both loaders refuse is read by compatshim once,
+    warned about once, and the error keeps torch's own wording under compatshim's."""
+    calls: list[int] = []
+    real = patch._through_compatshim
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    original = torch.load.__compatshim_original__
+    retired = torch.load
+
+    def theirs(*args: Any, **kwargs: Any) -> Any:
+        return retired(*args, **kwargs)
+
+    torch.load = theirs
+    try:
+        installed.uninstall([PATCH])
+        installed.install(include=[PATCH])
+        assert torch.load.__compatshim_original__ is theirs
+        monkeypatch.setattr(patch, "_through_compatshim", counted)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(pickle.UnpicklingError) as raised:
+                torch.load(_saved({"x": len}))
+        refused = [w for w in caught if issubclass(w.category, patch.CheckpointRefusedWarning)]
+        assert len(calls) == 1 and len(refused) == 1, (calls, refused)
+        assert str(raised.value).count("compatshim.checkpoint.load:") == 1, str(raised.value)
+        assert torch.load(_saved({"hparams": argparse.Namespace(a=2)}))["hparams"].a == 2
+        assert len(calls) == 2
+        installed.uninstall([PATCH])
+    finally:
+        torch.load = original
+
+
+@needs_default
+def test_an_apply_that_wraps_nothing_does_not_change_the_mode_in_force(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import compatshim
+
+    monkeypatch.setenv("COMPATSHIM_SAFE_LOAD", "1")
+    compatshim.uninstall([PATCH])
+    compatshim.install(include=[PATCH])
+    try:
+        before = list(patch._in_force)
+        monkeypatch.delenv("COMPATSHIM_SAFE_LOAD")
+        patch.apply(torch, Patcher())  # by hand, over the hardened wrapper in force
+        assert patch._in_force == before and patch._mode_in_force() is True
+    finally:
+        compatshim.uninstall([PATCH])
+    assert patch._in_force == []
+
+
 def test_a_reference_taken_under_an_earlier_install_stays_hardened(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

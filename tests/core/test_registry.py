@@ -164,6 +164,20 @@ def test_an_install_waits_for_the_hook_an_uninstall_left_working(target_dir: Pat
     assert module.Thing.__dict__["method"] is original
 
 
+def test_a_hook_whose_record_fails_leaves_no_worker_behind(
+    target_dir: Path, patch_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Or every later install and uninstall from another thread would wait 30 s for it."""
+    importlib.import_module(TARGET)
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("recording failed")
+
+    monkeypatch.setattr(registry, "_record", broken)
+    compatshim.install(include=[patch_name])  # the import hooks keep it from the caller
+    assert registry._states[patch_name].workers == []
+
+
 def test_install_twice_is_install_once(target_dir: Path, patch_name: str) -> None:
     compatshim.install(include=[patch_name])
     compatshim.install(include=[patch_name])

@@ -320,8 +320,10 @@ def _on_import(state: _State, target: str, module: ModuleType) -> None:
         with _lock:
             current = state.armed and state.generation == generation
             if current:
-                _record(state, target, outcome, module)
-                state.workers.remove(worker)
+                try:
+                    _record(state, target, outcome, module)
+                finally:
+                    state.workers.remove(worker)
         if not current:
             try:
                 if outcome.patcher is not None:

@@ -431,6 +431,19 @@ def _skipped_by_warnings(function: Callable[..., Any]) -> None:
 _in_force: list[tuple[object, bool]] = []
 
 
+_local: Any = None
+
+
+def _inside() -> Any:
+    """A thread-local ``load`` flag: a wrapper of ours is calling torch's load in this thread."""
+    global _local
+    if _local is None:
+        import threading
+
+        _local = threading.local()
+    return _local
+
+
 def _mode_in_force() -> bool | None:
     """Whether the apply in force is hardened; None when none is."""
     try:
@@ -445,27 +458,40 @@ def _wrap(original: Callable[..., Any], hardened: bool, patcher: Patcher) -> Cal
     ``hardened``: compatshim's loader reads every file first and alone (torch's
     weights-only unpickler never sees it: its crashes on hostile files would be ours).
     Once ``patcher`` is reverted it acts as the apply in force says (a ``torch.load``
-    reference taken under an earlier install stays hardened through a re-install), and
-    with none in force it is torch's ``load`` (a library that wrapped it may hold it).
+    reference taken under an earlier install stays hardened through a re-install), except
+    when a wrapper of ours in this thread is already calling torch (a library's wrapper
+    sits between the two: one retry, one warning); with none in force it is torch's
+    ``load`` (a library that wrapped it may hold it).
     """
     import functools
     import pickle
 
+    inside = _inside()
+
     @functools.wraps(original)
     def load(*args: Any, **kwargs: Any) -> Any:
-        mode = hardened if patcher.live else _mode_in_force()
+        if patcher.live:
+            mode: bool | None = hardened
+        elif getattr(inside, "load", False):  # under the wrapper in force (a library's
+            mode = None  # wrapper between): that one retries, once
+        else:
+            mode = _mode_in_force()
         if mode is None:
             return original(*args, **kwargs)
         f = args[0] if args else kwargs.get("f")
         start = _position(f)
         if mode:
             return _through_compatshim(f, start, args, kwargs, None, True)
+        outer = getattr(inside, "load", False)
+        inside.load = True
         try:
             return original(*args, **kwargs)
         except pickle.UnpicklingError as refusal:
             if not _was_weights_only(kwargs, args):
                 raise
             return _through_compatshim(f, start, args, kwargs, refusal, False)
+        finally:
+            inside.load = outer
 
     _skipped_by_warnings(load)
     return mark(
@@ -631,9 +657,6 @@ def apply(torch: ModuleType, patcher: Patcher) -> None:
     from .. import _settings
 
     hardened = _settings.safe_load()
-    entry = (object(), hardened)
-    _in_force.append(entry)
-    patcher.on_revert(lambda: _in_force.remove(entry))
     wrapped: dict[int, Callable[..., Any]] = {}
     for owner in (torch, serialization):
         original = wrapping(vars(owner)["load"])
@@ -641,6 +664,10 @@ def apply(torch: ModuleType, patcher: Patcher) -> None:
             continue  # ours, in force (applied twice by hand): wrapping again would nest
         replacement = wrapped.setdefault(id(original), _wrap(original, hardened, patcher))
         patcher.setattr(owner, "load", replacement)
+    if wrapped:  # this apply is the one in force: earlier wrappers act as it says
+        entry = (object(), hardened)
+        _in_force.append(entry)
+        patcher.on_revert(lambda: _in_force.remove(entry))
     if hardened:
         from .._engine import import_hooks
 
