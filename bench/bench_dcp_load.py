@@ -54,6 +54,7 @@ import torch.multiprocessing as mp
 from _common import interleaved, median, ms, table
 from torch.distributed.checkpoint import filesystem
 
+from compatshim._engine.patching import Patcher
 from compatshim.patches import torch_dcp_safe_metadata as patch
 from compatshim.patches.torch_load_safe_globals import _wrap
 
@@ -305,7 +306,7 @@ def main(mib: int = 256, count: int = 64, ranks: int = 1, repeats: int = 7) -> N
     try:
         target = _state(mib, count, zero=True)
         original_load, original_view = torch.load, vars(filesystem).get("_create_file_view")
-        hardened_load = _wrap(original_load, hardened=True)
+        hardened_load = _wrap(original_load, True, Patcher())
         safe = patch.safe_pickle(pickle)
 
         def use(load: Any, pickle_module: Any, view: Any) -> None:

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 from _common import balanced_orders
 
+from compatshim._engine.patching import Patcher
 from compatshim.patches.torch_load_safe_globals import _wrap
 
 
@@ -95,8 +96,8 @@ BLOCK = 25
 def main(repeats: int = 300) -> None:
     loads = {
         "torch.load": torch.load,
-        "armed": _wrap(torch.load, hardened=False),
-        "hardened": _wrap(torch.load, hardened=True),
+        "armed": _wrap(torch.load, False, Patcher()),
+        "hardened": _wrap(torch.load, True, Patcher()),
     }
     print(f"### torch.load wrapper on files torch accepts (torch {torch.__version__}, medians)")
     print()
