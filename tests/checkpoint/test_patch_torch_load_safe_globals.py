@@ -56,6 +56,33 @@ def _retries() -> list[str]:
     return [line for line in decisions.recent(PATCH) if ": retried" in line]
 
 
+def _a_library_wraps_torch_load() -> tuple[Any, Any, Any]:
+    """torch's load, compatshim's wrapper in force, and a library's wrapper over that one,
+    which this puts on torch.load, as a library that wraps it after compatshim does."""
+    original = torch.load.__compatshim_original__
+    ours = torch.load
+
+    def theirs(*args: Any, **kwargs: Any) -> Any:
+        return ours(*args, **kwargs)
+
+    torch.load = theirs
+    return original, ours, theirs
+
+
+@pytest.fixture
+def compatshim_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per file the patch hands to compatshim's loader."""
+    calls: list[int] = []
+    real = patch._through_compatshim
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(patch, "_through_compatshim", counted)
+    return calls
+
+
 def test_probe_finds_the_weights_only_default() -> None:
     import compatshim
 
@@ -79,13 +106,7 @@ def test_uninstall_keeps_a_wrapper_a_library_put_on_after_it(installed: Any) -> 
     and compatshim's under it hands every call to torch's load (a Namespace is refused again,
     as torch refuses it). The library then puts back what it found: install wraps torch's own
     function again, not that leftover, and uninstall puts the leftover back."""
-    original = torch.load.__compatshim_original__
-    ours = torch.load
-
-    def theirs(*args: Any, **kwargs: Any) -> Any:
-        return ours(*args, **kwargs)
-
-    torch.load = theirs
+    original, ours, theirs = _a_library_wraps_torch_load()
     try:
         installed.uninstall([PATCH])
         assert torch.load is theirs and torch.serialization.load is original
@@ -136,30 +157,18 @@ def test_a_library_wrapper_made_with_functools_wraps_is_not_taken_for_ours(
 
 @needs_default
 def test_a_library_wrapper_between_two_of_ours_means_one_retry(
-    installed: Any, monkeypatch: pytest.MonkeyPatch
+    installed: Any, compatshim_reads: list[int]
 ) -> None:
     """install, a library wraps torch.load, uninstall, install: torch.load is ours over the
     library's over our retired one. A file both loaders refuse is read by compatshim once,
     warned about once, and the error keeps torch's own wording under compatshim's."""
-    calls: list[int] = []
-    real = patch._through_compatshim
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    original = torch.load.__compatshim_original__
-    retired = torch.load
-
-    def theirs(*args: Any, **kwargs: Any) -> Any:
-        return retired(*args, **kwargs)
-
-    torch.load = theirs
+    calls = compatshim_reads
+    original, _, theirs = _a_library_wraps_torch_load()
     try:
         installed.uninstall([PATCH])
         installed.install(include=[PATCH])
         assert torch.load.__compatshim_original__ is theirs
-        monkeypatch.setattr(patch, "_through_compatshim", counted)
+        calls.clear()  # the patch's probe went through it
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with pytest.raises(pickle.UnpicklingError) as raised:
@@ -194,20 +203,13 @@ def test_an_apply_that_wraps_nothing_does_not_change_the_mode_in_force(
 
 
 def test_a_reference_taken_under_an_earlier_install_stays_hardened(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, compatshim_reads: list[int]
 ) -> None:
     """``from torch import load`` while armed, then uninstall and install again: the old
     reference is read by compatshim's loader as the new torch.load is, never torch's."""
     import compatshim
 
-    calls: list[int] = []
-    real = patch._through_compatshim
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(patch, "_through_compatshim", counted)
+    calls = compatshim_reads
     monkeypatch.setenv("COMPATSHIM_SAFE_LOAD", "1")
     compatshim.uninstall([PATCH])
     compatshim.install(include=[PATCH])
