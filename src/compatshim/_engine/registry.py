@@ -312,45 +312,24 @@ def _on_import(state: _State, target: str, module: ModuleType) -> None:
         worker = (get_ident(), generation)
         state.workers.append(worker)
     outcome = _Outcome()
-    current = False
     try:
-        _wait_for_stale(state, generation)
+        # hooks of an earlier install, uninstalled while they work, revert their changes when
+        # done: a probe before that would run through a fix about to vanish, find no defect,
+        # and leave the patch armed but unapplied
+        _wait_for_hooks([state], before=generation)
         outcome = _settled(patch, target, module)
     finally:
-        with _lock:
-            current = state.armed and state.generation == generation
-            if current:
-                try:
+        try:
+            with _lock:
+                current = state.armed and state.generation == generation
+                if current:
                     _record(state, target, outcome, module)
-                finally:
-                    state.workers.remove(worker)
-        if not current:
-            try:
-                if outcome.patcher is not None:
-                    outcome.patcher.revert()  # uninstalled while this hook worked
-            finally:
-                with _lock:  # only now: newer hooks and uninstall() wait for this revert
-                    state.workers.remove(worker)
+            if not current and outcome.patcher is not None:
+                outcome.patcher.revert()  # uninstalled while this hook worked
+        finally:
+            with _lock:  # only now: newer hooks and uninstall() wait for this revert
+                state.workers.remove(worker)
     _report(state.name, target, outcome, applied=current)
-
-
-def _wait_for_stale(state: _State, generation: int) -> None:
-    """Let hooks of an earlier install of this patch finish first. Uninstalled while they
-    worked, they revert their own changes when done; a probe run before that would probe
-    through a fix about to vanish, find no defect, and leave the patch armed but unapplied."""
-    me = get_ident()  # this thread's own older hook (an import inside its apply) waits for us
-
-    def done() -> bool:
-        with _lock:
-            return all(t == me or older >= generation for t, older in state.workers)
-
-    if done():
-        return
-    import time
-
-    deadline = time.monotonic() + _WAIT_FOR_HOOKS_S
-    while not done() and time.monotonic() < deadline:
-        time.sleep(0.001)
 
 
 def _record(state: _State, target: str, outcome: _Outcome, module: ModuleType | None) -> None:
@@ -481,7 +460,7 @@ def install(
 
 def uninstall(names: Iterable[str] | str | None = None) -> list[str]:
     """Disarm patches and restore the original objects exactly; return the names undone."""
-    undone: list[str] = []
+    undone: list[_State] = []
     with _lock:
         for state in _select(_names(names, "names")):
             if not state.armed:
@@ -493,27 +472,37 @@ def uninstall(names: Iterable[str] | str | None = None) -> list[str]:
             state.generation += 1
             state.patcher.revert()
             state.reset_outcomes()
-            undone.append(state.name)
+            undone.append(state)
             decisions.record(state.name, "uninstalled")
     _wait_for_hooks(undone)
-    if undone:
+    names_undone = [state.name for state in undone]
+    if names_undone:
         from .safe_load import disarmed
 
-        disarmed(undone)
-    return undone
+        disarmed(names_undone)
+    return names_undone
 
 
-def _wait_for_hooks(names: list[str]) -> None:
-    """Let hooks still deciding for ``names`` in other threads finish (and revert themselves)."""
+def _wait_for_hooks(states: list[_State], before: int | None = None) -> None:
+    """Let the hooks of ``states`` (of a generation before ``before``, if given) still working
+    in other threads finish, and revert themselves if stale; at most ``_WAIT_FOR_HOOKS_S``.
+    Never this thread's own: an import inside its apply would wait for itself."""
+    me = get_ident()
+
+    def busy() -> bool:
+        with _lock:
+            return any(
+                thread != me and (before is None or generation < before)
+                for state in states
+                for thread, generation in state.workers
+            )
+
+    if not busy():
+        return
     import time
 
     deadline = time.monotonic() + _WAIT_FOR_HOOKS_S
-    me = get_ident()
-    while time.monotonic() < deadline:
-        with _lock:
-            busy = [name for name in names if any(t != me for t, _ in _states[name].workers)]
-        if not busy:
-            return
+    while busy() and time.monotonic() < deadline:
         time.sleep(0.001)
 
 

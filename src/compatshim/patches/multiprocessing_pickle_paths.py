@@ -118,12 +118,11 @@ def _wrap(original: Callable[..., Any], patcher: Patcher) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def dump(obj: Any, file: Any, protocol: Any = None) -> Any:
-        if not patcher.live:  # reverted, and a library that wrapped it still holds it
-            return original(obj, file, protocol)
         try:
             return original(obj, file, protocol)
         except Exception as exc:
-            _annotate(exc, obj)
+            if patcher.live:  # not reverted (a library that wrapped ours may still hold it)
+                _annotate(exc, obj)
             raise
 
     return mark(dump, __compatshim_original__=original, __compatshim_patcher__=patcher)

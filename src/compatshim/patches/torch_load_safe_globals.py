@@ -119,6 +119,8 @@ The revert
 
 from __future__ import annotations
 
+import threading
+
 from .._engine.patching import in_force, mark, wrapping
 from ._safe_pickle import how_to_allow as _how_to_allow
 from ._safe_pickle import refused_hardened
@@ -429,19 +431,8 @@ def _skipped_by_warnings(function: Callable[..., Any]) -> None:
 
 #: (token, hardened) of each apply in force, the latest last (one at a time: the registry)
 _in_force: list[tuple[object, bool]] = []
-
-
-_local: Any = None
-
-
-def _inside() -> Any:
-    """A thread-local ``load`` flag: a wrapper of ours is calling torch's load in this thread."""
-    global _local
-    if _local is None:
-        import threading
-
-        _local = threading.local()
-    return _local
+#: ``load`` True while a wrapper of ours calls torch's load in this thread
+_inside = threading.local()
 
 
 def _mode_in_force() -> bool | None:
@@ -466,13 +457,11 @@ def _wrap(original: Callable[..., Any], hardened: bool, patcher: Patcher) -> Cal
     import functools
     import pickle
 
-    inside = _inside()
-
     @functools.wraps(original)
     def load(*args: Any, **kwargs: Any) -> Any:
         if patcher.live:
             mode: bool | None = hardened
-        elif getattr(inside, "load", False):  # under the wrapper in force (a library's
+        elif getattr(_inside, "load", False):  # under the wrapper in force (a library's
             mode = None  # wrapper between): that one retries, once
         else:
             mode = _mode_in_force()
@@ -482,8 +471,8 @@ def _wrap(original: Callable[..., Any], hardened: bool, patcher: Patcher) -> Cal
         start = _position(f)
         if mode:
             return _through_compatshim(f, start, args, kwargs, None, True)
-        outer = getattr(inside, "load", False)
-        inside.load = True
+        outer = getattr(_inside, "load", False)
+        _inside.load = True
         try:
             return original(*args, **kwargs)
         except pickle.UnpicklingError as refusal:
@@ -491,7 +480,7 @@ def _wrap(original: Callable[..., Any], hardened: bool, patcher: Patcher) -> Cal
                 raise
             return _through_compatshim(f, start, args, kwargs, refusal, False)
         finally:
-            inside.load = outer
+            _inside.load = outer
 
     _skipped_by_warnings(load)
     return mark(
