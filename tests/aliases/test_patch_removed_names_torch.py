@@ -89,3 +89,47 @@ def test_object_collectives_weights_only_on_four_gloo_ranks() -> None:
         if lacking:
             assert "all ranks must pass the same value" in out["disagree"]
             assert "torch.distributed.all_gather_object(weights_only=)" in out["used"]
+
+
+def test_a_library_wrapper_over_the_weights_only_collective_survives_uninstall() -> None:
+    """A library wraps ``all_gather_object`` after install: uninstall keeps its wrapper, and
+    ours under it then acts as torch's own (``weights_only=`` is torch's TypeError where torch
+    lacks it); installing again gives ``weights_only=`` back through the library's wrapper."""
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed unavailable")
+    found = run(
+        "import functools, json, os, tempfile\n"
+        "import torch.distributed as dist, compatshim\n"
+        "store = dist.FileStore(os.path.join(tempfile.mkdtemp(), 'store'), 1)\n"
+        "dist.init_process_group('gloo', store=store, rank=0, world_size=1)\n"
+        "torchs = dist.all_gather_object\n"
+        "compatshim.install(['removed-names'])\n"
+        "under = dist.all_gather_object\n"
+        "@functools.wraps(under)\n"
+        "def library(*args, **kwargs):\n"
+        "    return under(*args, **kwargs)\n"
+        "dist.all_gather_object = library\n"
+        "def call():\n"
+        "    out = [None]\n"
+        "    try:\n"
+        "        dist.all_gather_object(out, {'step': 3}, weights_only=True)\n"
+        "    except TypeError:\n"
+        "        return 'TypeError'\n"
+        "    return out\n"
+        "compatshim.uninstall(['removed-names'])\n"
+        "after = [dist.all_gather_object is library, call()]\n"
+        "compatshim.install(['removed-names'])\n"
+        "row = [r for r in compatshim.status() if r.name == 'removed-names'][0]\n"
+        "again = [dist.all_gather_object is not library, call(), row.applied]\n"
+        "compatshim.uninstall(['removed-names'])\n"
+        "dist.destroy_process_group()\n"
+        "print(json.dumps([under is not torchs, after, again]))"
+    )
+    wrapped, (kept, after), (rewrapped, again, applied) = found
+    assert kept, found
+    assert again == [{"step": 3}], found
+    if wrapped:  # torch lacks weights_only=: ours was there
+        assert after == "TypeError", found
+        assert rewrapped and applied, found
+    else:
+        assert after == [{"step": 3}], found

@@ -187,6 +187,50 @@ def test_torch_allowlist_takes_both_spellings_and_reverts(installed: Any) -> Non
     assert unpickler._get_user_allowed_globals is original
 
 
+def _library_wrapper(owner: Any, name: str) -> Any:
+    """What another library does after compatshim: wrap the attribute, ``functools.wraps``."""
+    import functools
+
+    under = vars(owner)[name]
+
+    @functools.wraps(under)
+    def library(*args: Any, **kwargs: Any) -> Any:
+        return under(*args, **kwargs)
+
+    setattr(owner, name, library)
+    return library
+
+
+def test_a_library_wrapper_over_the_torch_allowlist_survives_uninstall(installed: Any) -> None:
+    """Uninstall keeps it, and ours under it then adds no second spelling; installing again
+    adds them through it."""
+    torch = pytest.importorskip("torch")
+    from torch import _weights_only_unpickler as unpickler
+
+    original = vars(unpickler).get("_get_user_allowed_globals")
+    if original is None:
+        pytest.skip(f"torch {torch.__version__} has no user allowlist (refuses numpy)")
+    multiarray = sys.modules["numpy._core.multiarray" if NUMPY2 else "numpy.core.multiarray"]
+    before = torch.serialization.get_safe_globals()
+    torch.serialization.add_safe_globals([multiarray._reconstruct])
+    try:
+        installed.install(include=[PATCH])
+        library = _library_wrapper(unpickler, "_get_user_allowed_globals")
+        installed.uninstall([PATCH])
+        assert unpickler._get_user_allowed_globals is library
+        names, torchs = set(library()), set(original())
+        installed.install(include=[PATCH])
+        again = set(unpickler._get_user_allowed_globals())
+        installed.uninstall([PATCH])
+    finally:
+        unpickler._get_user_allowed_globals = original
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(before)
+    assert names == torchs  # torch's own answer
+    twin = "numpy.core.multiarray._reconstruct" if NUMPY2 else "numpy._core.multiarray._reconstruct"
+    assert twin not in names and twin in again
+
+
 # -- numpy.random: the numpy-1 adapter, in this process ------------------------------------------
 def _random_pickle() -> Any:
     import numpy.random._pickle as module
@@ -228,6 +272,26 @@ def test_numpy1_ctors_take_numpy2_arguments_and_keep_their_names(installed: Any)
     assert type(loaded["b"]) is np.random.PCG64 and loaded["b"].state == bit_generator.state
     with pytest.raises(ValueError, match="is not a known BitGenerator"):
         _ctor("bit_generator")(np.random.PCG64)
+
+
+@pytest.mark.skipif(NUMPY2, reason="numpy 1's ctors")
+def test_a_library_wrapper_over_a_numpy1_ctor_survives_uninstall(installed: Any) -> None:
+    """Uninstall keeps it, and ours under it then acts as numpy's; installing again arms it."""
+    module = _random_pickle()
+    original = _ctor("bit_generator")
+    installed.install(include=[PATCH])
+    try:
+        library = _library_wrapper(module, "__bit_generator_ctor")
+        installed.uninstall([PATCH])
+        assert _ctor("bit_generator") is library
+        with pytest.raises(ValueError, match="is not a known BitGenerator"):
+            library(np.random.PCG64)
+        installed.install(include=[PATCH])
+        assert isinstance(_ctor("bit_generator")(np.random.PCG64), np.random.PCG64)
+        assert status_row(PATCH).applied
+        installed.uninstall([PATCH])
+    finally:
+        setattr(module, "__bit_generator_ctor", original)
 
 
 @pytest.mark.skipif(not NUMPY2, reason="numpy 1's ctors")

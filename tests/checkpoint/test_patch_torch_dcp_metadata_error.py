@@ -73,6 +73,13 @@ def _load_error(folder: Path) -> str:
     return str(caught.value)
 
 
+def _says_why(folder: Path) -> bool:
+    """Whether a load's error carries what torch's reader says, as torch says it or as the
+    fix words it: on one line (pickle's "persistent id" error has two)."""
+    reason, said = _reader_error(folder), _load_error(folder)
+    return reason in said or " ".join(reason.splitlines()) in said
+
+
 HOW = ["missing", "truncated", "not_a_pickle"]
 
 
@@ -81,7 +88,7 @@ def test_torch_alone_says_why_exactly_where_the_probe_finds_no_defect(
     off: None, tmp_path: Path, how: str
 ) -> None:
     folder = _broken(tmp_path, how)
-    says_why = _reader_error(folder) in _load_error(folder)
+    says_why = _says_why(folder)
     assert patch.probe(LOADER) is not says_why
     if RELEASE <= (2, 15):  # the releases whose state_dict_loader.py was read
         assert says_why is not ((2, 9) <= RELEASE < (2, 12)), torch.__version__
@@ -92,7 +99,7 @@ def test_with_the_patch_every_unreadable_folder_says_why(
     armed: None, tmp_path: Path, how: str
 ) -> None:
     folder = _broken(tmp_path, how)
-    assert _reader_error(folder) in _load_error(folder)
+    assert _says_why(folder)
     row = status_row(NAME)
     assert row.fixed in (True, None) and row.error is None, row
 
@@ -232,3 +239,35 @@ def test_a_reason_that_cannot_be_printed_changes_nothing_else(armed: None) -> No
         loader({}, Reader(), no_dist=True)
     if status_row(NAME).applied:
         assert "a Unprintable whose message cannot be read" in str(caught.value)
+
+
+def test_a_wrapper_a_library_put_on_after_install_survives_uninstall(
+    off: None, tmp_path: Path
+) -> None:
+    """Uninstall keeps it, and ours under it then adds no reason (torch's own message);
+    installing again puts the reason back through it."""
+    import functools
+
+    compatshim.install(include=[NAME])
+    if not status_row(NAME).applied:
+        compatshim.uninstall([NAME])
+        pytest.skip(f"torch {torch.__version__} says why: the patch is not applied")
+    torchs, under = vars(UTILS)["_wrap_exception"].__wrapped__, vars(UTILS)["_wrap_exception"]
+
+    @functools.wraps(under)
+    def library(exc: BaseException) -> Any:
+        return under(exc)
+
+    UTILS._wrap_exception = library
+    folder = _broken(tmp_path, "truncated")
+    try:
+        compatshim.uninstall([NAME])
+        assert vars(UTILS)["_wrap_exception"] is library
+        assert not _says_why(folder)  # torch's own words
+        compatshim.install(include=[NAME])
+        assert _says_why(folder)
+        compatshim.uninstall([NAME])
+        assert vars(UTILS)["_wrap_exception"] is library
+    finally:
+        compatshim.uninstall([NAME])
+        UTILS._wrap_exception = torchs

@@ -312,3 +312,67 @@ def test_hardened_refuses_a_list_shared_by_every_entry_before_torch_walks_it(
     assert "work budget" in result["error"] or "lies outside the tensor" in result["error"]
     plain = _run(tmp_path, "reader", folder, hardened=False)
     assert plain["ok"], plain  # torch's own read takes it: the cost comes after
+
+
+def _wrapped_by_a_library(owner: Any, name: str) -> Any:
+    """What another library does after compatshim: wrap the attribute, ``functools.wraps``."""
+    import functools
+
+    under = vars(owner)[name]
+
+    @functools.wraps(under)
+    def library(*args: Any, **kwargs: Any) -> Any:
+        return under(*args, **kwargs)
+
+    setattr(owner, name, library)
+    return library
+
+
+def test_wrappers_a_library_put_on_after_install_survive_uninstall(
+    genuine: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Uninstall keeps the library's wrappers; ours under them then act as torch's functions
+    (torch's view of an item, no bound on a transformed stream), and a DCP load through them
+    is torch's. Installing again wraps the library's wrappers, not the leftovers under them."""
+    import io
+
+    from torch.distributed.checkpoint import default_planner, filesystem
+
+    import compatshim
+    from compatshim._engine.patching import in_force
+    from tests.checkpoint.dcp_kit import load, template
+
+    patch = "torch-dcp-safe-metadata"
+    targets = [
+        (filesystem, "_create_file_view"),
+        (default_planner.DefaultLoadPlanner, "load_bytes"),
+    ]
+    if "_StorageReaderTransforms" in vars(filesystem):  # torch 2.8+
+        targets.append((filesystem._StorageReaderTransforms, "transform_load_stream"))
+        targets.append((filesystem.FileSystemReader, "set_up_storage_reader"))
+    torchs = {name: vars(owner)[name] for owner, name in targets}
+    monkeypatch.setenv("COMPATSHIM_SAFE_LOAD", "1")
+    compatshim.uninstall([patch])
+    compatshim.install(include=[patch])
+    try:
+        ours = {name: vars(owner)[name] for owner, name in targets}
+        assert all(in_force(function) for function in ours.values()), ours
+        libraries = {name: _wrapped_by_a_library(owner, name) for owner, name in targets}
+        compatshim.uninstall([patch])
+        assert {name: vars(owner)[name] for owner, name in targets} == libraries
+        with open(genuine / ".metadata", "rb") as file:
+            view = filesystem._create_file_view(file, 0, 4)
+            assert not isinstance(view, io.BufferedReader), view  # torch's _ReaderView
+        got = template()
+        load(genuine, got)
+        assert torch.equal(got["model"]["w"], state()["model"]["w"]) and got["step"] == 7
+        compatshim.install(include=[patch])
+        for owner, name in targets:
+            again = vars(owner)[name]
+            assert in_force(again) and again.__compatshim_original__ is libraries[name], name
+        compatshim.uninstall([patch])
+        assert {name: vars(owner)[name] for owner, name in targets} == libraries
+    finally:
+        compatshim.uninstall([patch])
+        for owner, name in targets:
+            setattr(owner, name, torchs[name])

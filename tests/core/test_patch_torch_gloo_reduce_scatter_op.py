@@ -99,7 +99,34 @@ def _checks(rank: int, world: int) -> dict[str, Any]:
     finally:
         compatshim.uninstall([NAME])
     got["reverted"] = _outcome(lambda: _scatter(rank, "AVG"))
-    got["reverted mark"] = getattr(dist.reduce_scatter_tensor, "__compatshim__", None)
+    got["reverted mark"] = getattr(dist.reduce_scatter_tensor, "__compatshim_patcher__", None)
+    got.update(_through_a_library(rank))
+    return got
+
+
+def _through_a_library(rank: int) -> dict[str, Any]:
+    """A library wraps the name after install; uninstall leaves its wrapper, and ours under it
+    then gives torch's own result."""
+    torchs = dist.reduce_scatter_tensor
+    compatshim.install([NAME])
+    under = dist.reduce_scatter_tensor
+
+    @functools.wraps(under)
+    def library(*args: Any, **kwargs: Any) -> Any:
+        return under(*args, **kwargs)
+
+    dist.reduce_scatter_tensor = library
+    try:
+        compatshim.uninstall([NAME])
+        got = {
+            "library kept": dist.reduce_scatter_tensor is library,
+            "through a library": _outcome(lambda: _scatter(rank, "AVG")),
+        }
+        compatshim.install([NAME])  # over the library's wrapper: in force again
+        got["through a library, armed again"] = _outcome(lambda: _scatter(rank, "AVG"))
+        compatshim.uninstall([NAME])
+    finally:
+        dist.reduce_scatter_tensor = torchs
     return got
 
 
@@ -159,6 +186,15 @@ def test_revert_restores_torchs_function_and_result() -> None:
     for got in _rank_checks():
         assert got["reverted"] == got["unarmed"]
         assert got["reverted mark"] is None
+
+
+def test_a_wrapper_a_library_put_on_after_install_survives_uninstall_and_ours_under_it_is_off() -> (
+    None
+):
+    for rank, got in enumerate(_rank_checks()):
+        assert got["library kept"] is True
+        assert got["through a library"] == got["unarmed"], got["through a library"]
+        assert got["through a library, armed again"] == _chunks("AVG")[rank]
 
 
 def test_the_declared_range_is_where_gloo_sums_live() -> None:

@@ -329,7 +329,8 @@ def test_patch_is_idempotent_and_reverts_exactly() -> None:
     Fabric = fabric_class()
 
     import compatshim
-    from compatshim.patches.lightning_fabric_desync import MARK, WRAPPED
+    from compatshim._engine.patching import in_force
+    from compatshim.patches.lightning_fabric_desync import WRAPPED
 
     compatshim.uninstall(["lightning-fabric-desync"])  # in case COMPATSHIM_AUTO armed it
     originals = {name: Fabric.__dict__[name] for name in WRAPPED}
@@ -340,10 +341,55 @@ def test_patch_is_idempotent_and_reverts_exactly() -> None:
         compatshim.install(include=["lightning-fabric-desync"])
         wrapped = {name: Fabric.__dict__[name] for name in WRAPPED}
         for name in WRAPPED:
-            assert getattr(wrapped[name], MARK, False), name
+            assert in_force(wrapped[name]), name
             assert wrapped[name].__wrapped__ is originals[name], name  # wrapped once, not twice
         row = next(r for r in compatshim.status() if r["name"] == "lightning-fabric-desync")
         assert row["defect"] == "present" and row["applied"] and row["fixed"], row
     finally:
         compatshim.uninstall(["lightning-fabric-desync"])
     assert {name: Fabric.__dict__[name] for name in WRAPPED} == originals
+
+
+def test_a_wrapper_a_library_put_on_after_install_survives_uninstall(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Uninstall keeps it, and ours under it then watches nothing (Fabric's own call);
+    installing again watches through it."""
+    import functools
+
+    import compatshim
+    from compatshim.desync import _framework
+
+    Fabric = fabric_class()
+    compatshim.uninstall(["lightning-fabric-desync"])
+    torchs = Fabric.__dict__["barrier"]
+    watched: list[int] = []
+    real_watch = _framework.watch_process_group
+
+    def counted() -> Any:
+        watched.append(1)
+        return real_watch()
+
+    monkeypatch.setattr(_framework, "watch_process_group", counted)
+    compatshim.install(include=["lightning-fabric-desync"])
+    try:
+        under = Fabric.__dict__["barrier"]
+
+        @functools.wraps(under)
+        def library(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return under(self, *args, **kwargs)
+
+        Fabric.barrier = library
+        compatshim.uninstall(["lightning-fabric-desync"])
+        assert Fabric.__dict__["barrier"] is library
+        fabric = Fabric(accelerator="cpu", devices=1)
+        fabric.barrier()
+        assert watched == []
+        compatshim.install(include=["lightning-fabric-desync"])
+        fabric.barrier()
+        assert watched, "armed again: the barrier is watched"
+        compatshim.uninstall(["lightning-fabric-desync"])
+        assert Fabric.__dict__["barrier"] is library
+    finally:
+        compatshim.uninstall(["lightning-fabric-desync"])
+        Fabric.barrier = torchs

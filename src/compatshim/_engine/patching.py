@@ -108,6 +108,13 @@ def wrapping(current: Any) -> Any:
     return None if patcher.live else current.__compatshim_original__
 
 
+def ours(function: F, original: Any, patcher: Patcher) -> F:
+    """``function``, a wrapper of ``original`` set by ``patcher``, marked so that
+    :func:`in_force` and :func:`wrapping` know it. The wrapper itself checks
+    ``patcher.live`` and calls ``original`` once reverted."""
+    return mark(function, __compatshim_original__=original, __compatshim_patcher__=patcher)
+
+
 def mark(function: F, **attributes: object) -> F:
     """``function`` with ``attributes`` set (``__wrapped__``, compatshim's own marks): a
     wrapper's bookkeeping in one typed place instead of an attribute assignment mypy refuses."""

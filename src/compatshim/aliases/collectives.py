@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._engine.patching import mark
+from .._engine.patching import mark, ours, wrapping
 from . import needed, note_use
 from .table import TABLE
 
@@ -93,9 +93,9 @@ def _disagree(mine: bool) -> RuntimeError:
     )
 
 
-def _object_to_tensor(original: Any) -> Any:
+def _object_to_tensor(original: Any, patcher: Patcher) -> Any:
     def object_to_tensor(obj: Any, device: Any, *rest: Any) -> Any:  # rest: group (2.2+)
-        if not _weights_only_mode().get():
+        if not (patcher.live and _weights_only_mode().get()):
             return original(obj, device, *rest)
         import io
 
@@ -107,11 +107,13 @@ def _object_to_tensor(original: Any) -> Any:
         byte_tensor = torch.frombuffer(data, dtype=torch.uint8).clone().to(device)
         return byte_tensor, torch.LongTensor([byte_tensor.numel()]).to(device)
 
-    return mark(object_to_tensor, __wrapped__=original)
+    return ours(mark(object_to_tensor, __wrapped__=original), original, patcher)
 
 
-def _tensor_to_object(original: Any) -> Any:
+def _tensor_to_object(original: Any, patcher: Patcher) -> Any:
     def tensor_to_object(tensor: Any, tensor_size: Any, *rest: Any) -> Any:
+        if not patcher.live:
+            return original(tensor, tensor_size, *rest)
         weights_only = bool(_weights_only_mode().get())
         head = bytes(tensor[: len(_ZIP_MAGIC)].cpu().tolist())
         if (head == _ZIP_MAGIC) != weights_only:
@@ -138,14 +140,18 @@ def _tensor_to_object(original: Any) -> Any:
         with scoped(safe):
             return torch.load(io.BytesIO(data), weights_only=True)
 
-    return mark(tensor_to_object, __wrapped__=original)
+    return ours(mark(tensor_to_object, __wrapped__=original), original, patcher)
 
 
-def _accepting_weights_only(original: Any, on_use: Any) -> Any:
+def _accepting_weights_only(original: Any, on_use: Any, patcher: Patcher) -> Any:
     import functools
 
     @functools.wraps(original)
     def collective(*args: Any, weights_only: bool = _UNSET, **kwargs: Any) -> Any:
+        if not patcher.live:  # reverted, still held by a library that wrapped it: torch's call
+            if weights_only is not _UNSET:
+                kwargs["weights_only"] = weights_only  # torch's own TypeError
+            return original(*args, **kwargs)
         if weights_only is _UNSET:
             weights_only = False
         else:
@@ -159,7 +165,7 @@ def _accepting_weights_only(original: Any, on_use: Any) -> Any:
         finally:
             mode.reset(token)
 
-    mark(collective, _compatshim_weights_only=True)
+    ours(collective, original, patcher)
     try:  # inspect.signature shows weights_only, as on torch 2.14 (code probes for it)
         import inspect
 
@@ -188,9 +194,18 @@ def _signature(function: Any) -> Any:
 
 
 def lacks_weights_only(function: Any) -> bool:
-    """Whether ``function`` takes no ``weights_only`` (and is not our wrapper)."""
-    if getattr(function, "_compatshim_weights_only", False):
-        return False
+    """Whether ``function`` takes no ``weights_only`` and is not our wrapper in force. A
+    retired wrapper of ours is judged by the function under it, and so is another library's
+    ``functools.wraps`` wrapper of ours: it carries our signature, with ``weights_only``."""
+    for _ in range(8):  # a chain of wrappers
+        under = wrapping(function)
+        if under is None:
+            return False  # ours, in force
+        if under is function and hasattr(function, "__compatshim_patcher__"):
+            under = getattr(function, "__wrapped__", None)  # a library's, copying our marks
+        if under is function:
+            break
+        function = under
     try:
         return "weights_only" not in _signature(function).parameters
     except (TypeError, ValueError):
@@ -223,15 +238,20 @@ def apply_weights_only(module: ModuleType, patcher: Patcher) -> None:
         return
     c10d = sys.modules["torch.distributed.distributed_c10d"]
     for name, alias in entries.items():
-        original = vars(c10d)[name]
-        wrapper = _accepting_weights_only(original, lambda alias=alias: note_use(alias))
-        if vars(module).get(name) is original:
-            patcher.setattr(module, name, wrapper)
-        patcher.setattr(c10d, name, wrapper)
+        made: dict[int, Any] = {}  # one wrapper per function (both names hold torch's)
+        for owner in (c10d, module):
+            current = vars(owner).get(name)
+            if current is None or not lacks_weights_only(current):
+                continue  # not this module's collective, or ours in force
+            if id(current) not in made:
+                made[id(current)] = _accepting_weights_only(
+                    wrapping(current), lambda alias=alias: note_use(alias), patcher
+                )
+            patcher.setattr(owner, name, made[id(current)])
     for name, wrap in (
         ("_object_to_tensor", _object_to_tensor),
         ("_tensor_to_object", _tensor_to_object),
     ):
-        current = vars(c10d)[name]
-        if getattr(current, "__wrapped__", None) is None:
-            patcher.setattr(c10d, name, wrap(current))
+        original = wrapping(vars(c10d)[name])
+        if original is not None:
+            patcher.setattr(c10d, name, wrap(original, patcher))

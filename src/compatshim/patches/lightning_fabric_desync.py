@@ -28,10 +28,14 @@ abandoned wait into a :class:`compatshim.dist.DesyncError` report within
 because the other ranks are still importing torch. A 1-rank run starts no
 monitor; it stops when the process group is destroyed.
 
-Revert: every wrapped method is put back through the ``Patcher``.
+Revert: every wrapped method is put back through the ``Patcher``; one a library
+wrapped after compatshim keeps that library's wrapper, and compatshim's under it
+then calls Fabric's method and watches nothing.
 """
 
 from __future__ import annotations
+
+from .._engine.patching import in_force, ours, wrapping
 
 TYPE_CHECKING = False  # no ``typing`` import: this module loads inside its target's import
 if TYPE_CHECKING:
@@ -40,7 +44,6 @@ if TYPE_CHECKING:
 
     from .._engine.patching import Patcher
 
-MARK = "__compatshim_desync__"
 COLLECTIVES = ("barrier", "broadcast", "all_reduce", "all_gather")
 BREADCRUMB_ONLY = (*COLLECTIVES, "save", "load")
 MEET = ("setup", "setup_module", "setup_dataloaders")
@@ -67,10 +70,10 @@ def _fabric_class(module: ModuleType) -> Any:
 def probe(module: ModuleType) -> bool:
     """True while Fabric's methods are the unguarded originals."""
     fabric = _fabric_class(module)
-    return not all(getattr(getattr(fabric, name), MARK, False) for name in WRAPPED)
+    return not all(in_force(vars(fabric).get(name)) for name in WRAPPED)
 
 
-def _breadcrumb(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+def _breadcrumb(name: str, original: Callable[..., Any], patcher: Patcher) -> Callable[..., Any]:
     from functools import (
         wraps,  # here, not at the top: this module loads inside its target's import
     )
@@ -82,6 +85,8 @@ def _breadcrumb(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
     @wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not patcher.live:  # reverted, still held by a library that wrapped it
+            return original(self, *args, **kwargs)
         watch.watch_process_group()
         # world-wide unless a sub-group is passed: then waiting on it proves no dead lock
         call = watch.enter_call(op, collective=collective and kwargs.get("group") is None)
@@ -90,11 +95,10 @@ def _breadcrumb(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             watch.leave_call(call)
 
-    setattr(wrapper, MARK, True)
-    return wrapper
+    return ours(wrapper, original, patcher)
 
 
-def _meeting(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+def _meeting(name: str, original: Callable[..., Any], patcher: Patcher) -> Callable[..., Any]:
     from functools import wraps
 
     from ..desync import _framework as watch
@@ -104,6 +108,8 @@ def _meeting(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
     @wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not patcher.live:  # reverted, still held by a library that wrapped it
+            return original(self, *args, **kwargs)
         distributed = watch.watch_process_group()
         call = watch.enter_call(op)
         try:
@@ -114,8 +120,7 @@ def _meeting(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             watch.leave_call(call)
 
-    setattr(wrapper, MARK, True)
-    return wrapper
+    return ours(wrapper, original, patcher)
 
 
 def _rank_number(fabric: Any, name: str, default: int) -> int:
@@ -182,7 +187,7 @@ class _Launching:
         return run
 
 
-def _launch(original: Callable[..., Any]) -> Callable[..., Any]:
+def _launch(original: Callable[..., Any], patcher: Patcher) -> Callable[..., Any]:
     """``launch()`` is watched until the process group is set up, not while ``function`` runs.
 
     With a function, Fabric's script launcher runs it in this process once the
@@ -198,6 +203,8 @@ def _launch(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not patcher.live:  # reverted, still held by a library that wrapped it
+            return original(self, *args, **kwargs)
         given = bool(args) or "function" in kwargs
         function: Any = kwargs["function"] if "function" in kwargs else (args[0] if args else None)
         if given and (not callable(function) or launcher_children(self) is None):
@@ -224,20 +231,19 @@ def _launch(original: Callable[..., Any]) -> Callable[..., Any]:
             watch.meet("Fabric.launch")
         return result
 
-    setattr(wrapper, MARK, True)
-    return wrapper
+    return ours(wrapper, original, patcher)
 
 
 def apply(module: ModuleType, patcher: Patcher) -> None:
     fabric = _fabric_class(module)
     for name in WRAPPED:
-        original = vars(fabric).get(name, getattr(fabric, name))
-        if getattr(original, MARK, False):
+        original = wrapping(vars(fabric).get(name, getattr(fabric, name)))
+        if original is None:  # ours, in force
             continue
         if name == "launch":
-            wrapped = _launch(original)
+            wrapped = _launch(original, patcher)
         elif name in MEET:
-            wrapped = _meeting(name, original)
+            wrapped = _meeting(name, original, patcher)
         else:
-            wrapped = _breadcrumb(name, original)
+            wrapped = _breadcrumb(name, original, patcher)
         patcher.setattr(fabric, name, wrapped)

@@ -78,6 +78,8 @@ The revert
     ``sys.modules`` and the parent attributes importlib set for them; the
     shim attributes, numpy.random's ctors and torch's function are put back,
     and the post-import hooks are discarded, all through the :class:`Patcher`.
+    A ctor or torch's function that a library wrapped after compatshim keeps
+    that library's wrapper; compatshim's under it then acts as the original.
     Objects already loaded keep their types.
 """
 
@@ -85,7 +87,7 @@ from __future__ import annotations
 
 from .._engine import alias_finder
 from .._engine.alias_finder import Route
-from .._engine.patching import mark
+from .._engine.patching import mark, ours, wrapping
 
 TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
 if TYPE_CHECKING:
@@ -235,25 +237,29 @@ def _other_spelling(name: str) -> str | None:
     return None
 
 
-def _both_spellings(original: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+def _both_spellings(
+    original: Callable[[], dict[str, Any]], patcher: Patcher
+) -> Callable[[], dict[str, Any]]:
     def user_allowed_globals() -> dict[str, Any]:
         allowed = original()
+        if not patcher.live:  # reverted, still held by a library that wrapped it
+            return allowed
         for name, obj in list(allowed.items()):
             twin = _other_spelling(name)
             if twin is not None:
                 allowed.setdefault(twin, obj)
         return allowed
 
-    return mark(user_allowed_globals, __wrapped__=original)
+    return ours(mark(user_allowed_globals, __wrapped__=original), original, patcher)
 
 
 def _alias_torch_allowlist(patcher: Patcher) -> Callable[[ModuleType], None]:
     def alias(unpickler: ModuleType) -> None:
-        original = vars(unpickler).get("_get_user_allowed_globals")
-        if original is None:  # torch < 2.4 has no user allowlist (and refuses numpy)
-            return
-        if getattr(original, "__wrapped__", None) is None:
-            patcher.setattr(unpickler, "_get_user_allowed_globals", _both_spellings(original))
+        original = wrapping(vars(unpickler).get("_get_user_allowed_globals"))
+        if original is not None:  # None: torch < 2.4 has none (and refuses numpy), or ours
+            patcher.setattr(
+                unpickler, "_get_user_allowed_globals", _both_spellings(original, patcher)
+            )
 
     return alias
 
@@ -276,10 +282,11 @@ def _rejects_classes(module: ModuleType) -> bool:
     classes = vars(module).get("BitGenerators")
     if ctor is None or not isinstance(classes, dict) or "MT19937" not in classes:
         return False  # a layout this patch does not know: leave it alone
-    if getattr(ctor, "__wrapped__", None) is not None:
-        return False
+    under = wrapping(ctor)  # numpy's, where ours was reverted
+    if under is None:
+        return False  # ours, in force
     try:
-        ctor(classes["MT19937"])
+        under(classes["MT19937"])
     except ValueError:
         return True
     return False
@@ -322,10 +329,12 @@ def _plain(bit_generator: Any) -> Any:
     return plain
 
 
-def _named_like(original: Callable[..., Any], wrapper: Callable[..., Any]) -> Callable[..., Any]:
+def _named_like(
+    original: Callable[..., Any], wrapper: Callable[..., Any], patcher: Patcher
+) -> Callable[..., Any]:
     for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
         setattr(wrapper, attribute, getattr(original, attribute))
-    return mark(wrapper, __wrapped__=original)
+    return ours(mark(wrapper, __wrapped__=original), original, patcher)
 
 
 def _adapt_random(patcher: Patcher) -> Callable[[ModuleType], None]:
@@ -335,40 +344,49 @@ def _adapt_random(patcher: Patcher) -> Callable[[ModuleType], None]:
         if not _rejects_classes(module):
             return
         names = vars(module)
-        bit_generator_ctor = names["__bit_generator_ctor"]
-        generator_ctor = names.get("__generator_ctor")
-        randomstate_ctor = names.get("__randomstate_ctor")
+        bit_generator_ctor = wrapping(names["__bit_generator_ctor"])
         base = vars(import_module("numpy.random.bit_generator"))["BitGenerator"]
 
         def new_bit_generator_ctor(bit_generator_name: Any = "MT19937") -> Any:
-            if isinstance(bit_generator_name, type) and issubclass(bit_generator_name, base):
+            if (
+                patcher.live
+                and isinstance(bit_generator_name, type)
+                and issubclass(bit_generator_name, base)
+            ):
                 return _adapter(bit_generator_name)()
             return bit_generator_ctor(bit_generator_name)
 
         patcher.setattr(
-            module, "__bit_generator_ctor", _named_like(bit_generator_ctor, new_bit_generator_ctor)
+            module,
+            "__bit_generator_ctor",
+            _named_like(bit_generator_ctor, new_bit_generator_ctor, patcher),
         )
-        for name, original, kind in (
-            ("__generator_ctor", generator_ctor, "Generator"),
-            ("__randomstate_ctor", randomstate_ctor, "RandomState"),
+        for name, kind in (
+            ("__generator_ctor", "Generator"),
+            ("__randomstate_ctor", "RandomState"),
         ):
+            original = wrapping(names.get(name))
             if original is not None:
-                patcher.setattr(module, name, _over_bit_generator(original, names[kind], base))
+                patcher.setattr(
+                    module, name, _over_bit_generator(original, names[kind], base, patcher)
+                )
 
     return adapt
 
 
-def _over_bit_generator(original: Callable[..., Any], kind: type, base: type) -> Callable[..., Any]:
+def _over_bit_generator(
+    original: Callable[..., Any], kind: type, base: type, patcher: Patcher
+) -> Callable[..., Any]:
     """numpy 1's Generator/RandomState ctor that also takes a bit generator (numpy 2)."""
 
     def ctor(bit_generator_name: Any = "MT19937", bit_generator_ctor: Any = None) -> Any:
-        if isinstance(bit_generator_name, base):
+        if patcher.live and isinstance(bit_generator_name, base):
             return kind(_plain(bit_generator_name))
         if bit_generator_ctor is None:
             return original(bit_generator_name)
         return original(bit_generator_name, bit_generator_ctor)
 
-    return _named_like(original, ctor)
+    return _named_like(original, ctor, patcher)
 
 
 # -- the patch ---------------------------------------------------------------------------------

@@ -31,6 +31,8 @@ The revert
     The finder leaves ``sys.meta_path``, the modules it provided leave
     ``sys.modules`` and their parent package, the modules' ``__getattr__`` and
     the wrapped collectives are restored, all through the :class:`Patcher`.
+    A collective or ``__getattr__`` that a library wrapped after compatshim
+    keeps that library's wrapper; compatshim's under it then acts as torch's.
 """
 
 from __future__ import annotations

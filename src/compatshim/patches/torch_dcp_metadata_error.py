@@ -32,7 +32,8 @@ The fix
 
 The revert
     The module's ``logger`` and the ``_wrap_exception`` of ``_DistWrapper``'s module get
-    torch's objects back (Patcher).
+    torch's objects back (Patcher); a library's wrapper put on ``_wrap_exception`` after
+    compatshim stays, and compatshim's under it adds nothing.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from .._engine.patching import mark
+from .._engine.patching import mark, ours, wrapping
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ def _note(message: Any) -> None:
             from .._text import cut
 
             try:  # inside torch's except block: nothing here may raise
-                said = cut(str(error), _REASON_LIMIT)
+                said = cut(" ".join(str(error).splitlines()), _REASON_LIMIT)  # one line
             except Exception:
                 said = f"a {type(error).__name__} whose message cannot be read"
             notes = [] if words.startswith("global") else getattr(_notes, "reasons", [])
@@ -92,15 +93,17 @@ class _Witness:
         self._real.info(message, *args, **kwargs)
 
 
-def _completing(real: Callable[[BaseException], Any]) -> Callable[[BaseException], Any]:
+def _completing(
+    real: Callable[[BaseException], Any], patcher: Patcher
+) -> Callable[[BaseException], Any]:
     def _wrap_exception(exc: BaseException) -> Any:
         reasons = getattr(_notes, "reasons", None)
-        if type(exc) is AssertionError and exc.args == (_MISSING,) and reasons:
-            exc.args = ("; ".join([_MISSING, *reasons]),)
         _notes.reasons = None
+        if type(exc) is AssertionError and exc.args == (_MISSING,) and reasons and patcher.live:
+            exc.args = ("; ".join([_MISSING, *reasons]),)
         return real(exc)
 
-    return mark(_wrap_exception, __wrapped__=real, __compatshim__=_NAME)
+    return ours(mark(_wrap_exception, __wrapped__=real), real, patcher)
 
 
 class _ProbeError(RuntimeError):
@@ -168,13 +171,14 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
     logger = vars(module).get("logger")
     wrapper = vars(module).get("_DistWrapper")
     utils = sys.modules.get(getattr(wrapper, "__module__", ""))
-    real = vars(utils).get("_wrap_exception") if utils is not None else None
-    if not isinstance(logger, logging.Logger) or not callable(real):
+    current = vars(utils).get("_wrap_exception") if utils is not None else None
+    if not isinstance(logger, logging.Logger) or not callable(current):
         raise LookupError(
             f"{module.__name__}: looked for its logging.Logger 'logger' (found "
             f"{type(logger).__name__}) and _DistWrapper's _wrap_exception (found "
-            f"{type(real).__name__}): layout not known"
+            f"{type(current).__name__}): layout not known"
         )
     patcher.setattr(module, "logger", _Witness(logger))
-    if getattr(real, "__compatshim__", None) != _NAME:
-        patcher.setattr(utils, "_wrap_exception", _completing(real))
+    real = wrapping(current)
+    if real is not None:  # None: ours, in force
+        patcher.setattr(utils, "_wrap_exception", _completing(real, patcher))

@@ -70,7 +70,10 @@ Confirmed
     end by the probe when ``status()`` or the doctor asks.
 
 The revert
-    The module's ``pickle`` attribute gets the real module back (Patcher).
+    The module's ``pickle`` attribute gets the real module back, and each
+    wrapped reader its function (Patcher), unless a library wrapped one after
+    compatshim: that library's wrapper stays, and compatshim's under it passes
+    every call on.
 """
 
 from __future__ import annotations
@@ -80,13 +83,13 @@ import io
 import threading
 import weakref
 
-from .._engine.patching import mark
+from .._engine.patching import in_force, ours, wrapping
 from ._safe_pickle import SafePickle
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import Any
+    from typing import Any, Callable
 
     from .._engine.patching import Patcher
 
@@ -165,19 +168,19 @@ def confirm(module: ModuleType) -> bool:
     """The stand-in is in place (the probe would load compatshim's loader)."""
     if module.__name__ == _PLANNER:
         planner = vars(module).get("DefaultLoadPlanner")
-        return getattr(vars(planner).get("load_bytes"), "_compatshim", False)
+        return in_force(vars(planner).get("load_bytes"))
     if module.__name__ == _UTILS:
         return getattr(vars(module).get("CheckpointException"), "_compatshim", False)
     return isinstance(vars(module).get("pickle"), SafePickle)
 
 
 def _planner_real(module: ModuleType) -> Any:
+    """torch's ``load_bytes`` to wrap; None where there is none or ours is in force."""
     planner = vars(module).get("DefaultLoadPlanner")
-    found = vars(planner).get("load_bytes") if isinstance(planner, type) else None
-    return None if found is None or getattr(found, "_compatshim", False) else found
+    return wrapping(vars(planner).get("load_bytes")) if isinstance(planner, type) else None
 
 
-def _naming_items(real: Any) -> Any:
+def _naming_items(real: Any, patcher: Patcher) -> Any:
     """``load_bytes`` whose refusal names the item's key and its data file."""
 
     @functools.wraps(real)
@@ -187,10 +190,12 @@ def _naming_items(real: Any) -> Any:
         try:
             return real(self, read_item, value)
         except UnsafeCheckpointError as exc:
+            if not patcher.live:  # reverted, still held by a library that wrapped it
+                raise
             where = _item_name(getattr(read_item, "dest_index", None))
             raise type(exc)(f"{where}: {exc}", exc.refused) from None
 
-    return mark(load_bytes, _compatshim=True)
+    return ours(load_bytes, real, patcher)
 
 
 def _item_name(index: Any) -> str:
@@ -300,30 +305,37 @@ class _Slice(io.RawIOBase):
         return int(got)
 
 
-def _file_slice(file: Any, offset: int, length: int) -> Any:
+def _slicing(real: Any, patcher: Patcher) -> Any:
     """DCP's ``_create_file_view``, made exact (see :class:`_Slice`; buffered for small reads);
     the file's name is kept for a refusal of the item read from it (``_naming_items``)."""
-    name = getattr(file, "name", None)
-    _reading.file = name if isinstance(name, str) else None
-    return io.BufferedReader(_Slice(file, offset, length))
+
+    @functools.wraps(real)
+    def _create_file_view(file: Any, offset: int, length: int) -> Any:
+        if not patcher.live:  # reverted, still held by a library that wrapped it
+            return real(file, offset, length)
+        name = getattr(file, "name", None)
+        _reading.file = name if isinstance(name, str) else None
+        return io.BufferedReader(_Slice(file, offset, length))
+
+    return ours(_create_file_view, real, patcher)
 
 
 # a reader's transforms -> the .metadata it was set up with (set_up_storage_reader)
 _declared: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
-def _recording(real: Any) -> Any:
+def _recording(real: Any, patcher: Patcher) -> Any:
     """``set_up_storage_reader`` that keeps the ``.metadata`` for its reader's transforms."""
 
     @functools.wraps(real)
     def set_up_storage_reader(self: Any, metadata: Any, *args: Any, **kwargs: Any) -> Any:
         result = real(self, metadata, *args, **kwargs)
         transforms = vars(self).get("transforms")
-        if transforms is not None:
+        if transforms is not None and patcher.live:
             _declared[transforms] = metadata
         return result
 
-    return mark(set_up_storage_reader, _compatshim=True)
+    return ours(set_up_storage_reader, real, patcher)
 
 
 def _chunk_bytes(metadata: Any, fqn: Any, offsets: Any) -> int:
@@ -343,14 +355,14 @@ def _chunk_bytes(metadata: Any, fqn: Any, offsets: Any) -> int:
     return 0
 
 
-def _bounding(real: Any) -> Any:
+def _bounding(real: Any, patcher: Patcher) -> Any:
     """``transform_load_stream`` whose stream stops past what the item may expand to."""
 
     @functools.wraps(real)
     def transform_load_stream(self: Any, read_item: Any, descriptors: Any, raw: Any) -> Any:
         from ..checkpoint.request import Bounded, expansion_limit
 
-        if not descriptors:
+        if not descriptors or not patcher.live:  # live: not reverted under a library's wrapper
             return real(self, read_item, descriptors, raw)
         here = raw.tell()
         stored = raw.seek(0, io.SEEK_END) - here
@@ -364,7 +376,7 @@ def _bounding(real: Any) -> Any:
         stream = real(self, read_item, descriptors, raw)
         return Bounded(stream, expansion_limit(stored, declared), _item_name(index))
 
-    return mark(transform_load_stream, _compatshim=True)
+    return ours(transform_load_stream, real, patcher)
 
 
 def apply(module: ModuleType, patcher: Patcher) -> None:
@@ -374,7 +386,8 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
         real = _planner_real(module)
         if real is None:
             raise LookupError(f"{_PLANNER}.DefaultLoadPlanner.load_bytes: layout not known")
-        patcher.setattr(vars(module)["DefaultLoadPlanner"], "load_bytes", _naming_items(real))
+        planner = vars(module)["DefaultLoadPlanner"]
+        patcher.setattr(planner, "load_bytes", _naming_items(real, patcher))
         return
     if module.__name__ == _UTILS:
         patcher.setattr(module, "CheckpointException", _catchable(module.CheckpointException))
@@ -390,13 +403,18 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
     # item as torch's _ReaderView, which seeks from the end the wrong way and reads past its
     # slice (torch 2.1 to 2.15): the zip reader then finds no archive. An exact view of the
     # same bytes loads the same.
-    if vars(module).get("_create_file_view") is not None:
-        patcher.setattr(module, "_create_file_view", _file_slice)
+    owners: list[tuple[Any, str, Callable[[Any, Patcher], Any]]] = [
+        (module, "_create_file_view", _slicing)
+    ]
     # torch 2.8+: items written through stream transforms, read whole: bounded
     transforms = vars(module).get("_StorageReaderTransforms")
     reader = vars(module).get("FileSystemReader")
     if isinstance(transforms, type) and isinstance(reader, type):
-        patcher.setattr(transforms, "transform_load_stream",
-                        _bounding(vars(transforms)["transform_load_stream"]))  # fmt: skip
-        patcher.setattr(reader, "set_up_storage_reader",
-                        _recording(vars(reader)["set_up_storage_reader"]))  # fmt: skip
+        owners += [
+            (transforms, "transform_load_stream", _bounding),
+            (reader, "set_up_storage_reader", _recording),
+        ]
+    for owner, name, wrap in owners:
+        real = wrapping(vars(owner).get(name))
+        if real is not None:  # None: this torch has none, or ours is in force
+            patcher.setattr(owner, name, wrap(real, patcher))

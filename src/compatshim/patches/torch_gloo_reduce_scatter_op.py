@@ -48,14 +48,16 @@ The fix
     calling ``ProcessGroupGloo._reduce_scatter_base`` directly.
 
 The revert
-    Both module attributes get torch's function back (Patcher).
+    Both module attributes get torch's function back (Patcher), unless a
+    library wrapped one after compatshim: that library's wrapper stays, and
+    compatshim's under it passes every call on.
 """
 
 from __future__ import annotations
 
 import threading
 
-from .._engine.patching import mark
+from .._engine.patching import in_force, mark, ours, wrapping
 
 TYPE_CHECKING = False  # no ``typing`` import: this module loads inside its target's import
 if TYPE_CHECKING:
@@ -131,14 +133,14 @@ def _check_average(output: Any) -> None:
         )
 
 
-def _wrap(real: Callable[..., Any], dist: ModuleType) -> Callable[..., Any]:
+def _wrap(real: Callable[..., Any], dist: ModuleType, patcher: Patcher) -> Callable[..., Any]:
     def reduce_scatter_tensor(
         output: Any, input: Any, op: Any = None, group: Any = None, async_op: bool = False
     ) -> Any:
         if op is None:
             op = dist.ReduceOp.SUM
         name = _op_name(dist, op)
-        if name == "SUM" or not _on_gloo(dist, group, input.device):
+        if name == "SUM" or not patcher.live or not _on_gloo(dist, group, input.device):
             return real(output, input, op=op, group=group, async_op=async_op)
         size = dist.get_world_size(group)
         if name == "AVG":
@@ -163,11 +165,7 @@ def _wrap(real: Callable[..., Any], dist: ModuleType) -> Callable[..., Any]:
         )
 
     reduce_scatter_tensor.__doc__ = real.__doc__
-    return mark(reduce_scatter_tensor, __wrapped__=real, __compatshim__=_NAME)
-
-
-def _is_wrapped(function: Any) -> bool:
-    return getattr(function, "__compatshim__", None) == _NAME
+    return ours(mark(reduce_scatter_tensor, __wrapped__=real), real, patcher)
 
 
 def loopback_sums(dist: ModuleType, *, through_fix: bool = False) -> bool:
@@ -229,15 +227,14 @@ def probe(module: ModuleType) -> bool:
     if not module.is_available() or not hasattr(module, "ProcessGroupGloo"):
         return False
     return not (
-        _is_wrapped(module.reduce_scatter_tensor)
-        and _is_wrapped(module.distributed_c10d.reduce_scatter_tensor)
+        in_force(vars(module).get("reduce_scatter_tensor"))
+        and in_force(vars(module.distributed_c10d).get("reduce_scatter_tensor"))
     )
 
 
 def apply(module: ModuleType, patcher: Patcher) -> None:
     c10d = module.distributed_c10d
     for owner in (module, c10d):
-        if not _is_wrapped(owner.reduce_scatter_tensor):
-            patcher.setattr(
-                owner, "reduce_scatter_tensor", _wrap(owner.reduce_scatter_tensor, module)
-            )
+        original = wrapping(vars(owner)["reduce_scatter_tensor"])
+        if original is not None:  # None: ours, in force
+            patcher.setattr(owner, "reduce_scatter_tensor", _wrap(original, module, patcher))
