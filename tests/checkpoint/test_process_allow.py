@@ -298,3 +298,19 @@ def test_allow_and_disallow_name_themselves_in_argument_errors() -> None:
         checkpoint.disallow(1)
     with pytest.raises(TypeError, match=r"^allow\(\) takes classes"):
         checkpoint.allow(1, reason="the test")
+
+
+def test_an_entry_naming_nothing_says_where_it_was_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ``COMPATSHIM_ALLOW`` entry whose module imports but lacks the name was refused
+    "(named in allow=)": the user, who passed no ``allow=``, was sent to the wrong place."""
+    pickled = io.BytesIO(b"\x80\x02cdecimal\nNoSuchName\nq\x00)\x81q\x01.")
+    monkeypatch.setenv("COMPATSHIM_ALLOW", "decimal.NoSuchName")
+    with pytest.raises(checkpoint.CheckpointError, match="cannot be imported here") as raised:
+        checkpoint.load(pickled)
+    assert "(named in COMPATSHIM_ALLOW)" in str(raised.value), raised.value
+    pickled.seek(0)
+    monkeypatch.delenv("COMPATSHIM_ALLOW")
+    with pytest.raises(checkpoint.CheckpointError, match=r"\(named in allow=\)"):
+        checkpoint.load(pickled, allow=["decimal.NoSuchName"])

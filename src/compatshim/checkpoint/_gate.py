@@ -124,8 +124,9 @@ class Allow:
             for part in verdict.name[len(module) + 1 :].split("."):
                 found = _MISSING if namespace is None else namespace.get(part, _MISSING)
                 namespace = vars(found) if isinstance(found, type) else None
-            if found is _MISSING:
-                raise LookupError(f"{verdict.name} (named in allow=) does not exist")
+            if found is _MISSING:  # named where it was allowed: allow=, COMPATSHIM_ALLOW, ...
+                where = verdict.source or CALL
+                raise LookupError(f"{verdict.name} (named in {where}) does not exist")
         self._obtained[verdict.name] = found
         return found
 
