@@ -104,7 +104,11 @@ def run_probes(timeout: float) -> dict[str, Any]:
                 env=env,
             )
     except subprocess.TimeoutExpired:
-        return {"error": f"live probes did not finish within {timeout:g}s"}
+        return {
+            "error": f"live probes did not finish within {timeout:g}s; allow more with "
+            f"--timeout S or {_settings.DOCTOR_TIMEOUT}=S (default "
+            f"{_settings.DEFAULT_DOCTOR_TIMEOUT:g})"
+        }
     try:
         report: dict[str, Any] = json.loads(done.stdout)
     except json.JSONDecodeError:
