@@ -149,15 +149,21 @@ def _warn_settings() -> None:
         decisions.warn_once("settings", line, line)
     if not unknown:
         return
+    for name in unknown:
+        decisions.warn_once(
+            "settings",
+            name,
+            f"compatshim: {name} is not a compatshim setting, ignored; {hint(name)}",
+        )
+
+
+def hint(name: str) -> str:
+    """For an unknown ``COMPATSHIM_*`` name: the nearest known one, else every known one."""
     import difflib
 
-    known = {name[len(_PREFIX) :]: name for name in _known()}
-    for name in unknown:
-        near = difflib.get_close_matches(name[len(_PREFIX) :].upper(), known, n=1, cutoff=0.6)
-        hint = f"did you mean {known[near[0]]}?" if near else f"known: {', '.join(known.values())}"
-        decisions.warn_once(
-            "settings", name, f"compatshim: {name} is not a compatshim setting, ignored; {hint}"
-        )
+    known = {n[len(_PREFIX) :]: n for n in _known()}
+    near = difflib.get_close_matches(name[len(_PREFIX) :].upper(), known, n=1, cutoff=0.6)
+    return f"did you mean {known[near[0]]}?" if near else f"known: {', '.join(known.values())}"
 
 
 _warn_settings()

@@ -13,7 +13,8 @@ frameworks, so they run in a child process with a time limit
 (:mod:`compatshim._doctor_probe`); on a terminal a progress line on stderr says so
 while they run. Exit code: 0 when every present breakage compatshim fixes is in
 force; 1 with a one-line reason when one is not fixed, fixable but not in force, or
-could not be probed; 2 when the probes could not run. Rows fit 80 columns; each
+could not be probed, or when a ``COMPATSHIM_*`` setting would not be honoured in the job
+(:func:`setting_problems`); 2 when the probes could not run. Rows fit 80 columns; each
 row's full detail is under ``--verbose`` and in ``--json``.
 """
 
@@ -275,14 +276,51 @@ def removed_rows() -> list[DoctorRow]:
     return out
 
 
+def setting_problems() -> list[str]:
+    """``COMPATSHIM_*`` settings of this environment that the job's processes will reject or
+    ignore when they read them (a sync point raises on a malformed desync timeout, mid-run;
+    every load skips an allow file it cannot read, with a warning): said here, before it."""
+    problems = []
+    try:
+        _settings.desync_timeout()
+    except _settings.SettingError as exc:
+        problems.append(
+            f"{exc}: compatshim.dist's sync points, watchdog and the lightning-fabric-desync "
+            "patch raise it when they start"
+        )
+    path = _settings.allow_file()
+    if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+        problems.append(
+            f"{_settings.ALLOW_FILE}={path!r} is not a readable file: every checkpoint load "
+            "ignores it (its entries admit nothing)"
+        )
+    problems += [
+        f"{name} is not a compatshim setting, ignored; {_settings.hint(name)}"
+        for name in _settings.unknown_names()
+    ]
+    return problems
+
+
 def _names(table: list[DoctorRow]) -> str:
     return ", ".join(r.name for r in table)
 
 
-def verdict(table: list[DoctorRow], report: dict[str, Any]) -> tuple[int, str]:
-    """The exit code and its one-line reason; it follows what is in force."""
+def verdict(
+    table: list[DoctorRow], report: dict[str, Any], settings: list[str] | None = None
+) -> tuple[int, str]:
+    """The exit code and its one-line reason; it follows what is in force, and ``settings``
+    (:func:`setting_problems`) fail it too."""
     if "error" in report:
         return 2, f"could not run the live probes: {report['error']}"
+    code, reason = _verdict(table, report)
+    if code == 0 and settings:
+        return 1, f"{len(settings)} COMPATSHIM_* setting(s) the job will not honour: " + "; ".join(
+            settings
+        )
+    return code, reason
+
+
+def _verdict(table: list[DoctorRow], report: dict[str, Any]) -> tuple[int, str]:
     # fixed None on a present row: a removed name compatshim cannot provide (reported only)
     unfixed = [r for r in table if r.applies and r.present and r.fixed is False]
     unknown = [r for r in table if r.applies and r.present is None and r.kind == "patch"]
@@ -388,6 +426,8 @@ def render_body(report: dict[str, Any], table: list[DoctorRow], verbose: bool = 
     for problem in report.get("import_problems", []):
         note = f"note: importing {problem['target']} failed: {problem['error']}"
         lines += _wrapped(note, 2)
+    for problem in report.get("settings", []):
+        lines += _wrapped(f"setting: {problem}", 2)
     if not verbose:
         lines += ["", "Each row's detail: compatshim doctor --verbose (or --json)."]
     return "\n".join(lines)
@@ -415,8 +455,9 @@ def main(as_json: bool = False, timeout: float | None = None, verbose: bool = Fa
     if not as_json:  # what metadata says, at once; the probes take seconds
         print(render_head(ver), flush=True)
     report = run_probes(timeout)
+    report["settings"] = setting_problems()
     table = rows(report)
-    code, reason = verdict(table, report)
+    code, reason = verdict(table, report, report["settings"])
     if as_json:
         payload = {
             "versions": ver,

@@ -77,6 +77,30 @@ def test_terminal_table_and_exit_zero_when_in_force() -> None:
     assert code == 0
 
 
+def test_settings_the_job_would_reject_or_ignore_fail_the_verdict(tmp_path: Path) -> None:
+    """``COMPATSHIM_DESYNC_TIMEOUT=5m`` (the first sync point raises ``SettingError``, mid-run),
+    an allow file that is not there (every load ignores it) and a misspelt name were "ok:",
+    exit 0: the doctor, run before the job, is where they must be said."""
+    code, out = _doctor(COMPATSHIM_AUTO="1", COMPATSHIM_DESYNC_TIMEOUT="60")
+    assert code == 0, out  # a valid value is no problem
+    missing = str(tmp_path / "allow.txt")
+    code, out = _doctor(
+        "--json",
+        COMPATSHIM_AUTO="1",
+        COMPATSHIM_DESYNC_TIMEOUT="5m",
+        COMPATSHIM_ALLOW_FILE=missing,
+        COMPATSHIM_SAFELOAD="1",
+    )
+    payload = json.loads(out)
+    assert code == payload["exit"] == 1, payload["reason"]
+    reason = payload["reason"]
+    assert reason.startswith("3 COMPATSHIM_* setting(s) the job will not honour"), reason
+    assert "COMPATSHIM_DESYNC_TIMEOUT='5m' is not a number of seconds" in reason, reason
+    assert f"COMPATSHIM_ALLOW_FILE={missing!r} is not a readable file" in reason, reason
+    assert "did you mean COMPATSHIM_SAFE_LOAD?" in reason, reason
+    assert len(payload["report"]["settings"]) == 3
+
+
 def test_present_and_fixable_but_not_in_force_fails_and_says_how_to_arm() -> None:
     """Issue 38: the user's script has no ``import compatshim.auto`` and no
     ``COMPATSHIM_AUTO``: its breakages are not fixed, so the doctor must not say "ok"."""
