@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Iterator
@@ -382,6 +383,24 @@ def test_exclude_and_env_disable(
     assert compatshim.install(include=[patch_name]) == []
     module = importlib.import_module(TARGET)
     assert module.Thing().method() == "broken"
+
+
+def test_exclude_of_an_armed_patch_warns_that_it_stays_armed(
+    target_dir: Path, patch_name: str
+) -> None:
+    """Under ``COMPATSHIM_AUTO=1`` (every patch armed at start-up), ``install(exclude=name)``
+    returned a list without ``name`` and said nothing, while ``name`` stayed armed."""
+    assert compatshim.install(include=[patch_name]) == [patch_name]
+    with pytest.warns(RuntimeWarning, match="leaves .* armed") as warned:
+        assert compatshim.install(include=[patch_name], exclude=patch_name) == []
+    (message,) = [str(w.message) for w in warned]
+    assert f"compatshim.uninstall({patch_name!r}) disarms it" in message, message
+    assert [w.filename for w in warned] == [__file__]  # the caller's line
+    assert status_row(patch_name)["armed"]  # as said: exclude disarms nothing
+    compatshim.uninstall(patch_name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not armed: nothing to say
+        assert compatshim.install(include=[patch_name], exclude=patch_name) == []
 
 
 def test_unknown_names_are_rejected() -> None:

@@ -424,6 +424,8 @@ def install(
     when its target module is imported (at once if it already is). Installing
     twice is installing once. ``COMPATSHIM_DISABLE=name,name`` removes patches
     from the selection; a bare string for ``include``/``exclude`` is one name.
+    ``exclude`` leaves a patch unarmed; one armed before (``COMPATSHIM_AUTO=1``, an
+    earlier ``install()``) stays armed, with a warning: ``uninstall(name)`` disarms it.
     """
     include_names, exclude_names = _names(include, "include"), _names(exclude, "exclude")
     missing = missing_dependency()
@@ -436,6 +438,7 @@ def install(
     armed: list[str] = []
     to_settle: list[str] = []
     with _lock:
+        still = [name for name in dict.fromkeys(exclude_names or ()) if _states[name].armed]
         for state in selected:
             if state.name in excluded:
                 continue
@@ -454,6 +457,12 @@ def install(
                 import_hooks.register(target, hook)
                 to_settle.append(target)
             decisions.record(state.name, "armed", ", ".join(state.targets))
+    for name in still:  # the caller asked for it off: say that it is on, and how to end it
+        decisions.warn(
+            f"compatshim: install(exclude=...) leaves {name!r} armed: it was armed before this "
+            f"call (COMPATSHIM_AUTO=1, import compatshim.auto or an earlier install()); "
+            f"compatshim.uninstall({name!r}) disarms it"
+        )
     import_hooks.settle(to_settle)
     return armed
 
