@@ -136,6 +136,19 @@ def _fix_scheduler(
                 f"anneal_strategy={short(strategy)}"
             )
         known = {**SCHEDULER_KEYS, "anneal_func": func}
+    kind = running.get("_anneal_func_type")
+    if isinstance(kind, str) and "_anneal_func_type" not in saved and "anneal_func" in saved:
+        # OneCycleLR saved by an older release (2.2 keeps the strategy's function): the
+        # newer state names the strategy, which the function's name gives
+        named = getattr(saved["anneal_func"], "__name__", None)
+        strategy = named.partition("_annealing_")[2] if isinstance(named, str) else ""
+        if strategy != kind:
+            raise OptimizerStateError(
+                f"compatshim.optim: the saved {type(owner).__name__} state at "
+                f"{where or 'its top level'} anneals by {named or short(saved['anneal_func'])}, "
+                f"the running one by {kind!r}: build it with the saved run's anneal_strategy"
+            )
+        known = {**SCHEDULER_KEYS, "anneal_func": None, "_anneal_func_type": kind}
     fixed, filled = _fix_keys(saved, running, known, where, owner)
     want = running.get(_NESTED)
     if isinstance(want, list):
@@ -508,6 +521,53 @@ def _empties(value: Any, path: str) -> list[tuple[dict[Any, Any], Any, str]]:
     return found
 
 
+def _other_keys(
+    value: Any, route: tuple[Any, ...] = ()
+) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """(route, {str(key): key}) of each dict under ``value`` keyed otherwise than by str (a
+    MultiStepLR's ``milestones``, a Counter of ints), outer ones first. DCP plans and loads
+    an entry under ``str(key)``: loaded in place, the dict gains a str key beside the
+    template's (its next ``dcp.save`` fails, "duplicated flatten key"); read whole from a
+    folder rewritten for torch 2.2, it holds str keys only (``last_epoch in milestones`` is
+    never true: the lr silently stops decaying)."""
+    found: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    if isinstance(value, dict):
+        keys = {str(key): key for key in value if not isinstance(key, str)}
+        if keys and not set(keys) & {key for key in value if isinstance(key, str)}:
+            found.append((route, keys))
+        for key, inner in value.items():
+            found += _other_keys(inner, (*route, key))
+    elif isinstance(value, list):
+        for i, inner in enumerate(value):
+            found += _other_keys(inner, (*route, i))
+    return found
+
+
+def _with_keys(state_dict: dict[str, Any], found: list[tuple[str, tuple[Any, ...], Any]]) -> None:
+    """Each value DCP loaded under ``str(key)`` put back under the template's ``key`` (into
+    the template's dict there, where both are dicts: DCP loaded its tensors in place)."""
+
+    def merge(into: dict[Any, Any], loaded: dict[Any, Any]) -> None:
+        for key, value in loaded.items():
+            if isinstance(value, dict) and isinstance(into.get(key), dict):
+                merge(into[key], value)
+            else:
+                into[key] = value
+
+    for top, route, keys in found:
+        value = _value_at(state_dict[top], route)
+        if not isinstance(value, dict):
+            continue
+        for text, key in keys.items():
+            if text not in value:
+                continue
+            loaded = value.pop(text)
+            if isinstance(loaded, dict) and isinstance(value.get(key), dict):
+                merge(value[key], loaded)
+            else:
+                value[key] = loaded
+
+
 def _with_empties(loaded: Any, template: Any) -> Any:
     """``loaded`` (an item read whole) with the empty dicts and lists of ``template`` that it
     lacks: a 2.3+ save has no entry for them, so an item rebuilt from its entries (a folder
@@ -583,6 +643,7 @@ def load_dcp(
     for container, key, _, _ in whole:
         container[key] = None  # a leaf: DCP reads the saved item in its place
     template = dict(state_dict)
+    keyed = [(top, *hit) for top in optimizers for hit in _other_keys(state_dict[top])]
     slots = {top: state_dict[top] for top in _one_item_tops(state_dict)}
     for top, value in slots.items():
         state_dict[top] = _Slot(value)
@@ -600,6 +661,7 @@ def load_dcp(
             state_dict[top] = _with_empties(state_dict[top].value, value)
         for container, key, _, value in whole:
             container[key] = _with_empties(container[key], value)
+        _with_keys(state_dict, keyed)
         unread = [path for container, key, path, _ in whole if container[key] is None]
         if unread:
             raise OptimizerStateError(

@@ -27,6 +27,15 @@ differ, and only between 2.4.1 and 2.8.0:
   the new learning rate. A release without the key never prints, and a scheduler
   built with the default (``verbose="deprecated"``) holds False.
 
+``ReduceLROnPlateau`` (not in ``sched_job``; ``tests/dcpresume/test_sched_keys.py``): 2.8.0+
+save ``default_min_lr``, 2.2.2 does not: the single ``min_lr`` that 2.8+ spreads over param
+groups added after construction, None where ``min_lr`` was a list (a changed number of groups
+then raises). A release without it kept ``min_lrs`` as built, so a state without it means None.
+
+``CyclicLR(cycle_momentum=True)`` (not in ``sched_job``): 2.8.0+ save ``use_beta1`` (whether
+it cycles Adam's ``betas[0]`` rather than ``momentum``); 2.2.2's CyclicLR cycled ``momentum``
+only (an optimizer without it was refused), so a state without it means False.
+
 ``OneCycleLR`` (not in ``sched_job``; ``tests/dcpresume/test_edge_state.py``): 2.2.2
 keeps the bound ``anneal_func`` in its state, 2.5.1 and 2.15.0 the strategy's name,
 ``_anneal_func_type``. A state with the name loads into 2.2 with the running
@@ -53,7 +62,12 @@ OLD_BEHAVIOUR_BY_CLASS: dict[str, dict[str, Any]] = {
 
 
 # LR-scheduler state keys some releases have and others lack -> what a state without them means
-SCHEDULER_KEYS: dict[str, Any] = {"_is_initial": False, "verbose": False}
+SCHEDULER_KEYS: dict[str, Any] = {
+    "_is_initial": False,
+    "verbose": False,
+    "default_min_lr": None,
+    "use_beta1": False,
+}
 
 
 def old_value(optimizer_class: str, key: str) -> Any:
