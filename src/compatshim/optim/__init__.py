@@ -347,6 +347,18 @@ def _other_shapes(
     found: list[str] = []
 
     def walk(value: Any, path: str, owner: Any) -> None:
+        if isinstance(value, dict) and any(not isinstance(key, str) for key in value):
+            # keyed by data (a MultiStepLR's milestones): a saved key the template lacks is
+            # one DCP would drop, and the schedule would silently change
+            head = f"{path}."
+            extra = {key[len(head) :].split(".", 1)[0] for key in saved if key.startswith(head)}
+            extra -= {str(key) for key in value}
+            if extra:
+                found.append(
+                    f"{path} holds saved key(s) {sorted(extra)} the running "
+                    f"{type(owner).__name__} lacks (it holds {sorted(map(str, value))}): DCP "
+                    "would drop them; build it as the saved run did"
+                )
         if isinstance(value, dict):
             for key, inner in value.items():
                 walk(inner, f"{path}.{key}", owner)
@@ -369,6 +381,23 @@ def _other_shapes(
 
     for top, owner in optimizers.items():
         walk(state_dict[top], top, owner)
+    return found
+
+
+def _hollow(state_dict: Mapping[str, Any], saved: set[str]) -> list[str]:
+    """Each empty dict of the template under which the checkpoint holds entries (a fresh
+    optimizer's ``state_dict()["state"]``, empty until its first step): DCP plans nothing
+    there, so the saved moments would be silently left out (the dry run's "NOT LOADED")."""
+    found = []
+    for _, _, where in _empties(dict(state_dict), ""):
+        inside = sorted(key for key in saved if key.startswith(f"{where}."))
+        if inside:
+            found.append(
+                f"{where} is empty in the state to load into, and the checkpoint holds "
+                f"{len(inside)} entries under it ({names(inside, 3)}) that dcp.load would skip: "
+                "build the state as it was saved (a fresh optimizer's state_dict() holds no "
+                "state until its first step; get_state_dict(model, optimizer) fills it)"
+            )
     return found
 
 
@@ -626,6 +655,7 @@ def load_dcp(
     shapes = _other_shapes(state_dict, optimizers, saved) + _not_tensors(
         state_dict, optimizers, entries
     )
+    shapes += _hollow(state_dict, saved)
     if shapes:  # before anything is loaded: the template stays as it was
         raise OptimizerStateError(f"compatshim.optim: {shapes[0]}")
     left_out: list[tuple[dict[str, Any], str, Any]] = []
