@@ -1,7 +1,8 @@
 """compatshim.data: where the data left off, saved with a checkpoint and resumed at any world size.
 
-- :func:`position` - a plain dict (ints, bools, strings; the same on every rank) saying which
-  epoch a ``DataLoader`` is in and how much of it has been consumed.
+- :func:`position` - a plain dict (ints, bools, strings; the same on every rank, except in a
+  pass ``resume(..., even=False)`` returned: keep rank 0's) saying which epoch a
+  ``DataLoader`` is in and how much of it has been consumed.
 - :func:`resume` - the rest of that epoch, as an iterator of batches; its samples are never
   loaded for the batches skipped (the sampler's indices are walked, not the dataset).
 - :class:`Resumed`, :class:`DataPositionError`.
@@ -263,8 +264,9 @@ def position(loader: Any, *, epoch: int, batches: int) -> dict[str, Any]:
 
     ``batches`` counts the batches this rank has taken since ``iter(loader)`` or, in a pass
     that :func:`resume` returned, since that call (compatshim adds what it skipped). The
-    result holds ints, bools and strings only, the same on every rank: keep it in a DCP
-    state dict or any checkpoint. Raises :class:`DataPositionError` for a loader whose
+    result holds ints, bools and strings only, the same on every rank (in a pass that
+    ``resume(..., even=False)`` returned, a rank dealt fewer samples can count fewer: keep
+    rank 0's, as a DCP state dict does): keep it in a DCP state dict or any checkpoint. Raises :class:`DataPositionError` for a loader whose
     order cannot be replayed, or an epoch the sampler is not in; TypeError for an argument
     of the wrong type.
     """
