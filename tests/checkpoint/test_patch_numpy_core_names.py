@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.catalogue import alone, status_row
+from tests.harness.catalogue import a_library_wraps, alone, status_row
 
 np = pytest.importorskip("numpy")
 
@@ -187,20 +187,6 @@ def test_torch_allowlist_takes_both_spellings_and_reverts(installed: Any) -> Non
     assert unpickler._get_user_allowed_globals is original
 
 
-def _library_wrapper(owner: Any, name: str) -> Any:
-    """What another library does after compatshim: wrap the attribute, ``functools.wraps``."""
-    import functools
-
-    under = vars(owner)[name]
-
-    @functools.wraps(under)
-    def library(*args: Any, **kwargs: Any) -> Any:
-        return under(*args, **kwargs)
-
-    setattr(owner, name, library)
-    return library
-
-
 def test_a_library_wrapper_over_the_torch_allowlist_survives_uninstall(installed: Any) -> None:
     """Uninstall keeps it, and ours under it then adds no second spelling; installing again
     adds them through it."""
@@ -215,7 +201,7 @@ def test_a_library_wrapper_over_the_torch_allowlist_survives_uninstall(installed
     torch.serialization.add_safe_globals([multiarray._reconstruct])
     try:
         installed.install(include=[PATCH])
-        library = _library_wrapper(unpickler, "_get_user_allowed_globals")
+        library = a_library_wraps(unpickler, "_get_user_allowed_globals")
         installed.uninstall([PATCH])
         assert unpickler._get_user_allowed_globals is library
         names, torchs = set(library()), set(original())
@@ -281,7 +267,7 @@ def test_a_library_wrapper_over_a_numpy1_ctor_survives_uninstall(installed: Any)
     original = _ctor("bit_generator")
     installed.install(include=[PATCH])
     try:
-        library = _library_wrapper(module, "__bit_generator_ctor")
+        library = a_library_wraps(module, "__bit_generator_ctor")
         installed.uninstall([PATCH])
         assert _ctor("bit_generator") is library
         with pytest.raises(ValueError, match="is not a known BitGenerator"):

@@ -24,7 +24,7 @@ import compatshim  # noqa: E402
 from compatshim.patches import torch_dcp_metadata_error as patch  # noqa: E402
 from tests.checkpoint.dcp_kit import digest, load, run_hardened, save, state, template  # noqa: E402
 from tests.checkpoint.test_hardened import TIMEOUT_S  # noqa: E402
-from tests.harness.catalogue import alone, status_row  # noqa: E402
+from tests.harness.catalogue import a_library_wraps, alone, status_row  # noqa: E402
 from tests.harness.dist import run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.timeout(2 * TIMEOUT_S)
@@ -246,19 +246,12 @@ def test_a_wrapper_a_library_put_on_after_install_survives_uninstall(
 ) -> None:
     """Uninstall keeps it, and ours under it then adds no reason (torch's own message);
     installing again puts the reason back through it."""
-    import functools
-
     compatshim.install(include=[NAME])
     if not status_row(NAME).applied:
         compatshim.uninstall([NAME])
         pytest.skip(f"torch {torch.__version__} says why: the patch is not applied")
-    torchs, under = vars(UTILS)["_wrap_exception"].__wrapped__, vars(UTILS)["_wrap_exception"]
-
-    @functools.wraps(under)
-    def library(exc: BaseException) -> Any:
-        return under(exc)
-
-    UTILS._wrap_exception = library
+    torchs = vars(UTILS)["_wrap_exception"].__wrapped__
+    library = a_library_wraps(UTILS, "_wrap_exception")
     folder = _broken(tmp_path, "truncated")
     try:
         compatshim.uninstall([NAME])

@@ -314,20 +314,6 @@ def test_hardened_refuses_a_list_shared_by_every_entry_before_torch_walks_it(
     assert plain["ok"], plain  # torch's own read takes it: the cost comes after
 
 
-def _wrapped_by_a_library(owner: Any, name: str) -> Any:
-    """What another library does after compatshim: wrap the attribute, ``functools.wraps``."""
-    import functools
-
-    under = vars(owner)[name]
-
-    @functools.wraps(under)
-    def library(*args: Any, **kwargs: Any) -> Any:
-        return under(*args, **kwargs)
-
-    setattr(owner, name, library)
-    return library
-
-
 def test_wrappers_a_library_put_on_after_install_survive_uninstall(
     genuine: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -341,6 +327,7 @@ def test_wrappers_a_library_put_on_after_install_survive_uninstall(
     import compatshim
     from compatshim._engine.patching import in_force
     from tests.checkpoint.dcp_kit import load, template
+    from tests.harness.catalogue import a_library_wraps
 
     patch = "torch-dcp-safe-metadata"
     targets = [
@@ -357,7 +344,7 @@ def test_wrappers_a_library_put_on_after_install_survive_uninstall(
     try:
         ours = {name: vars(owner)[name] for owner, name in targets}
         assert all(in_force(function) for function in ours.values()), ours
-        libraries = {name: _wrapped_by_a_library(owner, name) for owner, name in targets}
+        libraries = {name: a_library_wraps(owner, name) for owner, name in targets}
         compatshim.uninstall([patch])
         assert {name: vars(owner)[name] for owner, name in targets} == libraries
         with open(genuine / ".metadata", "rb") as file:

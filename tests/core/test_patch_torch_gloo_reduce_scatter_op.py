@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 import compatshim
 from compatshim.patches import torch_gloo_reduce_scatter_op as patch_module
+from tests.harness.catalogue import a_library_wraps
 from tests.harness.dist import python_env, run_ranks
 
 NAME = "torch-gloo-reduce-scatter-op"
@@ -109,13 +110,7 @@ def _through_a_library(rank: int) -> dict[str, Any]:
     then gives torch's own result."""
     torchs = dist.reduce_scatter_tensor
     compatshim.install([NAME])
-    under = dist.reduce_scatter_tensor
-
-    @functools.wraps(under)
-    def library(*args: Any, **kwargs: Any) -> Any:
-        return under(*args, **kwargs)
-
-    dist.reduce_scatter_tensor = library
+    library = a_library_wraps(dist, "reduce_scatter_tensor")
     try:
         compatshim.uninstall([NAME])
         got = {

@@ -25,3 +25,18 @@ def alone(name: str, *, armed: bool) -> Iterator[None]:
         yield
     finally:
         compatshim.uninstall([name])
+
+
+def a_library_wraps(owner: Any, name: str) -> Any:
+    """What another library does after compatshim: wraps ``owner.name`` (``functools.wraps``,
+    which copies compatshim's marks onto its wrapper) and sets its wrapper there."""
+    import functools
+
+    under = vars(owner)[name]
+
+    @functools.wraps(under)
+    def library(*args: Any, **kwargs: Any) -> Any:
+        return under(*args, **kwargs)
+
+    setattr(owner, name, library)
+    return library

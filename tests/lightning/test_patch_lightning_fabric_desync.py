@@ -355,10 +355,9 @@ def test_a_wrapper_a_library_put_on_after_install_survives_uninstall(
 ) -> None:
     """Uninstall keeps it, and ours under it then watches nothing (Fabric's own call);
     installing again watches through it."""
-    import functools
-
     import compatshim
     from compatshim.desync import _framework
+    from tests.harness.catalogue import a_library_wraps
 
     Fabric = fabric_class()
     compatshim.uninstall(["lightning-fabric-desync"])
@@ -373,13 +372,7 @@ def test_a_wrapper_a_library_put_on_after_install_survives_uninstall(
     monkeypatch.setattr(_framework, "watch_process_group", counted)
     compatshim.install(include=["lightning-fabric-desync"])
     try:
-        under = Fabric.__dict__["barrier"]
-
-        @functools.wraps(under)
-        def library(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return under(self, *args, **kwargs)
-
-        Fabric.barrier = library
+        library = a_library_wraps(Fabric, "barrier")
         compatshim.uninstall(["lightning-fabric-desync"])
         assert Fabric.__dict__["barrier"] is library
         fabric = Fabric(accelerator="cpu", devices=1)
