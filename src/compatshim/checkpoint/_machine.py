@@ -37,6 +37,7 @@ import codecs
 import io
 import struct
 import sys
+import types
 from typing import IO, Any, Callable
 
 from ._limits import BUDGET_FLOOR, BUDGET_PER_BYTE, hash_allowance
@@ -48,6 +49,9 @@ MAX_LINE = 1 << 20
 MAX_CLASHES = 64  # different keys sharing one full hash value
 _SHORT_TEXT = 64  # a str or bytes key this long or shorter is never counted (state-dict keys)
 _SMALL_INT = 1 << 60  # ints below this (in magnitude) hash to themselves in O(1)
+#: element types whose hash is O(1) or cached (str, bytes), or raises at once (list, dict)
+_FLAT = frozenset({int, str, bytes, float, bool, type(None), complex, list, dict, set, bytearray})
+MAX_OBJECT_NESTING = 100  # objects hashing objects (a Python __hash__ reading attributes)
 HIGHEST_PROTOCOL = 5
 SMALL_READ = 1 << 16  # a read this short is done first and its length checked after
 _I32 = struct.Struct("<i")
@@ -168,6 +172,10 @@ class Machine:
         self._first_of_hash: dict[int, Any] = {}  # hash -> the first counted key with it
         self._clashes: dict[int, int] = {}  # hash -> different keys seen with it
         self._compared: dict[int, tuple[Any, int]] = {}  # id -> (tuple, what == on it visits)
+        # id -> (object, what hashing it visits): instances whose class hashes in Python from
+        # their attributes (a frozen dataclass: DCP's MetadataIndex hashes (fqn, offset)),
+        # measured once; such an object takes no more state after (SafeMachine.build)
+        self._objects: dict[int, tuple[Any, int]] = {}
         # bytes the opcodes' own containers may take: an empty set is 216 bytes for one byte
         # of file, so they are counted as the load's calls are (BUDGET_PER_BYTE x + floor)
         self.built_left = BUDGET_PER_BYTE * source.end + BUDGET_FLOOR
@@ -257,8 +265,10 @@ class Machine:
                     deepest = depth
             elif kind is int and not -_SMALL_INT < item < _SMALL_INT:
                 size += 1 + (item.bit_length() >> 5)
-            else:
+            elif kind in _FLAT:
                 size += 1
+            else:  # an object whose own __hash__ may walk what its attributes hold
+                size += self.object_cost(item)
         if deepest >= MAX_NESTING:
             raise CheckpointError(f"tuples or frozensets nested deeper than {MAX_NESTING} levels")
         if size > self._hash_cap:  # hash_allowance(), without a call per tuple
@@ -306,7 +316,9 @@ class Machine:
             elif kind is tuple or kind is frozenset or isinstance(key, (tuple, frozenset)):
                 cost = self.expanded(key)  # torch.Size too: a tuple's hash, and ==
             else:  # complex, its subclasses, an allowed class's own __hash__ (MetadataIndex):
-                cost = 1  # keys sharing a hash are counted whatever their type
+                # what its hash visits (1 for a C hash); keys sharing a hash are counted
+                # whatever their type
+                cost = self.object_cost(key)
             self.charge(cost, "hashing the file's keys")
             self._count_clash(key)
 
@@ -355,7 +367,9 @@ class Machine:
         distinct container is summed once (kept by id), so this walk costs what the file
         holds."""
         if type(root) is not tuple and type(root) is not frozenset:
-            return len(root) if type(root) is str or type(root) is bytes else 1
+            if type(root) is str or type(root) is bytes:
+                return len(root)
+            return self.object_cost(root)  # a dataclass's == compares its fields
         known = self._compared
         todo = [root]
         while todo:
@@ -380,10 +394,58 @@ class Machine:
                     cost += known[id(item)][1]
                 elif kind is str or kind is bytes:
                     cost += len(item)
-                else:
+                elif kind in _FLAT:
                     cost += 1
+                else:
+                    cost += self.object_cost(item)
             known[id(node)] = (node, cost)
         return known[id(root)][1]
+
+    def object_cost(self, obj: Any, depth: int = 0) -> int:
+        """Elements hashing ``obj`` visits, where its class hashes in Python (``__hash__`` a
+        function, as a frozen dataclass's or omegaconf's ``ValueNode``'s: they hash what
+        their attributes hold, at every use, uncached): one, plus each attribute's cost (a
+        shared tuple's expanded size, a long int's digits, such an object's own cost).
+        Any other object costs one (a C hash: a dtype, a device). Measured once per object
+        (:meth:`measured`); a chain of such objects deeper than
+        :data:`MAX_OBJECT_NESTING` is refused."""
+        hasher = getattr(type(obj), "__hash__", None)
+        if type(hasher) is not types.FunctionType:
+            return 1
+        key = id(obj)
+        known = self._objects.get(key)
+        if known is not None and known[0] is obj:
+            return known[1]
+        if depth >= MAX_OBJECT_NESTING:
+            raise CheckpointError(
+                f"objects whose hash reads their attributes nested deeper than "
+                f"{MAX_OBJECT_NESTING} levels"
+            )
+        try:
+            state = object.__getattribute__(obj, "__dict__")
+        except Exception:  # no instance dict (slots): nothing of the file's to walk
+            state = None
+        cost = 1
+        if type(state) is dict:
+            for value in state.values():
+                kind = type(value)
+                if kind is tuple or kind is frozenset or isinstance(value, (tuple, frozenset)):
+                    cost += self.expanded(value)
+                elif kind is int:
+                    cost += 1 if -_SMALL_INT < value < _SMALL_INT else 1 + (value.bit_length() >> 5)
+                elif kind in _FLAT:
+                    cost += 1
+                else:
+                    cost += self.object_cost(value, depth + 1)
+        self._objects[key] = (obj, cost)
+        return cost
+
+    def measured(self, obj: Any) -> bool:
+        """Whether ``obj``'s hashing cost was measured (:meth:`object_cost` of an object whose
+        class hashes in Python): it is then counted at that cost wherever it is used, so
+        it may take no more state."""
+        known = self._objects.get(id(obj))
+        return known is not None and known[0] is obj
 
     def _pop_mark(self) -> list[Any]:
         if not self.metastack:

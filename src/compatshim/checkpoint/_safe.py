@@ -379,6 +379,12 @@ class SafeMachine(Machine):
                 "created, of allowed types",
                 (f"BUILD {describe(inst)}",),
             )
+        if self.measured(inst):  # its hash was counted at the cost its state had then
+            raise UnsafeCheckpointError(
+                f"BUILD on {describe(inst)} refused: it was already hashed or put in a tuple "
+                "(its hash reads its state; pickle gives an object its state before any use)",
+                (f"BUILD {describe(inst)}",),
+            )
         self._builders[id(inst)](inst, state)
 
     def set_items(self, target: Any, pairs: list[Any]) -> None:

@@ -1,0 +1,119 @@
+"""Keys whose class hashes in Python from their attributes are charged what hashing them visits.
+
+DCP's ``MetadataIndex`` is a frozen dataclass (``hash((fqn, offset))``, every use, uncached)
+and omegaconf's ``ValueNode`` hashes its value: both allow-listed instances whose state the
+file chooses. Charged one unit per use before, a 1.9 KB file (a MetadataIndex whose offset is
+a memo-shared tuple of 2**22 leaves, used 200 times as a dict key) took 18 s, and a 1.3 MB one
+(an AnyNode holding a 1 MB int, used 40 000 times) 36 s. Each must now be refused quickly;
+real files (a DCP ``Metadata`` keyed by MetadataIndex, nodes as keys) still load.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from compatshim.checkpoint import CheckpointError, load  # noqa: E402
+
+FAST = 5.0  # seconds: the refusals take well under 0.5 s; before, 18-36 s
+METADATA = "torch.distributed.checkpoint.metadata"
+
+
+def _get(i: int) -> bytes:
+    return b"j" + struct.pack("<I", i)
+
+
+def _put(i: int) -> bytes:
+    return b"r" + struct.pack("<I", i)
+
+
+def _shared_tuple(levels: int) -> bytes:
+    """T(i+1) = (Ti, Ti) in memo 0: 2**levels leaves from a few bytes a level."""
+    body = b"\x80\x04K\x00\x85" + _put(0)
+    for _ in range(levels):
+        body += _get(0) + _get(0) + b"\x86" + _put(0) + b"0"
+    return body
+
+
+def _metadata_index(offset: bytes) -> bytes:
+    """A MetadataIndex (NEWOBJ, BUILD {fqn, offset}) left on the stack."""
+    return (
+        f"c{METADATA}\nMetadataIndex\n".encode()
+        + b")\x81}\x8c\x03fqn\x8c\x01as\x8c\x06offset"
+        + offset
+        + b"sb"
+    )
+
+
+def _used_as_key(uses: int, memo: int) -> bytes:
+    body = b"}("
+    for k in range(uses):
+        body += _get(memo) + b"K" + bytes([k % 256])
+    return body + b"u."
+
+
+def _timed_refusal(data: bytes) -> str:
+    pytest.importorskip("torch.distributed.checkpoint.metadata")
+    start = time.process_time()
+    with pytest.raises(CheckpointError) as info:
+        load(io.BytesIO(data))
+    assert time.process_time() - start < FAST
+    return str(info.value)
+
+
+def test_metadata_index_with_a_shared_tuple_offset_used_as_key_many_times() -> None:
+    data = _shared_tuple(22) + _metadata_index(_get(0)) + _put(1) + b"0" + _used_as_key(200, 1)
+    assert "hashing the file's keys" in _timed_refusal(data)
+
+
+def test_a_tuple_of_many_uses_of_a_dear_metadata_index_is_refused_when_built() -> None:
+    mi = _shared_tuple(21) + _metadata_index(_get(0)) + _put(1) + b"0"
+    data = mi + b"(" + _get(1) * 400 + b"t" + _put(2) + b"0" + _used_as_key(20, 2)
+    assert "once its shared parts are expanded" in _timed_refusal(data)
+
+
+def test_state_given_after_the_object_was_hashed_is_refused() -> None:
+    # hashed while its offset was (), then given the shared tuple, then hashed again
+    data = (
+        _shared_tuple(22)
+        + f"c{METADATA}\nMetadataIndex\n".encode()
+        + b")\x81"
+        + _put(1)
+        + b"}\x8c\x03fqn\x8c\x01as\x8c\x06offset)sb0"
+        + b"}"
+        + _get(1)
+        + b"K\x00s0"
+        + _get(1)
+        + b"}\x8c\x06offset"
+        + _get(0)
+        + b"sb0"
+        + _used_as_key(200, 1)
+    )
+    assert "already hashed" in _timed_refusal(data)
+
+
+def test_a_value_node_holding_a_long_int_used_as_key_many_times() -> None:
+    nodes = pytest.importorskip("omegaconf.nodes")
+    node = nodes.AnyNode(1 << 8_000_000)
+    data = pickle.dumps([{node: 0} for _ in range(40_000)], 4)
+    assert "hashing the file's keys" in _timed_refusal(data)
+
+
+def test_real_dcp_metadata_and_small_nodes_as_keys_still_load() -> None:
+    meta = pytest.importorskip("torch.distributed.checkpoint.metadata")
+    nodes = pytest.importorskip("omegaconf.nodes")
+    index = {
+        meta.MetadataIndex(f"layer{i}.weight", torch.Size([i * 4, 0]), i): f"__{i}_0.distcp"
+        for i in range(2000)
+    }
+    written = meta.Metadata(state_dict_metadata={}, planner_data=None, storage_data=index)
+    loaded = load(io.BytesIO(pickle.dumps(written)))
+    assert loaded.storage_data == index
+    keyed = load(io.BytesIO(pickle.dumps([{nodes.AnyNode(7): 1} for _ in range(1000)], 4)))
+    assert len(keyed) == 1000
