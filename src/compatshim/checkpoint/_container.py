@@ -38,6 +38,7 @@ import os
 import re
 import stat
 import struct
+import sys
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Literal, NamedTuple, TypeVar
 
@@ -81,7 +82,61 @@ def read(
         raise TypeError("expected a path or a seekable binary file object")
     if isinstance(f, io.TextIOBase):  # read() gives str: "damaged (UnicodeDecodeError)" was said
         raise TypeError(f"{what}: a file opened in text mode; open it with open(path, 'rb')")
+    stored = compressed_size(f)
+    if stored is not None:  # a budget is a multiple of the bytes read: not of what inflates
+        inner = reader
+
+        def reader(file: IO[bytes], what: str, path: str | None) -> T:
+            return inner(_inflated(file, stored, what), what, path)
+
     return _guarded(reader, f, what, None)
+
+
+#: streams that inflate what they read (a file object of these, given to load or the hardened
+#: torch.load, seeks by inflating: its size, so its budget, was what it inflates to)
+_COMPRESSED = (("gzip", "GzipFile"), ("bz2", "BZ2File"), ("lzma", "LZMAFile"),
+               ("zipfile", "ZipExtFile"))  # fmt: skip
+
+
+def compressed_size(f: Any) -> int | None:
+    """The bytes a compressed stream ``f`` reads from (its file on disk, its ``BytesIO``, a
+    zip member's compressed size held to its archive's), or None: not such a stream, or
+    its store cannot be measured (read as before)."""
+    kinds = tuple(
+        k for m, n in _COMPRESSED if isinstance(k := getattr(sys.modules.get(m), n, None), type)
+    )
+    if not kinds or not isinstance(f, kinds):
+        return None
+    shared = getattr(f, "_fileobj", None)  # zipfile's _SharedFile
+    under = getattr(shared, "_file", None) if shared is not None else None
+    if under is None:
+        under = getattr(f, "fileobj", None) or getattr(f, "_fp", None)  # gzip; bz2, lzma
+    size = _stored_size(under) if under is not None else None
+    claimed = getattr(f, "_orig_compress_size", None)
+    if type(claimed) is int:
+        size = claimed if size is None else min(size, claimed)
+    return size
+
+
+def _stored_size(file: Any) -> int | None:
+    if isinstance(file, io.BytesIO):
+        return file.getbuffer().nbytes
+    try:
+        return os.fstat(file.fileno()).st_size
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None
+
+
+def _inflated(file: IO[bytes], stored: int, what: str) -> IO[bytes]:
+    """The rest of the compressed stream ``file``, read once, at most ``EXPANSION_PER_BYTE``
+    bytes per byte it is stored in (``_expand.Bounded``), as a stream of its own."""
+    from ._expand import Bounded, limit
+
+    data = io.BytesIO(Bounded(file, limit(stored), what, "it inflates", "").read())
+    name = getattr(file, "name", None)
+    if isinstance(name, str):
+        data.name = name  # type: ignore[attr-defined]
+    return data
 
 
 def open_regular(path: Any, what: str, buffering: int = -1) -> IO[bytes]:
