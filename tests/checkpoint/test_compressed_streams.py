@@ -38,16 +38,15 @@ def test_compressed_checkpoints_still_load(kind: str) -> None:
     buffer = io.BytesIO()
     torch.save({"w": torch.arange(6.0), "step": 3, "names": ["a"] * 100}, buffer)
     raw = buffer.getvalue()
-    if kind == "gzip":
-        f = gzip.GzipFile(fileobj=io.BytesIO(gzip.compress(raw)))
-    elif kind == "bz2":
-        f = bz2.BZ2File(io.BytesIO(bz2.compress(raw)))
-    elif kind == "lzma":
-        f = lzma.LZMAFile(io.BytesIO(lzma.compress(raw)))
-    else:
-        archive = io.BytesIO()
-        with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as out:
-            out.writestr("model.pt", raw)
-        f = zipfile.ZipFile(archive).open("model.pt")
-    loaded = load(f)
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as out:
+        out.writestr("model.pt", raw)
+    opened = {
+        "gzip": lambda: gzip.GzipFile(fileobj=io.BytesIO(gzip.compress(raw))),
+        "bz2": lambda: bz2.BZ2File(io.BytesIO(bz2.compress(raw))),
+        "lzma": lambda: lzma.LZMAFile(io.BytesIO(lzma.compress(raw))),  # noqa: SIM115
+        "zip": lambda: zipfile.ZipFile(archive).open("model.pt"),  # noqa: SIM115
+    }
+    with opened[kind]() as f:
+        loaded = load(f)
     assert loaded["step"] == 3 and loaded["w"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
