@@ -266,9 +266,9 @@ def position(loader: Any, *, epoch: int, batches: int) -> dict[str, Any]:
     that :func:`resume` returned, since that call (compatshim adds what it skipped). The
     result holds ints, bools and strings only, the same on every rank (in a pass that
     ``resume(..., even=False)`` returned, a rank dealt fewer samples can count fewer: keep
-    rank 0's, as a DCP state dict does): keep it in a DCP state dict or any checkpoint. Raises :class:`DataPositionError` for a loader whose
-    order cannot be replayed, or an epoch the sampler is not in; TypeError for an argument
-    of the wrong type.
+    rank 0's, as a DCP state dict does): keep it in a DCP state dict or any checkpoint.
+    Raises :class:`DataPositionError` for a loader whose order cannot be replayed, or an
+    epoch the sampler is not in; TypeError for an argument of the wrong type.
     """
     _check_loader(loader)
     epoch, batches = _count(epoch, "epoch"), _count(batches, "batches")
