@@ -309,8 +309,10 @@ def test_a_fresh_optimizer_s_empty_state_fails_the_plan(tmp_path: Path) -> None:
 
 def test_a_path_that_is_no_dcp_folder_is_named_for_what_it_is(tmp_path: Path) -> None:
     """resume-check and dcp-downgrade said "[Errno 20] Not a directory: 'x/.metadata'" for a
-    file, and "[Errno 2] ..." for a folder without .metadata or no folder at all."""
+    file, and "[Errno 2] ..." for a folder without .metadata or no folder at all; load_dcp
+    still said so after they were fixed."""
     from compatshim.checkpoint import CheckpointError, downgrade_dcp
+    from compatshim.optim import load_dcp
 
     (tmp_path / "weights.pt").write_bytes(b"x")
     (tmp_path / "empty").mkdir()
@@ -323,6 +325,7 @@ def test_a_path_that_is_no_dcp_folder_is_named_for_what_it_is(tmp_path: Path) ->
         for call in (
             lambda p: plan_resume(p, {}),
             lambda p: downgrade_dcp(p, tmp_path / "o", torch="2.4"),
+            lambda p: load_dcp({}, {}, checkpoint_id=p),
         ):
             with pytest.raises(CheckpointError, match=said) as raised:
                 call(tmp_path / name)

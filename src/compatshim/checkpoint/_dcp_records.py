@@ -253,7 +253,7 @@ def read_folder(folder: Any) -> Folder:
     path = os.path.join(os.fspath(folder), METADATA)
     what = path
     if not os.path.isfile(path):  # say what the path is, not "[Errno 20] ... .metadata"
-        _no_metadata(os.fspath(folder))
+        no_metadata(os.fspath(folder))
     with open_regular(path, what) as file:
         size = os.fstat(file.fileno()).st_size
         if file.read(1) != b"\x80":
@@ -269,8 +269,9 @@ def read_folder(folder: Any) -> Folder:
     return _checked(top, what, frozenset(reader.named), reader.budget)
 
 
-def _no_metadata(folder: str) -> None:
-    """FileNotFoundError (and CheckpointError) saying what ``folder`` is instead."""
+def no_metadata(folder: str) -> None:
+    """FileNotFoundError (and CheckpointError) saying what ``folder`` is instead: the one
+    wording read_folder (plan_resume, downgrade_dcp) and ``optim.load_dcp`` give."""
     if not os.path.lexists(folder):
         why = "no such folder"
     elif not os.path.isdir(folder):

@@ -642,6 +642,8 @@ def load_dcp(
     template's entries are then put back; tensors DCP loaded stay loaded). Under torch
     2.2, whose ``dcp.load`` takes no ``checkpoint_id``, the folder is read through a
     ``FileSystemReader`` of it, and ``dcp.load`` needs a process group (one rank will do).
+    A ``checkpoint_id`` that is no DCP folder (none there, a file, no ``.metadata``) raises
+    ``CheckpointError``, also a ``FileNotFoundError``, saying which, as ``plan_resume`` does.
     """
     _check_load_arguments(state_dict, optimizers, checkpoint_id, storage_reader)
     import inspect
@@ -649,6 +651,10 @@ def load_dcp(
     from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import load
 
+    if storage_reader is None:  # say what the path is, as plan_resume does, not torch's Errno
+        from ..checkpoint._dcp_records import no_metadata
+
+        no_metadata(os.fspath(checkpoint_id))
     reader = storage_reader or FileSystemReader(checkpoint_id)
     entries = reader.read_metadata().state_dict_metadata
     saved = set(entries)
