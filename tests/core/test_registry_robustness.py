@@ -448,6 +448,26 @@ def test_decision_trail_is_logged(tmp_path: Path) -> None:
     assert "compatshim: test-trail: applied (cs_trail_target" in done.stderr
 
 
+def test_the_decision_trail_prints_once_when_the_user_configured_logging() -> None:
+    """``COMPATSHIM_LOG=debug`` under ``logging.basicConfig(level=DEBUG)`` printed each
+    decision twice: through compatshim's stderr handler and again through the root's."""
+    done = _python(
+        """
+        import logging
+        logging.basicConfig(level=logging.DEBUG)
+        import compatshim
+        compatshim.install(include="numpy-core-names")
+        logging.getLogger("compatshim").debug("after install")
+        """,
+        env={"PYTHONPATH": SRC, "COMPATSHIM_LOG": "debug"},
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    armed = [line for line in lines if "numpy-core-names: armed" in line]
+    assert armed == ["compatshim: numpy-core-names: armed (numpy)"], done.stderr
+    assert lines.count("compatshim: after install") == 1, done.stderr
+
+
 # -- 6. another thread's import ----------------------------------------------------------------
 def test_a_half_built_module_is_named_by_the_import_hooks_not_by_message_text(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -5,7 +5,9 @@ before ``logging`` is imported, and importing it there would cost every
 process a few milliseconds. So decisions are kept in a short in-memory list
 and sent to the logger once ``logging`` is imported by anyone (a framework
 import always does it), oldest first. ``COMPATSHIM_LOG=debug`` also prints
-them to stderr. The last few decisions of each patch appear in ``status()``.
+them to stderr, through a handler of the ``compatshim`` logger, which then stops
+propagating (a root handler would print each line twice). The last few decisions
+of each patch appear in ``status()``.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ def _flush() -> None:
             handler.setFormatter(logging.Formatter("compatshim: %(message)s"))
             logger.addHandler(handler)
             logger.setLevel(logging.DEBUG)
+            # the line is printed here: the root's handlers (basicConfig) would print it again
+            logger.propagate = False
         while True:
             try:
                 line = _pending.pop(0)
