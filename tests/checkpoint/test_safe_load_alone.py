@@ -204,6 +204,29 @@ def test_a_torch_load_reference_taken_before_hardening_is_named_once(
         assert "__main__" in lines[0], lines
 
 
+TWICE = r"""
+import compatshim
+
+compatshim.uninstall()  # disarms what the start-up hook armed: said
+compatshim.uninstall()  # nothing left to disarm: silent
+compatshim.install()
+compatshim.uninstall()  # disarms them again: said again
+print("RESULT {}")
+"""
+
+
+def test_every_uninstall_that_disarms_the_loading_patches_says_so(tmp_path: Path) -> None:
+    """The notice was said once per process: after ``install()``, a second ``uninstall()``
+    ended hardened mode silently."""
+    script = tmp_path / "child.py"
+    script.write_text(TWICE)
+    done = run(script, COMPATSHIM_SAFE_LOAD="1")
+    result_of(done)
+    said = [ln for ln in done.stderr.splitlines() if "uninstall() disarmed" in ln]
+    assert len(said) == 2, done.stderr
+    assert all("torch-load-safe-globals" in line for line in said), said
+
+
 HOOKLESS = r"""
 import io, json, sys, types
 import torch

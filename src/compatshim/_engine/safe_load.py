@@ -30,6 +30,11 @@ def loud(key: str, message: str) -> None:
     if key in _said:
         return
     _said.add(key)
+    say(message)
+
+
+def say(message: str) -> None:
+    """``message`` on stderr, every time (never raises)."""
     try:  # noqa: SIM105 (contextlib costs start-up time)
         sys.stderr.write(f"compatshim: {message}\n")
     except Exception:
@@ -58,11 +63,11 @@ def arm_at_import() -> None:
 
 def disarmed(names: list[str]) -> None:
     """``uninstall()`` disarmed ``names``: say so where a loading patch was among them and
-    ``COMPATSHIM_SAFE_LOAD=1`` is set (a library's uninstall() must not end it silently)."""
+    ``COMPATSHIM_SAFE_LOAD=1`` is set (a library's uninstall() must not end it silently),
+    at every such call: after an install(), a second uninstall() ends it as the first did."""
     lost = [name for name in names if name in LOADING_PATCHES]
     if lost and _settings.safe_load():
-        loud(
-            "uninstall",
+        say(
             f"{_settings.SAFE_LOAD}=1 is NOT in force in this process any more: "
             f"compatshim.uninstall() disarmed {', '.join(lost)}; compatshim.install() arms "
             "them again",
