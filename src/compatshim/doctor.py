@@ -141,23 +141,33 @@ def patch_row(patch: PatchStatus) -> DoctorRow:
     version = patch.installed_version
     present = {"present": True, "absent": False}.get(patch.defect)
     where = f"{patch.distribution} {version}"
+    # a hardened-only patch's probe finds no defect without SAFE_LOAD; the breakage is there
+    # all the same, disabled or not (present must not change with COMPATSHIM_DISABLE)
+    opt_in = (
+        patch.applies
+        and present is False
+        and patch.name in HARDENED_ONLY
+        and not _settings.safe_load()
+    )
     if not patch.applies:
         detail = (
             f"{patch.distribution} not installed"
             if version is None
             else f"{where}: outside the releases the patch supports ({patch.requires})"
         )
+    elif opt_in:
+        detail = f"{where}: off unless {_settings.SAFE_LOAD}=1 ({HARDENED_ONLY[patch.name]})"
+        if patch.disabled:
+            detail += f"; disabled by {_settings.DISABLE}"
+        return DoctorRow(  # the breakage is here; its fix is opt-in: not a failed verdict
+            name=patch.name, kind="patch", applies=True, present=True, fixed=not patch.disabled,
+            detail=detail, extra={"opt_in": True},
+        )  # fmt: skip
     elif patch.disabled:
         state = {True: "present", False: "absent", None: "not probed"}[present]
         detail = f"{where}: defect {state}; disabled by {_settings.DISABLE}"
     elif present is None:
         detail = patch.error or "target not imported, not probed"
-    elif not present and patch.name in HARDENED_ONLY and not _settings.safe_load():
-        detail = f"{where}: off unless {_settings.SAFE_LOAD}=1 ({HARDENED_ONLY[patch.name]})"
-        return DoctorRow(  # the breakage is here; its fix is opt-in: not a failed verdict
-            name=patch.name, kind="patch", applies=True, present=True, fixed=True,
-            detail=detail, extra={"opt_in": True},
-        )  # fmt: skip
     elif not present:
         detail = f"{where}: defect absent, nothing to do"
     else:
@@ -221,6 +231,8 @@ def in_force(table: list[DoctorRow], armed: set[str]) -> None:
         if row.extra.get("opt_in"):
             row.in_force = False
             row.extra["arm"] = f"{_settings.SAFE_LOAD}=1 (hardened mode, opt-in)"
+            if not row.fixed:  # disabled
+                row.extra["arm"] += f", and remove it from {_settings.DISABLE}"
             continue
         if not row.fixed:
             row.in_force = False
@@ -322,7 +334,11 @@ def verdict(
 
 def _verdict(table: list[DoctorRow], report: dict[str, Any]) -> tuple[int, str]:
     # fixed None on a present row: a removed name compatshim cannot provide (reported only)
-    unfixed = [r for r in table if r.applies and r.present and r.fixed is False]
+    unfixed = [  # an opt-in fix disabled: nothing was asked for, so nothing failed
+        r
+        for r in table
+        if r.applies and r.present and r.fixed is False and not r.extra.get("opt_in")
+    ]
     unknown = [r for r in table if r.applies and r.present is None and r.kind == "patch"]
     idle = [
         r

@@ -77,6 +77,21 @@ def test_terminal_table_and_exit_zero_when_in_force() -> None:
     assert code == 0
 
 
+def test_disabling_an_opt_in_patch_leaves_its_breakage_present() -> None:
+    """``numpy-load-hardened`` showed present "yes", but "no" once ``COMPATSHIM_DISABLE``
+    named it, though the breakage was still there. Disabling it (never armed without
+    ``COMPATSHIM_SAFE_LOAD=1``) changes neither the row's present nor the verdict."""
+    seen = {}
+    for disabled in ("", "numpy-load-hardened"):
+        code, out = _doctor("--json", COMPATSHIM_AUTO="1", COMPATSHIM_DISABLE=disabled)
+        payload = json.loads(out)
+        row = _check(payload, "numpy-load-hardened")
+        seen[disabled] = (row["present"], row["in_force"], code)
+        if disabled:
+            assert "disabled by COMPATSHIM_DISABLE" in row["detail"], row
+    assert seen[""] == seen["numpy-load-hardened"] == (True, False, 0), seen
+
+
 def test_settings_the_job_would_reject_or_ignore_fail_the_verdict(tmp_path: Path) -> None:
     """``COMPATSHIM_DESYNC_TIMEOUT=5m`` (the first sync point raises ``SettingError``, mid-run),
     an allow file that is not there (every load ignores it) and a misspelt name were "ok:",
