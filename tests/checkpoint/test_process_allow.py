@@ -155,16 +155,49 @@ def test_a_file_of_entries_with_reasons(tmp_path: Path, monkeypatch: pytest.Monk
     # changed: read again; the malformed entries are named and skipped, the rest stay
     listing.write_bytes(
         b"fractions.Fraction bad-name\nuuid.UUID\xff\n# caf\xe9\ndecimal.Decimal # caf\xe9\n"
+        b"fractions.Fraction\n"
     )
     with pytest.warns(RuntimeWarning, match="2 malformed allow entries skipped") as warned:
         assert checkpoint.load(_saved(fractions.Fraction(1, 2))) == fractions.Fraction(1, 2)
     (message,) = [str(w.message) for w in warned]
-    assert f"{listing}:1: 'bad-name' is not" in message and f"{listing}:2: 'uuid" in message
+    assert f"{listing}:1: 'fractions.Fraction bad-name' is more than one" in message, message
+    assert f"{listing}:2: 'uuid" in message
     assert checkpoint.load(_saved(decimal.Decimal(1))) == decimal.Decimal(1)
+    assert {e.qualname: e.reason for e in checkpoint.allowed()} == {
+        "decimal.Decimal": "caf\ufffd",  # a reason after '#'
+        "fractions.Fraction": f"listed in {listing}:5",  # none: where it was listed
+    }
     assert _refused(uuid.UUID(int=1)) == ("uuid.UUID",)  # its line was not UTF-8: skipped
     monkeypatch.setenv("COMPATSHIM_ALLOW_FILE", str(tmp_path / "missing.txt"))
     with pytest.warns(RuntimeWarning, match="missing.txt"):
         _refused(fractions.Fraction(1, 2))
+
+
+def test_a_file_line_is_one_entry_and_its_reason_is_optional(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/checkpoint.md promises one ``module.name  # reason`` a line; the file was split
+    on spaces, so a line of words (a reason written without ``#``) gave an entry per word:
+    ``bad line here`` was 3 malformed entries, and a dotted word of such a reason (``uuid.UUID``
+    below) was allowed. A line is one entry; a line of several words is one malformed entry."""
+    listing = tmp_path / "allow.txt"
+    listing.write_text(
+        "fractions.Fraction  # exact ratios\n"
+        "decimal.Decimal\n"
+        "bad line here\n"
+        "collections.Counter trusted like uuid.UUID\n"
+    )
+    monkeypatch.setenv("COMPATSHIM_ALLOW_FILE", str(listing))
+    with pytest.warns(RuntimeWarning, match="2 malformed allow entries skipped") as warned:
+        assert checkpoint.load(_saved(fractions.Fraction(1, 2))) == fractions.Fraction(1, 2)
+    (message,) = [str(w.message) for w in warned]
+    assert f"{listing}:3: 'bad line here' is more than one 'module.name'" in message, message
+    assert f"{listing}:4: 'collections.Counter trusted like uuid.UUID'" in message, message
+    assert {e.qualname: (e.reason, e.source) for e in checkpoint.allowed()} == {
+        "fractions.Fraction": ("exact ratios", f"{listing}:1"),
+        "decimal.Decimal": (f"listed in {listing}:2", f"{listing}:2"),
+    }
+    assert _refused(uuid.UUID(int=1)) == ("uuid.UUID",)
 
 
 @pytest.fixture

@@ -107,9 +107,9 @@ def parse(item: Any, where: str = "allow=", strict: bool = False) -> Parsed:
 
 
 def parse_text(raw: str, where: str) -> tuple[list[Parsed], list[str]]:
-    """Entries separated by commas or whitespace (``COMPATSHIM_ALLOW``, a line of the allow
-    file), and why each malformed one was skipped: a bad entry costs only itself (it admits
-    nothing), never the entries beside it."""
+    """Entries separated by commas or whitespace (``COMPATSHIM_ALLOW``; the allow file takes
+    one entry a line, ``process_allow._parse_file``), and why each malformed one was
+    skipped: a bad entry costs only itself (it admits nothing), never the entries beside it."""
     entries: list[Parsed] = []
     skipped: list[str] = []
     for part in re.split(r"[\s,]+", raw):

@@ -10,7 +10,8 @@ code
 environment
     ``COMPATSHIM_ALLOW="module.name,module.name"``, for processes you do not write.
 file
-    ``COMPATSHIM_ALLOW_FILE=path``: one ``module.name  # reason`` a line.
+    ``COMPATSHIM_ALLOW_FILE=path``: one ``module.name`` a line, an optional ``# reason``
+    after it (a line of several words is one malformed entry).
 entry points
     group ``compatshim.allow``: each names a list of entries, or a callable
     returning one, so a framework can ship entries for its own checkpoints.
@@ -235,15 +236,29 @@ def _regular(mode: int) -> None:
 
 
 def _parse_file(text: str, path: str) -> list[tuple[Parsed, str, str]]:
+    """One ``module.name`` a line, an optional ``# reason`` after it (else the reason is
+    where it was listed). A line is one entry, not split on spaces: a reason written without
+    ``#`` would make each dotted word of it an allowed global."""
     found = []
     skipped: list[str] = []
     for number, line in enumerate(text.splitlines(), 1):
         entry, _, comment = line.partition("#")
+        entry = entry.strip()
         where = f"{path}:{number}"
-        entries, bad = parse_text(entry, where)
-        skipped += bad
-        for parsed in entries:
-            found.append((parsed, comment.strip() or f"listed in {where}", where))
+        if not entry:
+            continue
+        if len(entry.split()) > 1 or "," in entry:
+            skipped.append(
+                f"{where}: {short(entry, 80)} is more than one 'module.name' (one entry a "
+                "line; a reason follows '#')"
+            )
+            continue
+        try:
+            parsed = parse(entry, where, strict=True)
+        except _settings.SettingError as exc:
+            skipped.append(str(exc))
+            continue
+        found.append((parsed, comment.strip() or f"listed in {where}", where))
     _warn_skipped(f"{_settings.ALLOW_FILE}={path!r}", skipped)
     return found
 
