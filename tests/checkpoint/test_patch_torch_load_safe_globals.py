@@ -442,6 +442,40 @@ def test_hardened_in_process_refuses_weights_only_false(
     assert not hasattr(torch.load, "__compatshim_original__")
 
 
+@needs_default
+def test_hardened_mode_overrides_trusted_and_says_so_at_the_callers_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``checkpoint.load(trusted=True)`` under ``COMPATSHIM_SAFE_LOAD=1`` is refused (hardened
+    mode wins), but it logged that the file "is loaded with torch.load(weights_only=False),
+    which runs any code", and the refusal's warning named compatshim/checkpoint/__init__.py."""
+    import logging
+
+    import compatshim
+    from compatshim import checkpoint
+    from compatshim.checkpoint import UnsafeCheckpointError
+
+    compatshim.uninstall([PATCH])
+    monkeypatch.setenv("COMPATSHIM_SAFE_LOAD", "1")
+    compatshim.install(include=[PATCH])
+    try:
+        marker = tmp_path / "marker"
+        path = tmp_path / "evil.ckpt"
+        torch.save({"x": _RunsCode(marker)}, path)
+        with warnings.catch_warnings(record=True) as seen, caplog.at_level(logging.INFO):
+            warnings.simplefilter("always")
+            with pytest.raises(UnsafeCheckpointError):
+                checkpoint.load(path, trusted=True)
+        assert not marker.exists()
+        said = " ".join(record.getMessage() for record in caplog.records)
+        assert "runs any code" not in said, said
+        assert "trusted=True is not honoured" in said and "COMPATSHIM_SAFE_LOAD=1" in said, said
+        (refusal,) = [w for w in seen if w.category is patch.CheckpointRefusedWarning]
+        assert refusal.filename == __file__, (refusal.filename, refusal.lineno)
+    finally:
+        compatshim.uninstall([PATCH])
+
+
 def test_hardened_reads_every_file_with_compatshim(tmp_path: Path) -> None:
     """torch's own unpickler never runs in hardened mode, on any torch (before 2.6 its
     weights-only unpickler could run code, CVE-2025-32434; later ones crash on hostile files)."""

@@ -82,19 +82,35 @@ def load(
     tensor data from the file instead of reading it (zip format and safetensors; the
     legacy format raises CheckpointError). ``trusted=True`` is plain
     ``torch.load(weights_only=False)``: it RUNS ANY CODE IN THE FILE; use it
-    only for files you made yourself.
+    only for files you made yourself. Hardened mode (``COMPATSHIM_SAFE_LOAD=1``, in force)
+    overrides it: ``torch.load`` is then weights-only whatever it is asked, so the file is
+    read as without ``trusted`` (a log line says so; a refusal warns at the caller's line).
     """
     for name, flag in (("trusted", trusted), ("mmap", mmap)):  # "false" is truthy: refused
         if flag is not True and flag is not False:
             raise TypeError(f"{name}: expected True or False, got {short(flag)}")
     if trusted:
+        import sys
+
         import torch
 
-        log.warning(
-            "compatshim.checkpoint.load(trusted=True): %s is loaded with "
-            "torch.load(weights_only=False), which runs any code in the file",
-            getattr(f, "name", f),
-        )
+        from .. import _settings
+
+        patch = sys.modules.get("compatshim.patches.torch_load_safe_globals")
+        if patch is not None and patch.hardened_in_force():  # torch.load is weights-only
+            log.warning(
+                "compatshim.checkpoint.load(trusted=True): trusted=True is not honoured: "
+                "hardened mode (%s=1) is in force, so %s is loaded weights-only, as "
+                "torch.load is",
+                _settings.SAFE_LOAD,
+                getattr(f, "name", f),
+            )
+        else:
+            log.warning(
+                "compatshim.checkpoint.load(trusted=True): %s is loaded with "
+                "torch.load(weights_only=False), which runs any code in the file",
+                getattr(f, "name", f),
+            )
         return torch.load(f, map_location=map_location, weights_only=False, mmap=mmap)
     from ._load import load as safe_load
 

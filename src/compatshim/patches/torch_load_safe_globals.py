@@ -210,16 +210,15 @@ def _lead_with(refusal: BaseException, reason: str) -> None:
 
 
 def _warn_refused(message: str) -> None:
-    """One warning per refused load, at the line that called ``torch.load``.
-
-    Called from a helper the wrapper calls: 1 is this function, 2 that helper,
-    3 the caller (the wrapper's own frame is skipped, see :func:`_skipped_by_warnings`).
+    """One warning per refused load, at the first line outside compatshim that led to it:
+    the line that called ``torch.load``, or ``compatshim.checkpoint.load(trusted=True)``
+    (which calls ``torch.load``: a fixed ``stacklevel`` named compatshim's own line there).
     Under ``-W error`` it goes to stderr, never raises.
     """
-    import warnings
+    from .._warn import warn
 
     try:
-        warnings.warn(message, CheckpointRefusedWarning, stacklevel=3)
+        warn(message, CheckpointRefusedWarning)
     except Exception:
         import sys
 
@@ -433,6 +432,12 @@ def _skipped_by_warnings(function: Callable[..., Any]) -> None:
 _in_force: list[tuple[object, bool]] = []
 #: ``load`` True while a wrapper of ours calls torch's load in this thread
 _inside = threading.local()
+
+
+def hardened_in_force() -> bool:
+    """Whether ``torch.load`` is hardened now (the apply in force is): then
+    ``checkpoint.load(trusted=True)`` does not run the file's code, and says so."""
+    return bool(_mode_in_force())
 
 
 def _mode_in_force() -> bool | None:
