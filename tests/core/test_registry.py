@@ -380,7 +380,8 @@ def test_exclude_and_env_disable(
 ) -> None:
     assert patch_name not in compatshim.install(include=[patch_name], exclude=[patch_name])
     monkeypatch.setenv("COMPATSHIM_DISABLE", f"other, {patch_name}")
-    assert compatshim.install(include=[patch_name]) == []
+    with pytest.warns(RuntimeWarning, match="unarmed: COMPATSHIM_DISABLE names it"):
+        assert compatshim.install(include=[patch_name]) == []
     module = importlib.import_module(TARGET)
     assert module.Thing().method() == "broken"
 
@@ -401,6 +402,23 @@ def test_exclude_of_an_armed_patch_warns_that_it_stays_armed(
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # not armed: nothing to say
         assert compatshim.install(include=[patch_name], exclude=patch_name) == []
+
+
+def test_include_of_a_patch_the_environment_disables_warns(
+    target_dir: Path, patch_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``install(include=name)`` with ``name`` in ``COMPATSHIM_DISABLE`` returned [] and said
+    nothing: an explicit request dropped silently (the environment still wins)."""
+    monkeypatch.setenv("COMPATSHIM_DISABLE", patch_name)
+    with pytest.warns(RuntimeWarning, match="leaves .* unarmed") as warned:
+        assert compatshim.install(include=patch_name) == []
+    (message,) = [str(w.message) for w in warned]
+    assert f"{patch_name!r} unarmed: COMPATSHIM_DISABLE names it" in message, message
+    assert [w.filename for w in warned] == [__file__]  # the caller's line
+    assert not status_row(patch_name)["armed"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # excluded as well: nothing to say
+        assert compatshim.install(include=[patch_name], exclude=[patch_name]) == []
 
 
 def test_unknown_names_are_rejected() -> None:

@@ -426,7 +426,17 @@ def install(
     from the selection; a bare string for ``include``/``exclude`` is one name.
     ``exclude`` leaves a patch unarmed; one armed before (``COMPATSHIM_AUTO=1``, an
     earlier ``install()``) stays armed, with a warning: ``uninstall(name)`` disarms it.
+    A patch ``include`` names that ``COMPATSHIM_DISABLE`` names too stays unarmed, with a
+    warning (an explicit request is not dropped silently).
     """
+    return _install(include, exclude, tell_disabled=True)
+
+
+def _install(
+    include: Iterable[str] | str | None, exclude: Iterable[str] | str | None, tell_disabled: bool
+) -> list[str]:
+    """:func:`install`; ``tell_disabled`` False for a caller that says itself which of the
+    patches it asked for ``COMPATSHIM_DISABLE`` kept off (``safe_load.arm``, on stderr)."""
     include_names, exclude_names = _names(include, "include"), _names(exclude, "exclude")
     missing = missing_dependency()
     if missing is not None:
@@ -434,7 +444,15 @@ def install(
         return []
     selected = _select(include_names)
     _select(exclude_names or [])  # validate explicit names
-    excluded = set(exclude_names or ()) | _disabled_by_env(_states)
+    disabled = _disabled_by_env(_states)
+    excluded = set(exclude_names or ()) | disabled
+    if include_names is not None and tell_disabled:  # asked for by name, kept off by the env
+        for name in dict.fromkeys(s.name for s in selected):
+            if name in disabled and name not in (exclude_names or ()):
+                decisions.warn(
+                    f"compatshim: install(include=...) leaves {name!r} unarmed: "
+                    f"{_settings.DISABLE} names it; remove it there to arm it"
+                )
     armed: list[str] = []
     to_settle: list[str] = []
     with _lock:

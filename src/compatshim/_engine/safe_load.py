@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 from .. import _settings
-from .registry import _canonical, install
+from .registry import _canonical, _install
 
 #: the patches that make loading safe in hardened mode (each reads ``COMPATSHIM_SAFE_LOAD``)
 LOADING_PATCHES = ("torch-load-safe-globals", "torch-dcp-safe-metadata", "numpy-load-hardened")
@@ -76,7 +76,7 @@ def disarmed(names: list[str]) -> None:
 
 def arm() -> list[str]:
     """Arm :data:`LOADING_PATCHES` (installing twice is installing once); the names armed."""
-    armed = install(include=LOADING_PATCHES)
+    armed = _install(LOADING_PATCHES, None, tell_disabled=False)  # said below, on stderr
     missing = [name for name in LOADING_PATCHES if name not in armed]
     if missing:
         disabled = {_canonical(name) for name in _settings.disabled_names()}
