@@ -246,6 +246,33 @@ def test_the_hook_is_quiet_and_imports_nothing_for_known_and_test_suite_names(
     assert done.stderr == ""
 
 
+def test_a_warning_at_start_up_names_the_start_up_not_the_hooks_own_line(
+    hooked_python: Path,
+) -> None:
+    """Warned while the hook armed the patches, each warning was shown as
+    ``compatshim_auto.py:60`` with the source line ``__import__("compatshim.auto")``: no line
+    of the user's led there. It is now shown at ``<compatshim start-up hook>``."""
+    done = _hooked(
+        hooked_python,
+        NEVER_IMPORTS,
+        "-W",
+        "always",
+        COMPATSHIM_AUTO="flase",
+        COMPATSHIM_AUOT="1",
+        COMPATSHIM_DISABLE="no-such-patch",
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "hook ran: True", done.stderr
+    assert "compatshim_auto.py" not in done.stderr and "__import__" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if "RuntimeWarning" in line]
+    assert len(lines) == 3, done.stderr
+    assert all(line.startswith("<compatshim start-up hook>:0: RuntimeWarning: ") for line in lines)
+    said = "\n".join(lines)
+    assert "COMPATSHIM_AUTO='flase' is read as on" in said, said
+    assert "COMPATSHIM_AUOT is not a compatshim setting" in said, said
+    assert "'no-such-patch' matches no patch" in said, said
+    assert done.stderr.count("\n") == 3, done.stderr  # no source line under any
+
+
 def test_the_hooks_list_of_names_is_the_settings_modules() -> None:
     """The hook repeats the names by hand (importing compatshim costs milliseconds)."""
     import compatshim_auto
