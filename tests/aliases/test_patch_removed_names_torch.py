@@ -133,3 +133,48 @@ def test_a_library_wrapper_over_the_weights_only_collective_survives_uninstall()
         assert rewrapped and applied, found
     else:
         assert after == [{"step": 3}], found
+
+
+def test_a_revert_landing_mid_call_never_turns_weights_only_into_a_full_unpickle() -> None:
+    """``uninstall()`` in another thread sets the patcher's ``live`` to False before it puts
+    the attributes back: an object collective called with ``weights_only=True`` while the
+    patch was live still loads weights-only in that window (here: refused), never with
+    torch's pickle path, which would run the global (``os.getpid`` standing for worse).
+    The window is reached deterministically: the revert lands just before the helper."""
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed unavailable")
+    found = run(
+        "import json, os, tempfile\n"
+        "import torch.distributed as dist\n"
+        "from torch.distributed import distributed_c10d as c10d\n"
+        "from compatshim._engine.patching import Patcher\n"
+        "from compatshim.aliases.collectives import apply_weights_only, keyword_missing\n"
+        "store = dist.FileStore(os.path.join(tempfile.mkdtemp(), 'store'), 1)\n"
+        "dist.init_process_group('gloo', store=store, rank=0, world_size=1)\n"
+        "needed = bool(keyword_missing(dist))\n"
+        "patcher = Patcher()\n"
+        "apply_weights_only(dist, patcher)\n"
+        "ours = vars(c10d)['_object_to_tensor']\n"
+        "def revert_lands_here(*args):\n"
+        "    patcher.live = False  # what Patcher.revert() does first\n"
+        "    return ours(*args)\n"
+        "c10d._object_to_tensor = revert_lands_here\n"
+        "class Hostile:\n"
+        "    def __reduce__(self):\n"
+        "        return (os.getpid, ())\n"
+        "out = [None]\n"
+        "try:\n"
+        "    dist.all_gather_object(out, Hostile(), weights_only=True)\n"
+        "    got = 'ran' if out == [os.getpid()] else repr(out)\n"
+        "except Exception as exc:\n"
+        "    got = type(exc).__name__\n"
+        "c10d._object_to_tensor = ours\n"
+        "patcher.live = True\n"
+        "patcher.revert()\n"
+        "dist.destroy_process_group()\n"
+        "print(json.dumps([needed, got]))"
+    )
+    needed, got = found
+    if not needed:
+        pytest.skip("this torch has weights_only= on its object collectives")
+    assert got == "UnpicklingError", found

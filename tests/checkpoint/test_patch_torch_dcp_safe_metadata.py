@@ -363,3 +363,66 @@ def test_wrappers_a_library_put_on_after_install_survive_uninstall(
         compatshim.uninstall([patch])
         for owner, name in targets:
             setattr(owner, name, torchs[name])
+
+
+def test_applied_twice_by_hand_with_a_library_wrapping_between_nests_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``apply`` twice by hand on each target, another library wrapping ours in between
+    (``functools.wraps``): the second apply changes nothing (no LookupError, no wrapper of
+    ours over the library's, so a refusal names its item once), and the probe finds the fix
+    in force through the library's wrapper (status() would otherwise say fixed=False)."""
+    import functools
+    import importlib
+    import types
+
+    from compatshim._engine.patching import Patcher
+    from compatshim.checkpoint.errors import UnsafeCheckpointError
+    from compatshim.patches import torch_dcp_safe_metadata as fix
+
+    monkeypatch.setenv("COMPATSHIM_SAFE_LOAD", "1")
+    modules = [
+        importlib.import_module(f"torch.distributed.checkpoint.{name}")
+        for name in ("default_planner", "utils", "filesystem")
+    ]
+    planner, filesystem = modules[0], modules[2]
+    before = {id(module): dict(vars(module)) for module in modules}
+    loader = planner.DefaultLoadPlanner
+    owned = [(loader, "load_bytes"), (filesystem.FileSystemReader, "set_up_storage_reader")]
+    if "_StorageReaderTransforms" in vars(filesystem):  # torch 2.8+
+        owned.append((filesystem._StorageReaderTransforms, "transform_load_stream"))
+    saved = [(owner, name, vars(owner).get(name)) for owner, name in owned]
+
+    def refusing(self: Any, read_item: Any, value: Any) -> Any:  # torch's, meeting a refusal
+        raise UnsafeCheckpointError("refused builtins.eval", ("builtins.eval",))
+
+    monkeypatch.setattr(loader, "load_bytes", refusing)
+    first, second = Patcher(), Patcher()
+    try:
+        for module in modules:
+            fix.apply(module, first)
+        ours = vars(loader)["load_bytes"]
+
+        @functools.wraps(ours)
+        def library(*args: Any, **kwargs: Any) -> Any:
+            return ours(*args, **kwargs)
+
+        loader.load_bytes = library
+        assert not fix.probe(planner)  # ours is in force under the library's
+        shown = {id(module): dict(vars(module)) for module in modules}
+        for module in modules:
+            fix.apply(module, second)
+        assert not second, "the second apply changed something"
+        assert vars(loader)["load_bytes"] is library
+        assert {id(module): dict(vars(module)) for module in modules} == shown
+        item = types.SimpleNamespace(dest_index=types.SimpleNamespace(fqn="model.w"))
+        with pytest.raises(UnsafeCheckpointError) as refused:
+            loader.load_bytes(None, item, None)
+        assert str(refused.value) == "DCP item 'model.w': refused builtins.eval"
+    finally:
+        second.revert()
+        first.revert()
+        for owner, name, value in saved:
+            if value is not None:
+                setattr(owner, name, value)
+    assert {id(module): dict(vars(module)) for module in modules} == before

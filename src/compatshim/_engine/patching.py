@@ -91,21 +91,38 @@ def _maker(function: Any) -> Patcher | None:
     return patcher if isinstance(patcher, Patcher) and patcher.made(function) else None
 
 
+_DEPTH = 16  # how far down ``__wrapped__`` a wrapper of ours in force is looked for
+
+
 def in_force(function: Any) -> bool:
-    """Whether ``function`` is a wrapper of ours whose patch is not reverted."""
-    patcher = _maker(function)
-    return patcher is not None and patcher.live
+    """Whether ``function`` is a wrapper of ours whose patch is not reverted, or another
+    library's wrapper over one (``functools.wraps`` sets ``__wrapped__``, followed a few
+    deep): calls through it still reach ours, so the fix is in force there."""
+    seen: list[Any] = []
+    for _ in range(_DEPTH):
+        patcher = _maker(function)
+        if patcher is not None and patcher.live:
+            return True
+        seen.append(function)
+        try:
+            function = getattr(function, "__wrapped__", None)
+        except Exception:  # an odd object's __getattr__: nothing of ours to find
+            return False
+        if function is None or any(function is earlier for earlier in seen):
+            return False
+    return False
 
 
 def wrapping(current: Any) -> Any:
     """What a patch should wrap in place of ``current``: ``current`` itself; for a wrapper of
     ours whose patch was reverted while another library held it (it passes calls through,
     and that library has since put it back), the function it wraps; None for a wrapper of
-    ours in force (a patch applied twice by hand: wrapping again would nest)."""
+    ours in force, or another library's wrapper over one (:func:`in_force`: a patch applied
+    twice by hand, a library wrapping in between; wrapping again would nest)."""
+    if in_force(current):
+        return None
     patcher = _maker(current)
-    if patcher is None:
-        return current
-    return None if patcher.live else current.__compatshim_original__
+    return current if patcher is None else current.__compatshim_original__
 
 
 def ours(function: F, original: Any, patcher: Patcher) -> F:

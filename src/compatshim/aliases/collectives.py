@@ -95,7 +95,9 @@ def _disagree(mine: bool) -> RuntimeError:
 
 def _object_to_tensor(original: Any, patcher: Patcher) -> Any:
     def object_to_tensor(obj: Any, device: Any, *rest: Any) -> Any:  # rest: group (2.2+)
-        if not (patcher.live and _weights_only_mode().get()):
+        # the mode, not patcher.live: only a collective of ours that was live when called sets
+        # it, and a revert landing mid-call must not turn its weights_only=True into a pickle
+        if not _weights_only_mode().get():
             return original(obj, device, *rest)
         import io
 
@@ -112,9 +114,10 @@ def _object_to_tensor(original: Any, patcher: Patcher) -> Any:
 
 def _tensor_to_object(original: Any, patcher: Patcher) -> Any:
     def tensor_to_object(tensor: Any, tensor_size: Any, *rest: Any) -> Any:
-        if not patcher.live:
+        mode = _weights_only_mode().get()  # set by a collective of ours, live when called
+        if mode is None and not patcher.live:
             return original(tensor, tensor_size, *rest)
-        weights_only = bool(_weights_only_mode().get())
+        weights_only = bool(mode)
         head = bytes(tensor[: len(_ZIP_MAGIC)].cpu().tolist())
         if (head == _ZIP_MAGIC) != weights_only:
             raise _disagree(weights_only)

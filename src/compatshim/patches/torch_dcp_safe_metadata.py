@@ -383,6 +383,8 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
     import pickle
 
     if module.__name__ == _PLANNER:
+        if confirm(module):
+            return  # ours in force (applied twice by hand): wrapping again would nest
         real = _planner_real(module)
         if real is None:
             raise LookupError(f"{_PLANNER}.DefaultLoadPlanner.load_bytes: layout not known")
@@ -390,15 +392,17 @@ def apply(module: ModuleType, patcher: Patcher) -> None:
         patcher.setattr(planner, "load_bytes", _naming_items(real, patcher))
         return
     if module.__name__ == _UTILS:
-        patcher.setattr(module, "CheckpointException", _catchable(module.CheckpointException))
+        if not confirm(module):  # already compatshim's subclass: subclassing it again nests
+            patcher.setattr(module, "CheckpointException", _catchable(module.CheckpointException))
         return
 
     current = vars(module).get("pickle")
-    if current is not pickle:
-        raise LookupError(
-            f"{module.__name__}.pickle is {current!r}, not the pickle module: layout not known"
-        )
-    patcher.setattr(module, "pickle", safe_pickle(pickle))
+    if not isinstance(current, SafePickle):  # the stand-in already: applied twice by hand
+        if current is not pickle:
+            raise LookupError(
+                f"{module.__name__}.pickle is {current!r}, not the pickle module: layout not known"
+            )
+        patcher.setattr(module, "pickle", safe_pickle(pickle))
     # Hardened, every torch.load is read by compatshim's loader alone, and DCP hands it each
     # item as torch's _ReaderView, which seeks from the end the wrong way and reads past its
     # slice (torch 2.1 to 2.15): the zip reader then finds no archive. An exact view of the
