@@ -99,26 +99,45 @@ _COMPRESSED = (("gzip", "GzipFile"), ("bz2", "BZ2File"), ("lzma", "LZMAFile"),
 
 
 def compressed_size(f: Any) -> int | None:
-    """The bytes a compressed stream ``f`` reads from (its file on disk, its ``BytesIO``, a
-    zip member's compressed size held to its archive's), or None: not such a stream, or
-    its store cannot be measured (read as before)."""
+    """The bytes a compressed stream ``f`` reads from, or None: not such a stream, or its
+    store cannot be measured (read as before). A zip member (an ``.npz`` member) claims its
+    compressed size in the archive, which the file wrote: it is held to the size of the
+    archive it lies in (a member claiming 4 GB of a 3 MB file); gzip, bz2 and lzma read
+    from a file on disk or a ``BytesIO``. The hardened ``numpy.load`` asks too."""
     kinds = tuple(
         k for m, n in _COMPRESSED if isinstance(k := getattr(sys.modules.get(m), n, None), type)
     )
     if not kinds or not isinstance(f, kinds):
         return None
-    shared = getattr(f, "_fileobj", None)  # zipfile's _SharedFile
-    under = getattr(shared, "_file", None) if shared is not None else None
-    if under is None:
-        under = getattr(f, "fileobj", None) or getattr(f, "_fp", None)  # gzip; bz2, lzma
-    size = _stored_size(under) if under is not None else None
-    claimed = getattr(f, "_orig_compress_size", None)
+    claimed = getattr(f, "_orig_compress_size", None)  # zipfile.ZipExtFile
     if type(claimed) is int:
-        size = claimed if size is None else min(size, claimed)
-    return size
+        return min(claimed, _archive_size(getattr(f, "_fileobj", None), claimed))
+    under = getattr(f, "fileobj", None) or getattr(f, "_fp", None)  # gzip; bz2, lzma
+    return stored_size(under) if under is not None else None
 
 
-def _stored_size(file: Any) -> int | None:
+def _archive_size(shared: Any, claimed: int) -> int:
+    """The size of the archive a zip member is read from (its ``_SharedFile``'s file: by
+    ``fileno()``, a ``BytesIO``'s buffer, or a seek to its end under the ZipFile's lock, as
+    ``_SharedFile`` itself seeks before each read); ``claimed`` where none of them tells."""
+    archive = getattr(shared, "_file", None)
+    if archive is None:
+        return claimed
+    size = stored_size(archive)
+    lock = getattr(shared, "_lock", None)
+    if size is None and lock is not None:
+        try:
+            with lock:
+                here = archive.tell()
+                size = archive.seek(0, 2)
+                archive.seek(here)
+        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+            return claimed
+    return claimed if type(size) is not int else size
+
+
+def stored_size(file: Any) -> int | None:
+    """The size of the file under ``file`` (``fileno()``'s, or a ``BytesIO``'s), if known."""
     if isinstance(file, io.BytesIO):
         return file.getbuffer().nbytes
     try:

@@ -206,53 +206,19 @@ def one_pickle(file: IO[bytes]) -> io.BytesIO:
 
 def _bounded(file: IO[bytes]) -> IO[bytes]:
     """``file`` read through ``_expand.Bounded``: at most ``EXPANSION_PER_BYTE`` bytes per
-    byte it is stored in: an ``.npz`` member's compressed size (``zipfile``'s record of it,
-    3.7+, which the file wrote: held to the size of the archive it lies in), a compressed
-    file's size on disk (gzip, bz2, lzma: ``fileno()`` is the file's); a stream of neither
-    is read as it comes."""
+    byte it is stored in (``_container.compressed_size``: an ``.npz`` member's compressed
+    size held to its archive's, a gzip, bz2 or lzma file's size on disk; else the size of
+    the file under it); a stream of none of them is read as it comes."""
+    from ..checkpoint._container import compressed_size, stored_size
     from ..checkpoint.request import Bounded, expansion_limit
 
-    stored = getattr(file, "_orig_compress_size", None)  # zipfile.ZipExtFile
-    if type(stored) is int:  # a member claiming 4 GB of a 3 MB file inflated 600 MB
-        stored = min(stored, _archive_size(getattr(file, "_fileobj", None), stored))
-    else:
-        stored = _size(file)
+    stored = compressed_size(file)
+    if stored is None:
+        stored = stored_size(file)
         if stored is None:
             return file
     what = str(getattr(file, "name", None) or "the stream")
     return Bounded(file, expansion_limit(stored), what, "it inflates", "")  # type: ignore[return-value]
-
-
-def _archive_size(shared: Any, claimed: int) -> int:
-    """The size of the archive a zip member is read from (its ``_SharedFile``'s file: by
-    ``fileno()``, a ``BytesIO``'s buffer, or a seek to its end under the ZipFile's lock, as
-    ``_SharedFile`` itself seeks before each read); ``claimed`` where none of them tells."""
-    archive = getattr(shared, "_file", None)
-    if archive is None:
-        return claimed
-    size = _size(archive)
-    lock = getattr(shared, "_lock", None)
-    if size is None and lock is not None:
-        try:
-            with lock:
-                here = archive.tell()
-                size = archive.seek(0, 2)
-                archive.seek(here)
-        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-            return claimed
-    return claimed if type(size) is not int else size
-
-
-def _size(file: Any) -> int | None:
-    """The size of the file under ``file`` (``fileno()``'s, or a ``BytesIO``'s), if known."""
-    import os
-
-    if isinstance(file, io.BytesIO):
-        return file.getbuffer().nbytes
-    try:
-        return os.fstat(file.fileno()).st_size
-    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-        return None
 
 
 def safe_pickle(real: ModuleType) -> SafePickle:
