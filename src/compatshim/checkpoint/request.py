@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal
 
-from ._container import describe_source
+from ._container import compressed_size, describe_source, stored_size
 from ._container import read as _guarded
 from ._expand import Bounded
 from ._expand import limit as expansion_limit
@@ -32,9 +32,11 @@ __all__ = [
     "Expect",
     "Request",
     "UnsafeCheckpointError",
+    "compressed_size",
     "expansion_limit",
     "not_rebuilt",
     "read",
+    "stored_size",
 ]
 
 #: what the source must be: any format ``load`` reads, a pickle (``numpy.load``'s), or a

@@ -206,11 +206,10 @@ def one_pickle(file: IO[bytes]) -> io.BytesIO:
 
 def _bounded(file: IO[bytes]) -> IO[bytes]:
     """``file`` read through ``_expand.Bounded``: at most ``EXPANSION_PER_BYTE`` bytes per
-    byte it is stored in (``_container.compressed_size``: an ``.npz`` member's compressed
+    byte it is stored in (``request.compressed_size``: an ``.npz`` member's compressed
     size held to its archive's, a gzip, bz2 or lzma file's size on disk; else the size of
     the file under it); a stream of none of them is read as it comes."""
-    from ..checkpoint._container import compressed_size, stored_size
-    from ..checkpoint.request import Bounded, expansion_limit
+    from ..checkpoint.request import Bounded, compressed_size, expansion_limit, stored_size
 
     stored = compressed_size(file)
     if stored is None:
