@@ -47,7 +47,7 @@ The revert
 
 from __future__ import annotations
 
-from .._engine.patching import in_force, mark, wrapping
+from .._engine.patching import in_force, ours, wrapping
 
 TYPE_CHECKING = False  # no ``typing`` import at run time (start-up path)
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ def _wrap(original: Callable[..., Any], patcher: Patcher) -> Callable[..., Any]:
                 _annotate(exc, obj)
             raise
 
-    return mark(dump, __compatshim_original__=original, __compatshim_patcher__=patcher)
+    return ours(dump, original, patcher)
 
 
 def probe(reduction: ModuleType) -> bool:

@@ -121,7 +121,7 @@ from __future__ import annotations
 
 import threading
 
-from .._engine.patching import in_force, mark, wrapping
+from .._engine.patching import in_force, mark, ours, wrapping
 from ._safe_pickle import how_to_allow as _how_to_allow
 from ._safe_pickle import refused_hardened
 
@@ -488,12 +488,7 @@ def _wrap(original: Callable[..., Any], hardened: bool, patcher: Patcher) -> Cal
             _inside.load = outer
 
     _skipped_by_warnings(load)
-    return mark(
-        load,
-        __compatshim_original__=original,
-        __compatshim_hardened__=hardened,
-        __compatshim_patcher__=patcher,
-    )
+    return ours(mark(load, __compatshim_hardened__=hardened), original, patcher)
 
 
 def _guard_inner(original: Callable[..., Any], name: str, patcher: Patcher) -> Callable[..., Any]:
@@ -521,7 +516,7 @@ def _guard_inner(original: Callable[..., Any], name: str, patcher: Patcher) -> C
             )
         return original(*args, **kwargs)
 
-    return mark(inner, __compatshim_original__=original, __compatshim_patcher__=patcher)
+    return ours(inner, original, patcher)
 
 
 def _saved(torch: ModuleType, payload: Any, name: str) -> Any:
