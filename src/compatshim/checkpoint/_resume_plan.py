@@ -210,22 +210,17 @@ def plan_resume(
 
 
 def _hollow(template: dict[str, Any], unused: tuple[str, ...]) -> tuple[str, ...]:
-    """Each empty dict in ``template`` under which the checkpoint holds entries: DCP's
-    flattening drops an empty dict, so nothing is loaded there. The case: the state of a
-    fresh optimizer, whose ``state_dict()["state"]`` is empty until its first step."""
-    from ..optim import _empties
+    """Each empty dict in ``template`` under which the checkpoint holds entries
+    (``optim._hollow``, which ``load_dcp`` refuses by), worded for the plan."""
+    from ..optim import _hollow as under_empty_dicts
 
-    found = []
-    for _, _, where in _empties(template, ""):
-        inside = [k for k in unused if k.startswith(where + ".")]
-        if inside:
-            found.append(
-                f"{where}: {len(inside)} entries in the checkpoint ({names(inside, 3)}) that "
-                "dcp.load skips. A fresh optimizer's state_dict() holds no state until its "
-                "first step: build the state as the checkpoint was saved (torch.distributed"
-                ".checkpoint.state_dict.get_state_dict(model, optimizer) fills it)"
-            )
-    return tuple(found)
+    return tuple(
+        f"{where}: {len(inside)} entries in the checkpoint ({names(inside, 3)}) that "
+        "dcp.load skips. A fresh optimizer's state_dict() holds no state until its "
+        "first step: build the state as the checkpoint was saved (torch.distributed"
+        ".checkpoint.state_dict.get_state_dict(model, optimizer) fills it)"
+        for where, inside in under_empty_dicts(template, unused)
+    )
 
 
 def _dropped(state_dict: dict[str, Any], saved: Folder, torch: Any) -> tuple[str, ...]:

@@ -30,7 +30,7 @@ Importing this package imports no torch.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._text import names, short
@@ -384,20 +384,17 @@ def _other_shapes(
     return found
 
 
-def _hollow(state_dict: Mapping[str, Any], saved: set[str]) -> list[str]:
-    """Each empty dict of the template under which the checkpoint holds entries (a fresh
-    optimizer's ``state_dict()["state"]``, empty until its first step): DCP plans nothing
-    there, so the saved moments would be silently left out (the dry run's "NOT LOADED")."""
+def _hollow(template: Any, keys: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """Each empty dict of ``template`` under which ``keys`` (a checkpoint's) hold entries,
+    with those entries, in ``keys``' order: DCP's flattening drops an empty dict, so
+    ``dcp.load`` plans nothing there and skips them (a fresh optimizer's
+    ``state_dict()["state"]``, empty until its first step). :func:`load_dcp` refuses it
+    before loading; the dry run reports it ("NOT LOADED")."""
     found = []
-    for _, _, where in _empties(dict(state_dict), ""):
-        inside = sorted(key for key in saved if key.startswith(f"{where}."))
+    for _, _, where in _empties(template, ""):
+        inside = [key for key in keys if key.startswith(f"{where}.")]
         if inside:
-            found.append(
-                f"{where} is empty in the state to load into, and the checkpoint holds "
-                f"{len(inside)} entries under it ({names(inside, 3)}) that dcp.load would skip: "
-                "build the state as it was saved (a fresh optimizer's state_dict() holds no "
-                "state until its first step; get_state_dict(model, optimizer) fills it)"
-            )
+            found.append((where, inside))
     return found
 
 
@@ -588,13 +585,8 @@ def _with_keys(state_dict: dict[str, Any], found: list[tuple[str, tuple[Any, ...
         if not isinstance(value, dict):
             continue
         for text, key in keys.items():
-            if text not in value:
-                continue
-            loaded = value.pop(text)
-            if isinstance(loaded, dict) and isinstance(value.get(key), dict):
-                merge(value[key], loaded)
-            else:
-                value[key] = loaded
+            if text in value:
+                merge(value, {key: value.pop(text)})
 
 
 def _with_empties(loaded: Any, template: Any) -> Any:
@@ -661,7 +653,13 @@ def load_dcp(
     shapes = _other_shapes(state_dict, optimizers, saved) + _not_tensors(
         state_dict, optimizers, entries
     )
-    shapes += _hollow(state_dict, saved)
+    shapes += [
+        f"{where} is empty in the state to load into, and the checkpoint holds "
+        f"{len(inside)} entries under it ({names(inside, 3)}) that dcp.load would skip: "
+        "build the state as it was saved (a fresh optimizer's state_dict() holds no "
+        "state until its first step; get_state_dict(model, optimizer) fills it)"
+        for where, inside in _hollow(dict(state_dict), sorted(saved))
+    ]
     if shapes:  # before anything is loaded: the template stays as it was
         raise OptimizerStateError(f"compatshim.optim: {shapes[0]}")
     left_out: list[tuple[dict[str, Any], str, Any]] = []
