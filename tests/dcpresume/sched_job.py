@@ -8,7 +8,8 @@ resume from: ``fixtures/sched/torch<version>`` was written in the
 the uninterrupted run does next (``next.pt``): the schedulers' ``last_epoch`` (:func:`epochs`) and
 learning rate at the save, and the parameters and learning rate one step later.
 Where the release has a CPU ``torch.amp.GradScaler`` (2.3+), its state is saved
-beside them (``"scaler"``) after ``SAVED`` scaled steps.
+beside them (``"scaler"``) after ``SAVED`` scaled steps. ``python -m tests.dcpresume.sched_job OUT
+--plateau`` writes :func:`write_plateau`'s folder instead (``fixtures/plateau/torch2.2.2``).
 """
 
 from __future__ import annotations
@@ -135,5 +136,19 @@ def write(out: Path) -> None:
     (out / "TORCH_VERSION").write_text(torch.__version__.split("+")[0] + "\n")
 
 
+def write_plateau(out: Path) -> None:
+    """A ReduceLROnPlateau (patience 0) on SGD saved before its first step (``dcp``): torch 2.2's
+    state then lacks ``_last_lr``, which its ``step()`` set (``test_sched_keys``)."""
+    import torch.distributed.checkpoint as dcp
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=1.0)
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0)
+    dcp.save({"sched": sched.state_dict()}, **dcp_kwargs(out / "dcp", save=True))
+    (out / "TORCH_VERSION").write_text(torch.__version__.split("+")[0] + "\n")
+
+
 if __name__ == "__main__":
-    write(Path(sys.argv[1]))
+    if sys.argv[2:] == ["--plateau"]:
+        write_plateau(Path(sys.argv[1]))
+    else:
+        write(Path(sys.argv[1]))

@@ -11,6 +11,8 @@ Found by an audit as a user would (2026-12-05), saving under torch 2.2.2 and res
 - ``ReduceLROnPlateau`` (``default_min_lr``) and ``CyclicLR(cycle_momentum=True)``
   (``use_beta1``) gained a key after 2.2.2: ``load_dcp`` refused their 2.2 state, saying no
   release had added it.
+- ``ReduceLROnPlateau`` saved by 2.2 before its first step has no ``_last_lr`` (2.2's set it in
+  ``step()``): refused the same way.
 - ``OneCycleLR`` saved by 2.2 (the bound ``anneal_func``, no ``_anneal_func_type``) was
   refused by 2.5+ as "another class's state".
 """
@@ -104,6 +106,42 @@ def test_a_scheduler_key_added_after_2_2_is_filled(tmp_path: Path, key: str) -> 
     assert plan_resume(tmp_path, copy.deepcopy(state), {"sched": sched}).ok
     assert load_dcp(state, {"sched": sched}, **dcp_kwargs(tmp_path)) == (f"sched.{key}",)
     assert state["sched"] == want
+
+
+PLATEAU = Path(__file__).parent / "fixtures" / "plateau" / "torch2.2.2" / "dcp"  # sched_job
+
+
+@pytest.mark.usefixtures("group")
+def test_a_plateau_scheduler_saved_by_2_2_before_its_first_step_resumes() -> None:
+    """Refused before by ``load_dcp`` as a key "no torch release is known to have added", and
+    the dry run said the resume fails (MISSING ``sched._last_lr``)."""
+    opt = _sgd()
+    resumed = lr_scheduler.ReduceLROnPlateau(opt, patience=0)
+    state = {"sched": resumed.state_dict()}
+    if "_last_lr" not in state["sched"]:
+        pytest.skip(f"torch {torch.__version__}'s ReduceLROnPlateau sets _last_lr in step()")
+    plan = plan_resume(PLATEAU, copy.deepcopy(state), {"sched": resumed})
+    assert plan.ok and ("sched._last_lr", [1.0]) in plan.filled, plan.text()
+    filled = load_dcp(state, {"sched": resumed}, **dcp_kwargs(PLATEAU))
+    assert "sched._last_lr" in filled and "sched.verbose" not in state["sched"]
+    resumed.load_state_dict(state["sched"])
+    uninterrupted = lr_scheduler.ReduceLROnPlateau(_sgd(), patience=0)
+    assert resumed.get_last_lr() == uninterrupted.get_last_lr() == [1.0]
+    for loss in (1.0, 2.0, 3.0):
+        uninterrupted.step(loss), resumed.step(loss)
+        assert resumed.get_last_lr() == uninterrupted.get_last_lr()
+    assert opt.param_groups[0]["lr"] < 1.0
+
+
+def test_a_plateau_state_without_last_lr_after_a_step_is_still_refused() -> None:
+    sched = lr_scheduler.ReduceLROnPlateau(_sgd(), patience=0)
+    sched.step(1.0)
+    saved = copy.deepcopy(sched.state_dict())
+    if "_last_lr" not in saved:
+        pytest.skip(f"torch {torch.__version__} has no _last_lr")
+    del saved["_last_lr"]  # 2.2 had it once stepped: no release saved this
+    with pytest.raises(OptimizerStateError, match=r"lacks key\(s\) \['_last_lr'\]"):
+        adapt_state_dict(saved, sched)
 
 
 def test_a_onecyclelr_state_with_the_older_anneal_func_is_adapted() -> None:

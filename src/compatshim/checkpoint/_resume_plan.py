@@ -23,10 +23,11 @@ from __future__ import annotations
 import io
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import IO, Any, Callable
 
 from .._text import escaped, names, short
-from ..optim import _NOT_A_TENSOR, _kind, _other_leaf, _other_shapes
+from ..optim import _NOT_A_TENSOR, _kind, _other_leaf, _other_shapes, _unstepped_plateau
 from ._dcp_folder import data_problems
 from ._dcp_records import Folder, read_folder, running_torch_reads
 from ._expand import transformed
@@ -173,7 +174,12 @@ def plan_resume(
             continue  # torch 2.3+ saves no entry for an empty one; load_dcp keeps it
         prefix = _whole_prefix(fqn, saved)
         top = fqn.split(".", 1)[0]
-        fill = _fill(fqn, owners.get(top)) if top in owners else None
+        parent = fqn.rpartition(".")[0]
+        fill = (
+            _fill(fqn, owners.get(top), value, partial(_saved_at, saved, parent, held))
+            if top in owners
+            else None
+        )
         if prefix is not None and top in owners:
             if prefix not in asked:
                 whole.append(prefix)
@@ -192,7 +198,7 @@ def plan_resume(
             missing.append(fqn)
     for top, items in read_whole.items():
         done, why, other = _adapted(top, template[top], items, owners[top], saved, held)
-        filled += [_fill(path, owners[top]) or (path, None) for path in done]
+        filled += [_fill(path, owners[top], None, dict) or (path, None) for path in done]
         if why:
             missing.append(why)
         if other:
@@ -341,6 +347,29 @@ def _inside(saved: Folder, prefix: str, fqn: str, held: dict[str, tuple[Any, str
 _UNREAD = object()
 
 
+def _saved_at(saved: Folder, path: str, held: dict[str, tuple[Any, str]]) -> Any:
+    """The saved state at ``path`` (a dict, or None): inside the whole item that holds it
+    (torch 2.2), else its entries (2.3+), each non-tensor one read; an entry deeper down
+    stands as its first key."""
+    parts = path.split(".")
+    for depth in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:depth])
+        if prefix in saved.entries and saved.entries[prefix] is None:
+            node = _item(saved, prefix, held)[0]
+            for part in parts[depth:]:
+                node = node.get(part) if isinstance(node, dict) else None
+            return node
+    found: dict[str, Any] = {}
+    for entry, kind in saved.entries.items():
+        if entry.startswith(f"{path}."):
+            key = entry[len(path) + 1 :]
+            if "." in key or kind is not None:
+                found[key.split(".", 1)[0]] = _UNREAD
+            else:
+                found[key] = _item(saved, entry, held)[0]
+    return found
+
+
 def _item(saved: Folder, fqn: str, held: dict[str, tuple[Any, str]]) -> tuple[Any, str]:
     """:func:`_read_item`, once per item: a whole item is both checked and looked into."""
     if fqn not in held:
@@ -369,15 +398,22 @@ def _read_item(saved: Folder, fqn: str) -> tuple[Any, str]:
         return _UNREAD, str(exc).removeprefix(f"{fqn}: ")
 
 
-def _fill(fqn: str, owner: Any) -> tuple[str, Any] | None:
+def _fill(
+    fqn: str, owner: Any, value: Any, saved_parent: Callable[[], Any]
+) -> tuple[str, Any] | None:
     """(path, value) where ``compatshim.optim.load_dcp`` fills ``fqn`` for ``owner``: a
-    param-group key of an optimizer, or a scheduler key (``compatshim.optim.keys``)."""
+    param-group key of an optimizer, or a scheduler key (``compatshim.optim.keys``), or the
+    ``_last_lr`` of a ReduceLROnPlateau saved before its first step (``value``, the
+    template's), which ``saved_parent()`` (the saved state holding ``fqn``) tells."""
     from ..optim.keys import OLD_BEHAVIOUR, SCHEDULER_KEYS, old_value
 
     key = fqn.rpartition(".")[2]
     scheduler = any(c.__module__ == "torch.optim.lr_scheduler" for c in type(owner).__mro__)
     if scheduler and key in SCHEDULER_KEYS:
         return fqn, SCHEDULER_KEYS[key]
+    if scheduler and key == "_last_lr":
+        parent = saved_parent()
+        return (fqn, value) if isinstance(parent, dict) and _unstepped_plateau(parent) else None
     if not scheduler and ".param_groups." in fqn and key in OLD_BEHAVIOUR:
         base = next(
             (c.__name__ for c in type(owner).__mro__ if c.__module__.startswith("torch.optim")),

@@ -113,6 +113,12 @@ def _fix_keys(
     return fixed, [_path(where, key) for key in sorted(missing)]
 
 
+def _unstepped_plateau(saved: Mapping[str, Any]) -> bool:
+    """A ReduceLROnPlateau state torch 2.2 saved before the first step: 2.2's set ``_last_lr``
+    in ``step()``, 2.5's (at least) when built, so 2.2's lacks it until then."""
+    return "min_lrs" in saved and "_last_lr" not in saved and saved.get("last_epoch") == 0
+
+
 def _fix_scheduler(
     saved: Any, running: Mapping[str, Any], where: str, owner: Any
 ) -> tuple[dict[str, Any], list[str]]:
@@ -149,6 +155,8 @@ def _fix_scheduler(
                 f"the running one by {kind!r}: build it with the saved run's anneal_strategy"
             )
         known = {**SCHEDULER_KEYS, "anneal_func": None, "_anneal_func_type": kind}
+    if _unstepped_plateau(saved):  # it had changed no lr: those the running one was built with
+        known = {**known, "_last_lr": list(running.get("_last_lr", ()))}
     fixed, filled = _fix_keys(saved, running, known, where, owner)
     want = running.get(_NESTED)
     if isinstance(want, list):
@@ -310,7 +318,8 @@ def _known_paths(top: str, value: Any, owner: Any) -> list[tuple[dict[str, Any],
             ]
         return [hit for hit in found if hit[1].rpartition(".")[2] in OLD_BEHAVIOUR]
     if _is_scheduler(owner) and isinstance(value, dict):
-        found += [(value, key, f"{top}.{key}") for key in value if key in SCHEDULER_KEYS]
+        known = {*SCHEDULER_KEYS, "_last_lr"} if "min_lrs" in value else SCHEDULER_KEYS
+        found += [(value, key, f"{top}.{key}") for key in value if key in known]
         for i, inner in enumerate(value.get(_NESTED) or []):
             found += _known_paths(f"{top}.{_NESTED}.{i}", inner, owner)
     return found
