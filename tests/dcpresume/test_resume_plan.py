@@ -332,6 +332,38 @@ def test_a_path_that_is_no_dcp_folder_is_named_for_what_it_is(tmp_path: Path) ->
             assert isinstance(raised.value, FileNotFoundError)
 
 
+def _adamw(groups: int) -> tuple[dict[str, Any], Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    params = [{"params": [model.weight]}, {"params": [model.bias], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(params[:groups] if groups == 2 else [*model.parameters()], lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    return {"optim": opt.state_dict()}, opt
+
+
+def test_fewer_saved_param_groups_are_named_by_the_plan_and_the_load(tmp_path: Path) -> None:
+    """Saved with one param group, resumed into two (a no-weight-decay group added): the dry
+    run listed fills for the group the checkpoint lacks, and load_dcp raised DCP's "Missing
+    key ... param_groups.1.lr" from inside its plan (a CheckpointException on 2.3+)."""
+    saved, _ = _adamw(1)
+    path = tmp_path / "ckpt"
+    with one_rank_group(tmp_path / "store"):
+        dcp.save(saved, **dcp_kwargs(path, save=True))
+    state, opt = _adamw(2)
+    plan = plan_resume(path, state, {"optim": opt})
+    said = "optim.param_groups holds 1 saved"  # param groups, the running AdamW 2 (2.2: values)
+    assert not plan.ok and any(said in m for m in plan.mismatched), plan.text()
+    assert not [p for p, _ in plan.filled if p.startswith("optim.param_groups.1.")], plan.text()
+    if RUNNING < (2, 3):
+        return  # 2.2 saves param_groups as one item: its groups are counted once it is read
+    with (
+        one_rank_group(tmp_path / "store2"),
+        pytest.raises(OptimizerStateError, match=re.escape(said)),
+    ):
+        load_dcp(state, {"optim": opt}, **dcp_kwargs(path))
+
+
 def _another_shape(kind: str) -> tuple[dict[str, Any], dict[str, Any], str]:
     """A saved state of another shape than the running one's (``kind``), as a user's changed
     script or a corrupt file holds it, with the words both the dry run and load_dcp give."""

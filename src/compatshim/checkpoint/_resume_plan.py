@@ -177,7 +177,7 @@ def plan_resume(
         parent = fqn.rpartition(".")[0]
         fill = (
             _fill(fqn, owners.get(top), value, partial(_saved_at, saved, parent, held))
-            if top in owners
+            if top in owners and _holds(saved, parent, held)  # no fill in a group it lacks
             else None
         )
         if prefix is not None and top in owners:
@@ -326,6 +326,15 @@ def _whole_prefix(fqn: str, saved: Folder) -> str | None:
         if prefix in saved.entries and saved.entries[prefix] is None:
             return prefix
     return None
+
+
+def _holds(saved: Folder, path: str, held: dict[str, tuple[Any, str]]) -> bool:
+    """Whether the checkpoint holds a state at ``path``: entries under it (torch 2.3+), or
+    the whole item that holds it (2.2) has it."""
+    if saved.entries.get(path, 0) is None or any(e.startswith(f"{path}.") for e in saved.entries):
+        return True
+    prefix = _whole_prefix(path, saved)
+    return prefix is not None and _inside(saved, prefix, path, held)
 
 
 def _inside(saved: Folder, prefix: str, fqn: str, held: dict[str, tuple[Any, str]]) -> bool:

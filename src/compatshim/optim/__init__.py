@@ -351,8 +351,9 @@ def _other_shapes(
     """Where the checkpoint (``saved``: its ``.metadata``'s keys) holds more param groups or
     nested schedulers than the running objects under ``optimizers``: DCP plans from the
     template, so it loaded the first ones and dropped the rest without a word (a second
-    param group's lr, a third scheduler). Read before anything is loaded; the dry run asks
-    the same. Fewer saved is DCP's own "Missing key" error."""
+    param group's lr, a third scheduler). Fewer saved failed as DCP's "Missing key" for the
+    first key of the first one it lacks. Read before anything is loaded; the dry run asks
+    the same."""
     found: list[str] = []
 
     def walk(value: Any, path: str, owner: Any) -> None:
@@ -378,12 +379,18 @@ def _other_shapes(
                 for key in saved
                 if key.startswith(head) and (first := key[len(head) :].split(".", 1)[0]).isdigit()
             }
-            if indices and max(indices) >= len(value):
+            if indices and max(indices) + 1 != len(value):
                 kind = "param groups" if path.endswith(_GROUPS) else "nested scheduler states"
+                count = max(indices) + 1
                 found.append(
-                    f"{path} holds {max(indices) + 1} saved {kind}, the running "
-                    f"{type(owner).__name__} {len(value)}: DCP would load the first "
-                    f"{len(value)} and drop the rest; build it as the saved run did"
+                    f"{path} holds {count} saved {kind}, the running "
+                    f"{type(owner).__name__} {len(value)}: "
+                    + (
+                        f"DCP would load the first {len(value)} and drop the rest"
+                        if count > len(value)
+                        else f"the checkpoint has no state for the last {len(value) - count}"
+                    )
+                    + "; build it as the saved run did"
                 )
             for i, inner in enumerate(value):
                 walk(inner, f"{path}.{i}", owner)
