@@ -122,6 +122,22 @@ def test_resized_later_source_raises_naming_it_and_the_partial_step() -> None:
         cema.update_ema(ema, model, decay=DECAY)
 
 
+def test_an_ema_on_another_device_is_refused_naming_it_before_any_step() -> None:
+    # meta stands in for an EMA kept on the CPU beside a CUDA model (timm's device="cpu"):
+    # torch's foreach refused it with a RuntimeError naming no parameter
+    model, ema = _setup()
+    with pytest.raises(cema.EmaMismatchError, match=r"'body\.weight' is on meta but the model's"):
+        cema.update_ema(copy.deepcopy(ema).to("meta"), model, decay=DECAY)
+    before = {n: p.detach().clone() for n, p in ema.named_parameters()}
+    with pytest.raises(cema.EmaMismatchError, match=r"'body\.weight' is on cpu but the model's"):
+        cema.update_ema(ema, copy.deepcopy(model).to("meta"), decay=DECAY)
+    assert all(torch.equal(p, before[n]) for n, p in ema.named_parameters())
+    model, ema = torch.nn.BatchNorm1d(2), torch.nn.BatchNorm1d(2)
+    ema.running_mean = torch.zeros(2, device="meta")
+    with pytest.raises(cema.EmaMismatchError, match=r"buffer 'running_mean' is on meta"):
+        cema.update_ema(ema, model, decay=DECAY)
+
+
 def test_resized_on_both_sides_uses_the_new_layout() -> None:
     model, ema = _setup()
     _step(ema, model)

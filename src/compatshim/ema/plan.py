@@ -340,6 +340,7 @@ def _pair_buffers(
         else:
             _check_same_shape(name, ema, buf, kind="buffer")
         if average and ema.is_floating_point() and buf.is_floating_point():
+            _check_same_device(name, ema, buf, kind="buffer")
             plan.add(ema, buf)  # joins the params' lerp (or mul/add when dtypes differ)
         else:
             plan.copy_ema.append(ema)
@@ -401,6 +402,7 @@ def build_plan(
                     "same wrap policy and process group), and each rank averages its slices"
                 )
             _check_same_shape(name, ema, param)
+            _check_same_device(name, ema, param)
             plan.add(ema, param)
             continue
         slow = True
@@ -457,6 +459,16 @@ def _check_same_shape(name: str, ema: Tensor, param: Tensor, kind: str = "parame
         raise EmaMismatchError(
             f"compatshim.ema: EMA parameter {name!r} has shape {tuple(ema.shape)} but the model's "
             f"is {tuple(param.shape)} and no optimizer shard explains it (pass the ZeRO optimizer)"
+        )
+
+
+def _check_same_device(name: str, ema: Tensor, src: Tensor, kind: str = "parameter") -> None:
+    """An averaged pair runs in place on both tensors: torch refuses two devices unnamed."""
+    if ema.device != src.device:
+        raise EmaMismatchError(
+            f"compatshim.ema: EMA {kind} {name!r} is on {ema.device} but the model's is on "
+            f"{src.device}; the update runs in place on both, so keep the EMA on the model's "
+            "device (ema.to(device))"
         )
 
 
