@@ -138,6 +138,28 @@ def test_an_ema_on_another_device_is_refused_naming_it_before_any_step() -> None
         cema.update_ema(ema, model, decay=DECAY)
 
 
+def test_an_ema_made_under_inference_mode_is_refused_saying_so() -> None:
+    # torch refuses in-place updates of inference tensors outside inference_mode: the retry
+    # path called that "a parameter changed shape, dtype or device ... stepped only some pairs"
+    model, _ = _setup()
+    with torch.inference_mode():
+        ema = Net()
+    before = {n: p.clone() for n, p in ema.named_parameters()}
+    with pytest.raises(cema.EmaMismatchError, match=r"'body\.weight' is an inference tensor"):
+        cema.update_ema(ema, model, decay=DECAY)
+    assert all(torch.equal(p, before[n]) for n, p in ema.named_parameters())
+    with torch.inference_mode():
+        cema.update_ema(ema, model, decay=DECAY)  # allowed in there: the plan is made there
+    # the cached plan, outside: torch refuses after writing the first tensor, and says so
+    with pytest.raises(cema.EmaMismatchError, match=r"inference tensor.*stepped only some pairs"):
+        cema.update_ema(ema, model, decay=DECAY)
+    model, ema = torch.nn.BatchNorm1d(2), torch.nn.BatchNorm1d(2)
+    with torch.inference_mode():
+        ema.num_batches_tracked = torch.tensor(0)
+    with pytest.raises(cema.EmaMismatchError, match="buffer 'num_batches_tracked' is an infer"):
+        cema.update_ema(ema, model, decay=DECAY)
+
+
 def test_resized_on_both_sides_uses_the_new_layout() -> None:
     model, ema = _setup()
     _step(ema, model)

@@ -323,6 +323,8 @@ def _pair_buffers(
     average: bool,
 ) -> bool:
     """Pair each persistent buffer of ``model`` with its EMA twin; True if one is a DTensor."""
+    import torch
+
     ema_slots = {name: (slots, key, buf) for name, slots, key, buf in persistent_buffers(ema_model)}
     index = NameIndex(ema_slots, kind="buffer")
     dtensor = False
@@ -339,6 +341,7 @@ def _pair_buffers(
             dtensor = True
         else:
             _check_same_shape(name, ema, buf, kind="buffer")
+            _check_writable(name, ema, torch, kind="buffer")
         if average and ema.is_floating_point() and buf.is_floating_point():
             _check_same_device(name, ema, buf, kind="buffer")
             plan.add(ema, buf)  # joins the params' lerp (or mul/add when dtypes differ)
@@ -403,6 +406,7 @@ def build_plan(
                 )
             _check_same_shape(name, ema, param)
             _check_same_device(name, ema, param)
+            _check_writable(name, ema, torch)
             plan.add(ema, param)
             continue
         slow = True
@@ -469,6 +473,16 @@ def _check_same_device(name: str, ema: Tensor, src: Tensor, kind: str = "paramet
             f"compatshim.ema: EMA {kind} {name!r} is on {ema.device} but the model's is on "
             f"{src.device}; the update runs in place on both, so keep the EMA on the model's "
             "device (ema.to(device))"
+        )
+
+
+def _check_writable(name: str, ema: Tensor, torch: Any, kind: str = "parameter") -> None:
+    """An inference tensor takes no in-place update outside ``inference_mode``."""
+    if ema.is_inference() and not torch.is_inference_mode_enabled():
+        raise EmaMismatchError(
+            f"compatshim.ema: EMA {kind} {name!r} is an inference tensor (made under "
+            "torch.inference_mode()), which no in-place update may change outside inference "
+            "mode; make the EMA outside it (copy.deepcopy(model), or copy.deepcopy(ema) once)"
         )
 
 
