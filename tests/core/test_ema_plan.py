@@ -160,6 +160,21 @@ def test_an_ema_made_under_inference_mode_is_refused_saying_so() -> None:
         cema.update_ema(ema, model, decay=DECAY)
 
 
+def test_resized_source_of_a_mixed_dtype_pair_leaves_the_later_pairs_unstepped() -> None:
+    # an fp32 EMA of a bf16 model: _foreach_mul_ scaled every EMA tensor, then _foreach_add_
+    # stopped at the resized one; from there on the EMA held decay * its value, silently
+    model, ema = _setup()
+    model.to(torch.bfloat16)
+    _step(ema, model)
+    before = {n: p.detach().clone() for n, p in ema.named_parameters()}
+    model.head.weight.data = torch.zeros(3, 4, dtype=torch.bfloat16)
+    with pytest.raises(cema.EmaMismatchError, match=r"head\.weight.*stepped only some pairs"):
+        cema.update_ema(ema, model, decay=DECAY)
+    for name in ("head.weight", "head.bias"):  # the resized pair and the one after it
+        assert torch.equal(ema.get_parameter(name), before[name]), name
+    assert not torch.equal(ema.body.weight, before["body.weight"])  # stepped before it
+
+
 def test_resized_on_both_sides_uses_the_new_layout() -> None:
     model, ema = _setup()
     _step(ema, model)

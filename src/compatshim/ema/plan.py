@@ -174,9 +174,29 @@ class Plan:
             torch._foreach_lerp_(self.same_ema, self.same_src, 1.0 - decay)
         if self.mixed_ema:
             torch._foreach_mul_(self.mixed_ema, decay)
-            torch._foreach_add_(self.mixed_ema, self.mixed_src, alpha=1.0 - decay)
+            try:
+                torch._foreach_add_(self.mixed_ema, self.mixed_src, alpha=1.0 - decay)
+            except RuntimeError:
+                self._unscale_unfit_mixed(decay)
+                raise
         if self.copy_ema:
             torch._foreach_copy_(self.copy_ema, self.copy_src)
+
+    def _unscale_unfit_mixed(self, decay: float) -> None:
+        """``_foreach_add_`` stopped at the first mixed pair it cannot take, after
+        ``_foreach_mul_`` had scaled every mixed EMA tensor: from that pair on, undo the
+        scaling (one rounding; nothing to undo from at decay 0), so those pairs read as not
+        stepped, as the same-dtype pairs after a failed ``_foreach_lerp_`` do."""
+        torch = self.torch
+        for index, (ema, src) in enumerate(zip(self.mixed_ema, self.mixed_src)):
+            try:
+                fits = torch.broadcast_shapes(ema.shape, src.shape) == ema.shape
+            except RuntimeError:
+                fits = False
+            if not fits or ema.device != src.device:
+                if decay:
+                    torch._foreach_div_(self.mixed_ema[index:], decay)
+                return
 
     def first_unfit_pair(self) -> int | None:
         """Index of the first same-dtype pair ``_foreach_lerp_`` cannot take (after it failed)."""
