@@ -201,6 +201,33 @@ def test_partial_dtype_change_is_an_error_that_says_so() -> None:
     _step(ema, model)  # the next call uses the new pairing
 
 
+class Tied(torch.nn.Module):
+    def __init__(self, tie: bool = True) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(5, 3)
+        self.head = torch.nn.Linear(3, 5, bias=False)
+        if tie:
+            self.head.weight = self.embed.weight
+
+
+def test_tied_weights_step_every_ema_tensor_once() -> None:
+    torch.manual_seed(0)
+    model = Tied()
+    tied = copy.deepcopy(model)  # tied as the model is
+    apart = Tied(tie=False)  # the same values, held apart (named_parameters lists one name)
+    apart.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        model.embed.weight.add_(1.0)
+    want = tied.embed.weight.detach() * DECAY + model.embed.weight.detach() * (1 - DECAY)
+    cema.update_ema(tied, model, decay=DECAY)
+    cema.update_ema(apart, model, decay=DECAY)
+    assert torch.allclose(tied.head.weight, want)  # stepped once, not twice
+    assert torch.allclose(apart.embed.weight, want)
+    assert torch.allclose(apart.head.weight, want)  # was left at its first value, silently
+    with pytest.raises(cema.EmaMismatchError, match=r"'embed\.weight' and 'head\.weight' are one"):
+        cema.update_ema(copy.deepcopy(model), Tied(tie=False), decay=DECAY)
+
+
 def test_frozen_parameter_is_left_alone() -> None:
     model, ema = _setup()
     _step(ema, model)

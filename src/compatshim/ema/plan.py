@@ -267,18 +267,35 @@ class NameIndex:
 def walk(
     ema_model: torch.nn.Module, model: torch.nn.Module, exclude: tuple[str, ...]
 ) -> tuple[list[tuple[str, Tensor, Tensor]], list[Tensor]]:
-    """(EMA name, EMA param, working param) per trainable param, and every non-excluded param."""
-    ema_params = dict(ema_model.named_parameters())
+    """(EMA name, EMA param, working param) per trainable param, and every non-excluded param.
+
+    Every name of a tied parameter is paired (``named_parameters`` keeps only the first): a
+    model that ties two names to one tensor and an EMA that holds them apart steps both EMA
+    tensors; an EMA tensor is stepped once, and one that would follow two model tensors
+    (the EMA ties what the model does not) is an ``EmaMismatchError``.
+    """
+    ema_params = dict(ema_model.named_parameters(remove_duplicate=False))
     index = NameIndex(ema_params)
     pairs: list[tuple[str, Tensor, Tensor]] = []
     watched: list[Tensor] = []
-    for raw_name, param in model.named_parameters():
+    follows: dict[int, tuple[str, Tensor]] = {}  # id(EMA param) -> (EMA name, its source)
+    for raw_name, param in model.named_parameters(remove_duplicate=False):
         if is_excluded(raw_name, exclude) or is_excluded(canonical(raw_name), exclude):
             continue
         watched.append(param)
         if param.requires_grad:
             name = index.lookup(raw_name)
-            pairs.append((name, ema_params[name], param))
+            ema = ema_params[name]
+            known = follows.get(id(ema))
+            if known is None:
+                follows[id(ema)] = (name, param)
+                pairs.append((name, ema, param))
+            elif known[1] is not param:
+                raise EmaMismatchError(
+                    f"compatshim.ema: EMA parameters {known[0]!r} and {name!r} are one tensor but "
+                    "the model's are two: the EMA ties parameters the model does not; copy the "
+                    "EMA from the model as it is now (copy.deepcopy(model))"
+                )
     return pairs, watched
 
 
@@ -304,7 +321,7 @@ def persistent_buffers(module: torch.nn.Module) -> list[tuple[str, dict[str, Any
 
 def unmatched_excludes(exclude: tuple[str, ...], model: torch.nn.Module) -> list[str]:
     """The ``exclude`` entries that name no parameter and no persistent buffer of ``model``."""
-    names = [n for n, _ in model.named_parameters()]
+    names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
     names += [n for n, *_ in persistent_buffers(model)]
     names += [canonical(n) for n in names]
     return [p for p in exclude if not any(is_excluded(n, (p,)) for n in names)]
