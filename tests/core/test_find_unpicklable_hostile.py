@@ -213,6 +213,19 @@ def test_a_huge_int_key_does_not_break_the_path() -> None:
     assert finding.path == "obj[<key #0>]"
 
 
+class ReducesToANewOneForever:
+    """Each reduction makes a new object of its kind: pickle meets a RecursionError."""
+
+    def __reduce__(self) -> Any:
+        return (ReducesToANewOneForever, (ReducesToANewOneForever(),))
+
+
+def test_a_reduce_that_makes_new_objects_forever_is_cut_not_walked_forever() -> None:
+    (finding,) = find_unpicklable({"x": ReducesToANewOneForever()})  # hung before
+    assert finding.path == "obj['x']" + "<arg 0>" * (200_000 - 1)  # 200,000 objects down
+    assert finding.error.startswith("RecursionError: more than 200,000 objects deep")
+
+
 # -- one dunder raises at a time ------------------------------------------------------
 
 # instance-level dunders; attribute-like ones become raising properties

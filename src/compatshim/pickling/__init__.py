@@ -42,7 +42,9 @@ def find_unpicklable(
     An empty list means pickle gets past every object (a failure inside a
     custom ``__reduce__`` callable at load time is out of reach). When pickle
     fails but no single object is to blame (a chain deeper than the recursion
-    limit), the one finding is the root with pickle's own error.
+    limit), the one finding is the root with pickle's own error. The walk stops
+    ``walk.MAX_DEPTH`` (200,000) objects down, with a RecursionError finding there: a
+    ``__reduce__`` that makes a new object every time would otherwise be walked forever.
 
     A clean graph costs one pickling pass into a sink that discards the bytes
     (tensor storages are stood in by a reference, as ``torch.save`` does, so

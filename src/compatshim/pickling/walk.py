@@ -42,6 +42,15 @@ _MODULE_CONTAINERS = ("_modules", "_parameters", "_buffers")
 _WORDS_314 = sys.version_info >= (3, 14)
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (or type())
 
+# How deep the walk goes: twice the deepest chain the tests walk, where pickle itself stops
+# near the recursion limit. Past it, an object whose ``__reduce__`` makes a new one every
+# time (which pickle meets as a RecursionError) would be walked forever.
+MAX_DEPTH = 200_000
+_TOO_DEEP = (
+    f"RecursionError: more than {MAX_DEPTH:,} objects deep (pickle gives up far sooner); "
+    "what hangs below is not walked"
+)
+
 # A path is a linked list (parent, segment) so that 100,000 nodes cost no string building.
 _Path = Optional[Tuple[Any, str]]
 
@@ -69,10 +78,12 @@ class Walker:
 
     def run(self, obj: Any, root: str) -> list[Finding]:
         stack: list[tuple[Any, _Path, Any]] = [(obj, (None, root), None)]
+        depths = [0]  # each stack entry's depth below the root
         while stack:
             if self.limit is not None and len(self.findings) >= self.limit:
                 break
             item, path, owner = stack.pop()
+            depth = depths.pop()
             try:
                 children = self._visit(item, path, owner)
             except _Refused as refusal:
@@ -81,8 +92,11 @@ class Walker:
             except Exception as exc:  # whatever the object raised while being looked at
                 self._report(item, path, owner, "could not inspect: " + error_text(exc))
                 continue
-            if children:
+            if children and depth >= MAX_DEPTH:  # a __reduce__ that makes new objects forever
+                self._report(item, path, owner, _TOO_DEEP)
+            elif children:
                 stack.extend(reversed(children))
+                depths.extend([depth + 1] * len(children))
         return self.findings
 
     # -- one object ----------------------------------------------------------------------
