@@ -176,6 +176,7 @@ def clone_module(module: M, *, share: Iterable[Any] = ()) -> M:
     anything in ``share`` (objects, or types whose instances to share).
     Handles are found through containers, ``__dict__`` and ``__slots__``;
     state produced only by a custom ``__getstate__`` is copied as usual.
+    An object ``deepcopy`` refuses is a TypeError naming where it hangs and ``share=``.
     A DDP wrapper goes through DDP's own pickling, which torch allows only
     over the default group: for DDP over a subgroup, clone ``ddp.module``.
     """
@@ -185,4 +186,24 @@ def clone_module(module: M, *, share: Iterable[Any] = ()) -> M:
     memo: dict[int, Any] = {}
     for handle in _find_handles(module, handle_types, shared_ids):
         memo[id(handle)] = handle
-    return copy.deepcopy(module, memo)
+    try:
+        return copy.deepcopy(module, memo)
+    except TypeError as exc:  # "cannot pickle 'X' object", naming neither where nor a way out
+        raise TypeError(_cannot_copy(module, exc)) from exc
+
+
+def _cannot_copy(module: Any, exc: TypeError) -> str:
+    """deepcopy's refusal, with where the object hangs (``find_unpicklable``'s paths for the
+    same refusal) and the way out."""
+    from .pickling import find_unpicklable
+
+    said = f"TypeError: {exc}"
+    try:
+        paths = [f.path for f in find_unpicklable(module, root="module") if f.error == said]
+    except Exception:  # the walk is a courtesy: the refusal is told either way
+        paths = []
+    where = f" at {', '.join(paths[:3])}{' ...' if len(paths) > 3 else ''}" if paths else ""
+    return (
+        f"clone_module: copy.deepcopy refused an object{where}: {exc}; to share it with the "
+        "copy instead, pass it or its type in share="
+    )

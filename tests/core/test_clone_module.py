@@ -114,6 +114,15 @@ def test_share_argument_objects_and_types(model: Tagged) -> None:
     assert clone.cache is cache and clone.other is other
 
 
+def test_an_object_that_cannot_be_copied_is_named_with_the_way_out(model: Tagged) -> None:
+    # deepcopy's own words were "cannot pickle '_io.BufferedWriter' object": no path, no share=
+    with open(__file__, "rb") as handle:
+        model.sink = {"log": handle}
+        with pytest.raises(TypeError, match=r"module\.sink\['log'\]: cannot pickle .*share="):
+            compatshim.clone_module(model)
+        assert compatshim.clone_module(model, share=[handle]).sink["log"] is handle
+
+
 def test_unbound_group_from_a_load_is_shared(model: Tagged) -> None:
     model.stale = patch_module.UnboundProcessGroup((0, 1), "gloo", None)
     assert compatshim.clone_module(model).stale is model.stale
