@@ -173,8 +173,8 @@ def clone_module(module: M, *, share: Iterable[Any] = ()) -> M:
     custom attributes and nested containers are deep-copied as ``deepcopy``
     does. Shared by reference: ProcessGroups and c10d stores/backends,
     streams and events, locks, conditions, threads and loggers, plus
-    anything in ``share`` (objects, or types whose instances to share).
-    Handles are found through containers, ``__dict__`` and ``__slots__``;
+    anything in ``share`` (objects, shared wherever they hang, or types whose
+    instances to share). Handles are found through containers, ``__dict__`` and ``__slots__``;
     state produced only by a custom ``__getstate__`` is copied as usual.
     An object ``deepcopy`` refuses is a TypeError naming where it hangs and ``share=``.
     A DDP wrapper goes through DDP's own pickling, which torch allows only
@@ -183,7 +183,7 @@ def clone_module(module: M, *, share: Iterable[Any] = ()) -> M:
     extra = list(share)
     handle_types = shared_handle_types() + tuple(x for x in extra if isinstance(x, type))
     shared_ids = {id(x) for x in extra if not isinstance(x, type)}
-    memo: dict[int, Any] = {}
+    memo: dict[int, Any] = {id(x): x for x in extra if not isinstance(x, type)}  # wherever
     for handle in _find_handles(module, handle_types, shared_ids):
         memo[id(handle)] = handle
     try:

@@ -8,6 +8,7 @@ hooks, tied weights and thread safety.
 
 from __future__ import annotations
 
+import collections
 import copy
 import copyreg
 import logging
@@ -121,6 +122,13 @@ def test_an_object_that_cannot_be_copied_is_named_with_the_way_out(model: Tagged
         with pytest.raises(TypeError, match=r"module\.sink\['log'\]: cannot pickle .*share="):
             compatshim.clone_module(model)
         assert compatshim.clone_module(model, share=[handle]).sink["log"] is handle
+
+
+def test_an_object_passed_in_share_is_shared_wherever_it_hangs(model: Tagged) -> None:
+    # it was shared only where the handle walk looks (containers, __dict__, slots)
+    with open(__file__, "rb") as handle:
+        model.sink = collections.deque([handle])
+        assert compatshim.clone_module(model, share=[handle]).sink[0] is handle
 
 
 def test_unbound_group_from_a_load_is_shared(model: Tagged) -> None:
