@@ -12,6 +12,7 @@ see plain ``deepcopy`` semantics.
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import logging
@@ -19,6 +20,8 @@ import sys
 import threading
 import types
 from typing import Any, Iterable, TypeVar
+
+from ._text import short
 
 __all__ = ["clone_module", "shared_handle_types"]
 
@@ -108,7 +111,7 @@ def _plan(
         return _LEAF, ()
     if issubclass(cls, dict):
         return _MAPPING, ()
-    if issubclass(cls, (list, tuple, set, frozenset)):
+    if issubclass(cls, (list, tuple, set, frozenset, collections.deque)):
         return _SEQUENCE, ()
     if issubclass(cls, types.MethodType):
         return _METHOD, ()
@@ -180,6 +183,8 @@ def clone_module(module: M, *, share: Iterable[Any] = ()) -> M:
     A DDP wrapper goes through DDP's own pickling, which torch allows only
     over the default group: for DDP over a subgroup, clone ``ddp.module``.
     """
+    if isinstance(share, (str, bytes)) or not isinstance(share, Iterable):
+        raise TypeError(f"clone_module: share= takes objects or types to share, got {short(share)}")
     extra = list(share)
     handle_types = shared_handle_types() + tuple(x for x in extra if isinstance(x, type))
     shared_ids = {id(x) for x in extra if not isinstance(x, type)}

@@ -131,6 +131,21 @@ def test_an_object_passed_in_share_is_shared_wherever_it_hangs(model: Tagged) ->
         assert compatshim.clone_module(model, share=[handle]).sink[0] is handle
 
 
+def test_a_group_held_in_a_deque_is_shared(model: Tagged) -> None:
+    # the handle walk descended lists, tuples and sets only: deepcopy then met the group
+    compatshim.uninstall([NAME])  # the patch would copy a group as itself anywhere
+    other = patch_module._bare_group(dist.ProcessGroup)  # held nowhere else
+    model.recent = collections.deque([other])
+    assert compatshim.clone_module(model).recent[0] is other
+
+
+@pytest.mark.parametrize("share", [None, 3, "group"])
+def test_share_that_is_no_collection_is_named(model: Tagged, share: object) -> None:
+    # None said "'NoneType' object is not iterable"; a str shared each of its characters
+    with pytest.raises(TypeError, match=r"clone_module: share= takes objects or types"):
+        compatshim.clone_module(model, share=share)  # type: ignore[arg-type]
+
+
 def test_unbound_group_from_a_load_is_shared(model: Tagged) -> None:
     model.stale = patch_module.UnboundProcessGroup((0, 1), "gloo", None)
     assert compatshim.clone_module(model).stale is model.stale
