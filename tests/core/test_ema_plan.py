@@ -228,6 +228,13 @@ def test_tied_weights_step_every_ema_tensor_once() -> None:
         cema.update_ema(copy.deepcopy(model), Tied(tie=False), decay=DECAY)
 
 
+def test_excluding_one_name_of_a_tied_tensor_warns_naming_the_other() -> None:
+    # with every tied name paired (d8d979b), excluding head.weight alone changed nothing, silently
+    model = Tied()
+    with pytest.warns(cema.EmaWarning, match=r"'head\.weight', one tensor with 'embed\.weight'"):
+        cema.update_ema(copy.deepcopy(model), model, decay=DECAY, exclude=("head.weight",))
+
+
 def test_frozen_parameter_is_left_alone() -> None:
     model, ema = _setup()
     _step(ema, model)

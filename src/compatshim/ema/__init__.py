@@ -24,6 +24,7 @@ from .plan import (
     EmaMismatchError,
     Plan,
     build_plan,
+    half_tied_excludes,
     is_dtensor,
     trainable_pairs,
     unmatched_excludes,
@@ -209,13 +210,19 @@ def _rebuild(
 
 
 def _warn_unmatched(caller: str, exclude: tuple[str, ...], model: Any) -> None:
+    from .._warn import warn
+
     unmatched = unmatched_excludes(exclude, model)
     if unmatched:
-        from .._warn import warn
-
         warn(
             f"{caller}: exclude entries {unmatched} match no parameter or persistent buffer "
             "of the model, so they exclude nothing (a misspelling?)",
+            EmaWarning,
+        )
+    for out, kept in half_tied_excludes(exclude, model):
+        warn(
+            f"{caller}: exclude matches {out!r}, one tensor with {kept!r}, which it does not "
+            "match: the tensor is averaged all the same; exclude every name it goes by",
             EmaWarning,
         )
 

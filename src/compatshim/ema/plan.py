@@ -327,6 +327,21 @@ def unmatched_excludes(exclude: tuple[str, ...], model: torch.nn.Module) -> list
     return [p for p in exclude if not any(is_excluded(n, (p,)) for n in names)]
 
 
+def half_tied_excludes(exclude: tuple[str, ...], model: torch.nn.Module) -> list[tuple[str, str]]:
+    """(excluded name, kept name) where ``exclude`` names one name of a tied tensor but not
+    another: the tensor is averaged through the kept name all the same."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    out = []
+    for group in names.values():
+        out_ = [n for n in group if is_excluded(n, exclude) or is_excluded(canonical(n), exclude)]
+        kept = [n for n in group if n not in out_]
+        if out_ and kept:
+            out.append((out_[0], kept[0]))
+    return out
+
+
 def trainable_pairs(
     ema_model: torch.nn.Module, model: torch.nn.Module, exclude: tuple[str, ...]
 ) -> list[tuple[str, Tensor, Tensor]]:
@@ -499,7 +514,8 @@ def _check_same_shape(name: str, ema: Tensor, param: Tensor, kind: str = "parame
     if ema.shape != param.shape:
         raise EmaMismatchError(
             f"compatshim.ema: EMA parameter {name!r} has shape {tuple(ema.shape)} but the model's "
-            f"is {tuple(param.shape)} and no optimizer shard explains it (pass the ZeRO optimizer)"
+            f"is {tuple(param.shape)}: copy the EMA from the same model (if the model's "
+            "parameters are ZeRO shards, pass the ZeRO optimizer)"
         )
 
 
