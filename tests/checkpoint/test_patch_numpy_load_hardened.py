@@ -677,6 +677,20 @@ def _lying_npz(path: Path, size: int) -> None:
     path.write_bytes(body + central + end)
 
 
+def _zipfile_refuses(npz: Path) -> bool:
+    """Whether this Python's own zipfile refuses the lying member ("Overlapped entries ...
+    (possible zip bomb)": its claimed size runs past the central directory), so no bound of
+    ours is ever reached: CPython 3.14.10 and 3.15.2 here do, 3.11.7 and 3.12.1 do not."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(npz) as archive, archive.open("a.npy"):
+            return False
+    except zipfile.BadZipFile as exc:
+        assert "Overlapped entries" in str(exc), exc
+        return True
+
+
 def test_an_npz_member_claiming_more_bytes_than_its_file_holds_is_bounded_by_the_file(
     tmp_path: Path,
 ) -> None:
@@ -692,6 +706,11 @@ def test_an_npz_member_claiming_more_bytes_than_its_file_holds_is_bounded_by_the
     result = _run(tmp_path, "counted", npz)
     _assert_patched(result)
     got = result["files"][str(npz)]
+    if _zipfile_refuses(npz):  # refused before anything inflates, and said so
+        assert not got["ok"] and "Overlapped entries" in got["error"], got
+        with pytest.raises(CheckpointError, match="Overlapped entries"):
+            inspect(npz)
+        return
     assert not got["ok"] and got["unpickling"], got
     assert "it inflates past" in got["error"] and "64 per stored byte" in got["error"], got
     assert got["peak_kib"] < 160 * 1024, got
@@ -714,6 +733,8 @@ def test_a_lying_member_of_an_archive_that_is_no_plain_file_is_bounded_too(
 
     npz = tmp_path / "lying.npz"
     _lying_npz(npz, 256 << 20)
+    if _zipfile_refuses(npz):
+        pytest.skip("this Python's zipfile refuses the lying member before numpy reads it")
     with contextlib.ExitStack() as stack:
         if wrap == "buffered":
             stream: Any = io.BufferedReader(io.BytesIO(npz.read_bytes()))  # type: ignore[arg-type]
