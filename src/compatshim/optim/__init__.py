@@ -115,7 +115,7 @@ def _fix_keys(
 
 def _unstepped_plateau(saved: Mapping[str, Any]) -> bool:
     """A ReduceLROnPlateau state torch 2.2 saved before the first step: 2.2's set ``_last_lr``
-    in ``step()``, 2.5's (at least) when built, so 2.2's lacks it until then."""
+    in ``step()``, 2.4.1's when built, so 2.2's lacks it until then."""
     return "min_lrs" in saved and "_last_lr" not in saved and saved.get("last_epoch") == 0
 
 
@@ -708,7 +708,8 @@ def load_dcp(
         for container, key, value in kept:
             container[key] = value
         for top, value in slots.items():
-            state_dict[top] = _with_empties(state_dict[top].value, value)
+            got = state_dict[top]  # torch 2.4's dcp.load puts the loaded value in the slot's place
+            state_dict[top] = _with_empties(got.value if isinstance(got, _Slot) else got, value)
         for container, key, _, value in whole:
             container[key] = _with_empties(container[key], value)
         _with_keys(state_dict, keyed)

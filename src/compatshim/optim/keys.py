@@ -32,7 +32,7 @@ save ``default_min_lr``, 2.2.2 does not: the single ``min_lr`` that 2.8+ spreads
 groups added after construction, None where ``min_lr`` was a list (a changed number of groups
 then raises). A release without it kept ``min_lrs`` as built, so a state without it means None.
 
-2.2.2's ``ReduceLROnPlateau`` set ``_last_lr`` in ``step()``, 2.5.1+ when built: its state
+2.2.2's ``ReduceLROnPlateau`` set ``_last_lr`` in ``step()``, 2.4.1+ when built: its state
 saved before the first step (``last_epoch`` 0) lacks it, and the lrs it had not yet changed
 stand for it (the running scheduler's as built; ``compatshim.optim._unstepped_plateau``).
 
