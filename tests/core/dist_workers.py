@@ -89,6 +89,21 @@ def _wait_for_report(limit: float = 60.0) -> None:
     store.wait([Keys.desync()], timedelta(seconds=limit))
 
 
+def overrides_that_disagree_with_the_group(rank: int, world_size: int) -> list[str]:
+    """rank= / world_size= given without store= that contradict the default group: each is
+    refused at once (before: the sync point waited its timeout for a rank that cannot come)."""
+    said = []
+    for kwargs in ({"world_size": world_size + 1}, {"rank": (rank + 1) % world_size}):
+        start = time.monotonic()
+        try:
+            sync_point("override", timeout=5, **kwargs)
+            said.append("returned")
+        except Exception as exc:
+            said.append(f"{type(exc).__name__} after {time.monotonic() - start:.0f} s: {exc}")
+    sync_point("agreeing", timeout=30, rank=rank, world_size=world_size)  # the group's own
+    return said
+
+
 def one_rank_missing(rank: int, world_size: int, timeout: float) -> dict[str, Any]:
     """Rank 1 never reaches the second sync point (it waits for the report): rank 0 raises
     after ``timeout``."""

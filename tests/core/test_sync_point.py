@@ -308,6 +308,20 @@ def test_a_world_size_without_a_group_says_so(monkeypatch: pytest.MonkeyPatch) -
         sync_point("nobody", timeout=1, rank=0, world_size=2)
 
 
+def test_rank_or_world_size_that_contradicts_the_group_is_refused_at_once() -> None:
+    """sync_point(world_size=3) in a 2-rank group waited its timeout for a rank 2 that cannot
+    exist and reported it 'never arrived'; rank=0 on rank 1 had both ranks wait for rank 1."""
+    for rank, said in enumerate(run_ranks(workers.overrides_that_disagree_with_the_group, 2)):
+        assert said == [
+            "ValueError after 0 s: compatshim.dist: world_size=3 but the default process group "
+            "has world_size=2; pass rank= and world_size= only together with store=, or leave "
+            "them out",
+            f"ValueError after 0 s: compatshim.dist: rank={1 - rank} but the default process "
+            f"group has rank={rank}; pass rank= and world_size= only together with store=, or "
+            "leave them out",
+        ], said
+
+
 def test_sync_point_without_group_in_a_distributed_run_says_so(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

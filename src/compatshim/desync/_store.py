@@ -133,7 +133,8 @@ def default_meeting(
     (and under torch's ``fake`` backend, whose ranks have no peers to meet).
 
     Raises when the environment says the run is distributed but no process group
-    exists yet, because silently skipping the check there would hide the bug.
+    exists yet, because silently skipping the check there would hide the bug, and
+    when ``rank`` or ``world_size`` (without ``store``) disagrees with the group's.
     """
     if store is not None:
         if rank is None or world_size is None:
@@ -151,10 +152,16 @@ def default_meeting(
                 "store=, rank=, world_size=)"
             )
         return None
-    world = dist.get_world_size() if world_size is None else world_size
+    world, own_rank = dist.get_world_size(), dist.get_rank()
+    for name, given, actual in (("world_size", world_size, world), ("rank", rank, own_rank)):
+        if given is not None and given != actual:  # it would wait for ranks that never come
+            raise ValueError(
+                f"compatshim.dist: {name}={given} but the default process group has "
+                f"{name}={actual}; pass rank= and world_size= only together with store=, "
+                "or leave them out"
+            )
     if world <= 1 or _is_fake_world():
         return None
     from torch.distributed.distributed_c10d import GroupMember, _get_default_store
 
-    own_rank = dist.get_rank() if rank is None else rank
     return Meeting(_get_default_store(), own_rank, world, group=GroupMember.WORLD)
