@@ -104,6 +104,79 @@ def overrides_that_disagree_with_the_group(rank: int, world_size: int) -> list[s
     return said
 
 
+class _OutlivesItsGroups:
+    """A store whose compatshim records outlive each process group, as torchrun's agent store
+    does (it serves every ``init_process_group`` of a worker); torch's own keys go to a prefix
+    per group (gloo's rendezvous on a reused key space may read the address of the group
+    before, and fail: torch's problem, not the one tested)."""
+
+    def __new__(cls, base: Any, run: int) -> Any:
+        import torch.distributed as dist
+
+        class Store(dist.Store):  # type: ignore[misc]
+            def __init__(self) -> None:
+                super().__init__()
+                self.own = dist.PrefixStore(f"run{run}", base)
+
+            def _to(self, key: str) -> Any:
+                return base if "compatshim/" in key else self.own
+
+            def set(self, key: str, value: Any) -> None:
+                self._to(key).set(key, value)
+
+            def get(self, key: str) -> Any:
+                return self._to(key).get(key)
+
+            def add(self, key: str, value: int) -> int:
+                return int(self._to(key).add(key, value))
+
+            def delete_key(self, key: str) -> bool:
+                return bool(self._to(key).delete_key(key))
+
+            def wait(self, keys: list[str], timeout: Any = None) -> None:
+                for key in keys:
+                    if timeout is None:
+                        self._to(key).wait([key])
+                    else:
+                        self._to(key).wait([key], timeout)
+
+            if hasattr(dist.TCPStore, "check"):  # torch 2.1 has none: compatshim probes by wait
+
+                def check(self, keys: list[str]) -> bool:
+                    return all(self._to(key).check([key]) for key in keys)
+
+        return Store()
+
+
+def reinit_on_a_shared_store(rank: int, world_size: int, runs: int) -> list[str]:
+    """``runs`` process groups one after another on a store that outlives them, rank 1
+    arriving late at each group's first sync point."""
+    import torch.distributed as dist
+
+    port = int(os.environ["MASTER_PORT"])
+    base = dist.TCPStore("127.0.0.1", port, world_size, rank == 0, timedelta(seconds=60))
+    said = []
+    for run in range(runs):
+        store = _OutlivesItsGroups(base, run)  # referenced while torch uses it
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
+        )
+        dist.barrier()
+        if rank == 1:
+            time.sleep(1.0)
+        try:
+            for step in range(2):
+                sync_point(f"run {run} step {step}", timeout=30)
+            said.append("met")
+        except DesyncError as exc:
+            said.append(str(exc).splitlines()[-1])
+        dist.destroy_process_group()
+    base.add("finished", 1)
+    while rank == 0 and int(base.add("finished", 0)) < world_size:  # it hosts the store
+        time.sleep(0.05)
+    return said
+
+
 def one_rank_missing(rank: int, world_size: int, timeout: float) -> dict[str, Any]:
     """Rank 1 never reaches the second sync point (it waits for the report): rank 0 raises
     after ``timeout``."""

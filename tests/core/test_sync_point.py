@@ -109,6 +109,18 @@ def test_rank_that_never_arrives_times_out_with_its_last_place() -> None:
     assert "not all ranks arrived within 3 s" in report
 
 
+def test_a_new_process_group_on_the_same_store_does_not_read_the_last_ones_records() -> None:
+    """destroy_process_group() then init_process_group() on a store that outlives the group
+    (torchrun's agent store): the next group's sync points read the records of the one before
+    (under torchrun rank 0 reported rank 1 'left the process group', its old exit record,
+    while rank 1 was only late; here ranks compared their tag with an arrival from the group
+    before)."""
+    assert run_ranks(workers.reinit_on_a_shared_store, 2, args=(3,), init=False) == [
+        ["met", "met", "met"],
+        ["met", "met", "met"],
+    ]
+
+
 def test_rank_killed_mid_run_is_reported_at_once() -> None:
     outcomes = run_ranks(workers.killed_mid_run, 2, timeout=120, expect_failure=True)
     kind, result = outcomes[0]

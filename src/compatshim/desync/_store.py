@@ -9,6 +9,13 @@ timeout stands in for it (a missing key costs a few milliseconds).
 A record nobody reads any more is deleted (``delete_key``, on every torch store
 since 2.1); a store whose ``delete_key`` fails (a ``Store`` subclass without it)
 keeps it, and is not asked again.
+A store can outlive its process group: torchrun's agent store serves every
+``init_process_group`` of a worker, so after ``destroy_process_group()`` and a new
+``init_process_group()`` the records of the group before are still there (an exit
+record saying the rank left, arrivals under the numbers the new group counts again
+from 1). A meeting of the N-th default group this process meets in therefore keeps
+its records under their own prefix (:func:`_generation_of`), the same on every rank
+that met in the same groups.
 Keys and record shapes: :mod:`._records`.
 """
 
@@ -18,11 +25,12 @@ import contextlib
 import os
 import socket
 import sys
+import threading
 import weakref
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from ._records import Record
+from ._records import PREFIX, Record
 
 _PROBE = timedelta(milliseconds=1)
 R = TypeVar("R", bound=Record)
@@ -32,10 +40,14 @@ _cannot_delete: weakref.WeakSet[Any] = weakref.WeakSet()  # stores whose delete_
 class Meeting:
     """A store plus this process's rank and the world size, reading and writing typed records."""
 
-    def __init__(self, store: Any, rank: int, world_size: int, group: object = None) -> None:
+    def __init__(
+        self, store: Any, rank: int, world_size: int, group: object = None, generation: int = 0
+    ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside a world of size {world_size}")
         self.store = store
+        self.generation = generation  # records under their own prefix past the first group
+        self._space = f"{PREFIX}{generation}/" if generation else PREFIX
         self.rank = rank
         self.world_size = world_size
         self.group = group  # the default process group whose store this is (None: a given store)
@@ -52,8 +64,12 @@ class Meeting:
     def others(self) -> list[int]:
         return [rank for rank in range(self.world_size) if rank != self.rank]
 
+    def _key(self, key: str) -> str:
+        """``key`` (from :class:`~._records.Keys`) under this meeting's generation."""
+        return self._space + key[len(PREFIX) :] if self.generation else key
+
     def put(self, key: str, record: Record) -> None:
-        self.store.set(key, record.to_json())
+        self.store.set(self._key(key), record.to_json())
 
     def drop(self, keys: list[str]) -> None:
         """Delete ``keys``, which no rank reads any more; a store that cannot keeps them."""
@@ -61,21 +77,21 @@ class Meeting:
             return
         try:
             for key in keys:
-                self.store.delete_key(key)
+                self.store.delete_key(self._key(key))
         except Exception:  # no delete_key, or "pure virtual function" (a Store subclass)
             _remember(self.store, _cannot_delete)
 
     def has(self, keys: list[str]) -> bool:
         """Whether every key exists, without blocking."""
         if self._check is not None:
-            return bool(self._check(keys))
+            return bool(self._check([self._key(key) for key in keys]))
         return self.wait(keys, _PROBE.total_seconds())
 
     def wait(self, keys: list[str], seconds: float) -> bool:
         """Whether every key exists within ``seconds``; the one bounded blocking call here
         (a rank leaving waits so, to wake with the others when the last key lands)."""
         try:
-            self.store.wait(keys, timedelta(seconds=seconds))
+            self.store.wait([self._key(key) for key in keys], timedelta(seconds=seconds))
         except RuntimeError as exc:  # "Socket Timeout" (2.1), "wait timeout" (DistStoreError)
             if "timeout" not in str(exc).lower():
                 raise
@@ -91,11 +107,11 @@ class Meeting:
     def get(self, key: str, kind: type[R]) -> R:
         """The record under ``key``, which ``has`` already found: no second probe (on a
         store without ``check``, a probe is a 1 ms wait that a busy machine can miss)."""
-        return kind.from_json(self.store.get(key))
+        return kind.from_json(self.store.get(self._key(key)))
 
     def count(self, key: str, add: int = 0) -> int:
         """Add ``add`` to the counter ``key`` and return its new value (0 to read it)."""
-        return int(self.store.add(key, add))
+        return int(self.store.add(self._key(key), add))
 
 
 def _known(store: Any, stores: weakref.WeakSet[Any]) -> bool:
@@ -109,6 +125,34 @@ def _known(store: Any, stores: weakref.WeakSet[Any]) -> bool:
 def _remember(store: Any, stores: weakref.WeakSet[Any]) -> None:
     with contextlib.suppress(TypeError):  # not weakly referable: it is asked every time
         stores.add(store)
+
+
+_last_group: weakref.ref[Any] | None = None  # the default group the last meeting was for
+_generation = 0
+_generation_lock = threading.Lock()
+
+
+def _generation_of(group: object) -> int:
+    """How many default process groups this process has met in before ``group`` (0, 1, ...).
+
+    Every rank re-initialises together, so a rank that met in the same groups counts the
+    same; the records of a group destroyed before stay where they were, unread.
+    torch's ``threaded`` test backend gives each thread (rank) a group of its own at once:
+    those are one world, not one after another, and always count 0.
+    """
+    global _last_group, _generation
+    import torch.distributed as dist
+
+    with _generation_lock:
+        if _last_group is not None and _last_group() is group:
+            return _generation
+        with contextlib.suppress(Exception):  # a backend name is only a hint here
+            if str(dist.get_backend()) == "threaded":
+                return 0
+        if _last_group is not None:
+            _generation += 1
+        _last_group = weakref.ref(group)
+        return _generation
 
 
 def _is_fake_world() -> bool:
@@ -164,4 +208,7 @@ def default_meeting(
         return None
     from torch.distributed.distributed_c10d import GroupMember, _get_default_store
 
-    return Meeting(_get_default_store(), own_rank, world, group=GroupMember.WORLD)
+    group = GroupMember.WORLD
+    return Meeting(
+        _get_default_store(), own_rank, world, group=group, generation=_generation_of(group)
+    )
