@@ -177,6 +177,21 @@ def reinit_on_a_shared_store(rank: int, world_size: int, runs: int) -> list[str]
     return said
 
 
+def world_sizes_disagree(rank: int, world_size: int) -> dict[str, Any]:
+    """With store=, rank 0 is told a world of 2 and rank 1 a world of 3: rank 0 found both
+    arrivals it waited for and returned; rank 1 waited its timeout for a rank 2."""
+    import torch.distributed as dist
+
+    port = int(os.environ["MASTER_PORT"])
+    store = dist.TCPStore("127.0.0.1", port, world_size, rank == 0, timedelta(seconds=60))
+    told = world_size + rank
+    result = _catch(lambda: sync_point("t", timeout=30, store=store, rank=rank, world_size=told))
+    store.add("finished", 1)
+    while rank == 0 and int(store.add("finished", 0)) < world_size:  # it hosts the store
+        time.sleep(0.05)
+    return result
+
+
 def one_rank_missing(rank: int, world_size: int, timeout: float) -> dict[str, Any]:
     """Rank 1 never reaches the second sync point (it waits for the report): rank 0 raises
     after ``timeout``."""

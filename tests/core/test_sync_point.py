@@ -121,6 +121,17 @@ def test_a_new_process_group_on_the_same_store_does_not_read_the_last_ones_recor
     ]
 
 
+def test_ranks_told_different_world_sizes_raise_on_every_rank() -> None:
+    """store= with world_size=2 on rank 0 and 3 on rank 1: rank 0 returned (both arrivals it
+    waited for were there) and rank 1 waited its whole timeout for a rank 2."""
+    for result in run_ranks(workers.world_sizes_disagree, 2, init=False):
+        assert result["raised"] and result["elapsed"] < 15, result
+        assert (
+            "ranks disagree on the world size: ranks [0] say 2; ranks [1] say 3"
+            in (result["report"])
+        )
+
+
 def test_rank_killed_mid_run_is_reported_at_once() -> None:
     outcomes = run_ranks(workers.killed_mid_run, 2, timeout=120, expect_failure=True)
     kind, result = outcomes[0]

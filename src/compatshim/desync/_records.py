@@ -134,6 +134,7 @@ class Arrival(Record):
     host: str
     time: float
     payload: Any = None  # compared across ranks (``check_module_consistency``: the module)
+    world_size: int | None = None  # the world this rank waits for (None: an older writer)
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,13 @@ def meet(
     try:
         now = time.time()
         arrival = Arrival(
-            tag=tag, stack=stack, pid=os.getpid(), host=meeting.host, time=now, payload=payload
+            tag=tag,
+            stack=stack,
+            pid=os.getpid(),
+            host=meeting.host,
+            time=now,
+            payload=payload,
+            world_size=meeting.world_size,
         )
         meeting.put(Keys.arrival(seq, meeting.rank), arrival)
         meeting.put(Keys.seen(meeting.rank), Seen(op=op, stack=stack, since=now, active=True))
@@ -231,8 +237,23 @@ def _tag_difference(arrivals: dict[int, Arrival]) -> list[str]:
     return []
 
 
+def _world_difference(arrivals: dict[int, Arrival]) -> list[str]:
+    """The line naming which ranks wait for which world size, when they do not agree (with
+    ``store=``, a rank told a smaller world would otherwise pass without the others)."""
+    sizes: dict[int, list[int]] = {}
+    for rank, arrival in sorted(arrivals.items()):
+        if arrival.world_size is not None:
+            sizes.setdefault(arrival.world_size, []).append(rank)
+    if len(sizes) > 1:
+        return [
+            "ranks disagree on the world size: "
+            + "; ".join(f"ranks {rank_list(ranks)} say {size}" for size, ranks in sizes.items())
+        ]
+    return []
+
+
 def _differences(arrivals: dict[int, Arrival], compare: Compare | None) -> list[str]:
-    tags = _tag_difference(arrivals)
+    tags = _world_difference(arrivals) + _tag_difference(arrivals)
     if tags:
         return tags
     if compare is not None:
@@ -272,7 +293,7 @@ def _fail(
             missing.append(rank)
     if missing and not differs:  # those that did arrive may disagree too: name them
         arrived = {rank: info.arrived for rank, info in ranks.items() if info.arrived is not None}
-        differs = _tag_difference(arrived)
+        differs = _world_difference(arrived) + _tag_difference(arrived)
     if missing:
         gone = [r for r in missing if ranks[r].exit is not None or ranks[r].state == "gone"]
         if gone:
