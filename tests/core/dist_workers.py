@@ -192,6 +192,15 @@ def world_sizes_disagree(rank: int, world_size: int) -> dict[str, Any]:
     return result
 
 
+def stops_on_another_ranks_report(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 2 never arrives; rank 0 gives up after 2 s and reports; rank 1 (timeout 60 s) stops
+    waiting on rank 0's report: its own report must not claim it waited 60 s."""
+    if rank == 2:
+        _wait_for_report()
+        return {"raised": False, "elapsed": 0.0}
+    return _catch(lambda: sync_point("all three", timeout=2 if rank == 0 else 60))
+
+
 def one_rank_missing(rank: int, world_size: int, timeout: float) -> dict[str, Any]:
     """Rank 1 never reaches the second sync point (it waits for the report): rank 0 raises
     after ``timeout``."""

@@ -132,6 +132,20 @@ def test_ranks_told_different_world_sizes_raise_on_every_rank() -> None:
         )
 
 
+def test_a_rank_that_stops_on_another_ranks_report_does_not_claim_its_timeout() -> None:
+    """Rank 1 (timeout 60 s) stopped waiting after about 2 s, on rank 0's report, and its
+    own report said 'not all ranks arrived within 60 s'."""
+    first, second, _ = run_ranks(workers.stops_on_another_ranks_report, 3)
+    assert "(not all ranks arrived within 2 s)" in first["report"], first["report"]
+    assert second["raised"] and second["elapsed"] < 30, second
+    assert "within 60 s)" not in second["report"], second["report"]
+    assert (
+        "rank(s) [2] never reached sync point #1 'all three' (this rank stopped waiting when "
+        "another rank reported the ranks out of step)" in second["report"]
+    ), second["report"]
+    assert "rank 0 already reported: " in second["report"]
+
+
 def test_rank_killed_mid_run_is_reported_at_once() -> None:
     outcomes = run_ranks(workers.killed_mid_run, 2, timeout=120, expect_failure=True)
     kind, result = outcomes[0]

@@ -118,7 +118,7 @@ def meet(
             if done:
                 meeting.drop([Keys.arrival(n, meeting.rank) for n in done])
             return {rank: arrivals[rank].payload for rank in arrivals}
-        _fail(meeting, seq, tag, limit, differs, suspects.confirmed, suspects.gone)
+        _fail(meeting, seq, tag, limit, differs, suspects)
     finally:
         TRAIL.syncing -= 1
         TRAIL.leave(crumb)
@@ -183,6 +183,7 @@ def _wait_for_all(
         if now >= next_health:
             next_health = now + HEALTH_EVERY
             if notice_out(meeting):
+                suspects.noticed = True
                 return None
             missing = [r for r in range(meeting.world_size) if not meeting.has([keys[r]])]
             for r in missing:
@@ -207,6 +208,7 @@ class _Suspects:
         self._seen: dict[int, tuple[int, float, set[float]]] = {}
         self.confirmed: list[int] = []
         self.gone: dict[int, ExitRecord] = {}  # ranks the wait saw end, and why
+        self.noticed = False  # the wait ended on another rank's report, not on the timeout
 
     def blocked(self, meeting: Meeting, rank: int) -> bool:
         beat = meeting.read(Keys.heartbeat(rank), Heartbeat)
@@ -279,11 +281,11 @@ def _fail(
     tag: str,
     limit: float,
     differs: list[str],
-    blocked: list[int],
-    seen_gone: dict[int, ExitRecord],
+    suspects: _Suspects,
 ) -> NoReturn:
     ranks = _liveness.describe_all(meeting)
-    for rank, record in seen_gone.items():  # what the wait saw stands if a re-read misses it
+    blocked = suspects.confirmed
+    for rank, record in suspects.gone.items():  # what the wait saw stands if a re-read misses it
         if rank in ranks and ranks[rank].exit is None:
             ranks[rank].exit, ranks[rank].state = record, "gone"
     missing: list[int] = []
@@ -303,6 +305,8 @@ def _fail(
                 f"rank(s) {rank_list(blocked)} wait in a collective that cannot complete while "
                 f"rank {meeting.rank} waits here: a dead lock"
             )
+        elif suspects.noticed:  # it waited less than the timeout: say why it stopped
+            why = "this rank stopped waiting when another rank reported the ranks out of step"
         else:
             why = f"not all ranks arrived within {limit:g} s"
         differs = [
