@@ -289,6 +289,31 @@ def watchdog_collective_hang(
     return "not reached"
 
 
+def caught_then_a_new_group_hangs(rank: int, world_size: int, report_dir: str) -> str:
+    """Both ranks raise and catch a DesyncError, destroy the group and make a new one (a
+    FileStore under ``report_dir``); there rank 1's watchdog fires while rank 0 waits in a
+    barrier: rank 0 must end on rank 1's report, as in a first group."""
+    import sys
+    import threading
+
+    import torch.distributed as dist
+
+    from compatshim.dist import watchdog
+
+    _catch(lambda: sync_point("eval" if rank == 0 else "train", timeout=20))
+    dist.destroy_process_group()
+    sys.stderr = open(os.path.join(report_dir, f"rank{rank}.txt"), "w")  # noqa: SIM115
+    init = f"file://{os.path.join(report_dir, 'store')}"
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
+    watchdog(60.0 if rank == 0 else 3.0)
+    sync_point("armed", timeout=30)
+    if rank == 0:
+        dist.barrier()
+    else:
+        threading.Event().wait()
+    return "not reached"
+
+
 def _leftovers() -> tuple[object, int, set[str]]:
     """sys.excepthook, compatshim's atexit handlers still registered, thread names."""
     import atexit

@@ -225,6 +225,21 @@ def test_watchdog_report_ends_a_rank_blocked_in_a_collective(tmp_path: Path) -> 
     assert "Connection closed" not in rank0
 
 
+def test_a_rank_that_caught_a_desync_answers_the_reports_of_a_later_group(
+    tmp_path: Path,
+) -> None:
+    """After a caught DesyncError, destroy_process_group() and a new group, rank 0 ignored
+    every report of the new group (it had 'raised one itself'): blocked in a barrier, it was
+    not ended by rank 1's watchdog report and died of gloo's 'Connection closed by peer'."""
+    outcomes = run_ranks(
+        workers.caught_then_a_new_group_hangs, 2, args=(str(tmp_path),), expect_failure=True
+    )
+    rank0 = (tmp_path / "rank0.txt").read_text()
+    assert outcomes == [("exit", 70), ("exit", 70)], (outcomes, rank0)
+    assert rank0.startswith(HEADLINE + "rank 1's main thread has not moved for"), rank0
+    assert "This rank (0, " in rank0 and "received rank 1's report and ends now" in rank0
+
+
 def test_watchdog_sees_a_loop_that_calls_one_helper_move() -> None:
     """Each step one long call in the same helper, 4 steps per timeout, 3 timeouts long: no
     report (a sample of the main thread's frame and line took each call for the last one)."""

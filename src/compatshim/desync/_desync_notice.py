@@ -10,13 +10,16 @@ ends at once. Such a rank may be blocked in a collective compatshim does not
 watch, and would otherwise die of gloo's "Connection closed by peer" when the
 reporter leaves. A rank that has raised a DesyncError itself is left alone, and
 its later sync points ignore the notice: the store holds one notice per run,
-the one about what that rank has reported (and may have caught, to go on).
+the one about what that rank has reported (and may have caught, to go on). A
+run is one process group (or one store given as ``store=``): a group created
+after the one it reported in is answered like any other.
 """
 
 from __future__ import annotations
 
 import time
-from typing import NoReturn
+import weakref
+from typing import Callable, NoReturn
 
 from . import _liveness
 from ._ending import EXIT_CODE
@@ -35,6 +38,7 @@ ACK_WAIT = 1.5  # seconds the reporter waits for the others to acknowledge
 REPORTER_WAIT = 3.0  # seconds a rank ending on a notice lets the reporter finish printing
 
 _raised_here = False
+_raised_run: Callable[[], object] | None = None  # the run (group, or given store) it was in
 
 
 def raised_here() -> bool:
@@ -42,9 +46,24 @@ def raised_here() -> bool:
     return _raised_here
 
 
+def _run_of(meeting: Meeting) -> object:
+    return meeting.group if meeting.group is not None else meeting.store
+
+
+def _held(run: object) -> Callable[[], object]:
+    return lambda: run
+
+
+def raised_in(meeting: Meeting) -> bool:
+    """Whether this process has reported ranks out of step in the run of ``meeting``: a
+    process group created after the one it reported in (destroy, then init again) is a run
+    of its own, whose notices it answers."""
+    return _raised_run is not None and _raised_run() is _run_of(meeting)
+
+
 def notice_out(meeting: Meeting) -> bool:
     """Another rank's desync notice is out, about something this rank has not raised itself."""
-    return not _raised_here and meeting.has([Keys.desync()])
+    return not raised_in(meeting) and meeting.has([Keys.desync()])
 
 
 def announce(
@@ -54,8 +73,13 @@ def announce(
 
     ``ends_run``: this rank ends its process after the report; so does every other rank.
     """
-    global _raised_here
+    global _raised_here, _raised_run
     _raised_here = True
+    run = _run_of(meeting)
+    try:
+        _raised_run = weakref.ref(run)
+    except TypeError:  # not weakly referable: held for as long as this process lives
+        _raised_run = _held(run)
     try:
         if not meeting.has([Keys.desync()]):
             notice = DesyncNotice(
@@ -115,7 +139,7 @@ class AnswerDesync(Watch):
         if not meeting.has([Keys.desync()]):
             return
         meeting.put(Keys.ack(meeting.rank), Ack(time=now))
-        if TRAIL.syncing or _raised_here:
+        if TRAIL.syncing or raised_in(meeting):
             return  # the sync point raises DesyncError itself, or this rank has raised one
         notice = meeting.read(Keys.desync(), DesyncNotice)
         if notice is None or notice.reporter == meeting.rank:
