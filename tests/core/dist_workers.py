@@ -219,6 +219,20 @@ def killed_mid_run(rank: int, world_size: int) -> dict[str, Any]:
     return _catch(lambda: sync_point("second", timeout=60))
 
 
+def store_host_dies(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 0, which hosts the TCPStore, ends (os._exit) while rank 1 waits at a sync point."""
+    sync_point("first", timeout=30)
+    if rank == 0:
+        time.sleep(1.0)  # rank 1 is waiting by then
+        os._exit(3)
+    start = time.monotonic()
+    try:
+        sync_point("second", timeout=60)
+    except Exception as exc:
+        return {"error": type(exc).__name__, "text": str(exc), "elapsed": time.monotonic() - start}
+    return {"error": None}
+
+
 def exits_early(rank: int, world_size: int) -> dict[str, Any]:
     """Rank 1 returns (its process ends normally) while rank 0 goes on to another sync point."""
     sync_point("first", timeout=30)

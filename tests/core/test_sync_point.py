@@ -155,6 +155,20 @@ def test_rank_killed_mid_run_is_reported_at_once() -> None:
     assert "is gone (killed or crashed" in result["report"]
 
 
+def test_a_rank_that_loses_the_store_raises_a_desync_error() -> None:
+    """Rank 0 (the TCPStore's host) ends while rank 1 waits at a sync point: rank 1 got torch's
+    raw DistNetworkError ('Connection reset by peer'), naming neither rank nor sync point."""
+    outcomes = run_ranks(workers.store_host_dies, 2, expect_failure=True)
+    assert outcomes[0] == ("exit", 3), outcomes
+    kind, result = outcomes[1]
+    assert kind == "ok" and result["error"] == "DesyncError", outcomes
+    assert result["text"].startswith(
+        "rank 1 lost the process group's store while waiting at sync point #2 'second' "
+        "(world size 2): "
+    ), result
+    assert "rank 0" in result["text"] and result["elapsed"] < 30, result
+
+
 def test_rank_that_exits_is_reported_with_its_exit() -> None:
     results = run_ranks(workers.exits_early, 2, timeout=120)
     report = results[0]["report"]

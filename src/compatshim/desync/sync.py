@@ -28,7 +28,7 @@ from ._records import Arrival, DesyncNotice, ExitRecord, Heartbeat, Keys, Seen
 from ._sites import user_frames
 from ._store import Meeting, default_meeting
 from ._trail import TRAIL
-from .desync_report import DesyncError, build_report, rank_list
+from .desync_report import DesyncError, build_report, rank_list, titled
 from .monitor import ensure_monitor
 
 Compare = Callable[[dict[int, Any]], list[str]]
@@ -108,10 +108,13 @@ def meet(
             payload=payload,
             world_size=meeting.world_size,
         )
-        meeting.put(Keys.arrival(seq, meeting.rank), arrival)
-        meeting.put(Keys.seen(meeting.rank), Seen(op=op, stack=stack, since=now, active=True))
         suspects = _Suspects()
-        arrivals = _wait_for_all(meeting, seq, limit, suspects)
+        try:
+            meeting.put(Keys.arrival(seq, meeting.rank), arrival)
+            meeting.put(Keys.seen(meeting.rank), Seen(op=op, stack=stack, since=now, active=True))
+            arrivals = _wait_for_all(meeting, seq, limit, suspects)
+        except RuntimeError as exc:  # torch's store errors (DistNetworkError, ...) are these
+            _store_lost(meeting, seq, tag, exc)
         differs = _differences(arrivals, compare) if arrivals is not None else []
         if arrivals is not None and not differs:
             done = settle(identity, seq)
@@ -261,6 +264,18 @@ def _differences(arrivals: dict[int, Arrival], compare: Compare | None) -> list[
     if compare is not None:
         return compare({rank: arrival.payload for rank, arrival in arrivals.items()})
     return []
+
+
+def _store_lost(meeting: Meeting, seq: int, tag: str, exc: RuntimeError) -> NoReturn:
+    """The store stopped answering while this rank waited: its host has most likely ended."""
+    raise DesyncError(
+        titled(
+            f"rank {meeting.rank} lost the process group's store while waiting at sync point "
+            f"#{seq} {tag!r} (world size {meeting.world_size}): {type(exc).__name__}: {exc}. "
+            "The process that hosts the store (rank 0, or the launcher's agent under "
+            "torchrun) has most likely ended: its own error or exit comes first in the logs."
+        )
+    ) from exc
 
 
 def _gone_words(gone: list[int], ranks: dict[int, RankState]) -> str:
