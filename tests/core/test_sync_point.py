@@ -169,6 +169,59 @@ def test_a_rank_that_loses_the_store_raises_a_desync_error() -> None:
     assert "rank 0" in result["text"] and result["elapsed"] < 30, result
 
 
+_LATE_RANK = """
+import os, sys, time
+from datetime import timedelta
+import torch.distributed as dist
+from compatshim.dist import DesyncError, sync_point
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+sync_point("first", timeout=30)
+if rank == 1:
+    time.sleep(3)  # late, and alive
+try:
+    sync_point("second", timeout=30)
+    print("met", os.getpid())
+except DesyncError as exc:
+    print(exc.report)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(200)
+def test_a_late_rank_in_another_pid_namespace_is_not_taken_for_dead() -> None:
+    """Ranks that share a hostname but not a PID namespace (docker --network=host, Kubernetes
+    hostNetwork pods): rank 0 looked rank 1's pid up in its own namespace, did not find it
+    and reported rank 1 'gone (killed or crashed)' while it was 3 s late. Rank 1 runs under
+    ``unshare --pid`` with a pid that no process here has."""
+    import shutil
+
+    from tests.harness.dist import free_port
+
+    unshare = shutil.which("unshare")
+    probe = [unshare, "--pid", "--fork", "--mount-proc", "true"] if unshare else None
+    if probe is None or subprocess.run(probe, capture_output=True, timeout=30).returncode:
+        pytest.skip("needs unshare --pid --mount-proc (root, Linux)")
+    here = {int(name) for name in os.listdir("/proc") if name.isdigit()}
+    wanted = next(pid for pid in range(4, 10_000) if pid not in here)
+    # in the new namespace: sh is 1, seq 2, each /bin/true one more, python the next
+    spawn = f'for i in $(seq 1 {wanted - 3}); do /bin/true; done; {sys.executable} -c "$0"'
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    env["WORLD_SIZE"] = "2"
+    ranks = [
+        subprocess.Popen(command, env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE, text=True)
+        for rank, command in enumerate(
+            [
+                [sys.executable, "-c", _LATE_RANK],
+                [*probe[:-1], "sh", "-c", spawn, _LATE_RANK],
+            ]
+        )
+    ]
+    said = [rank.communicate(timeout=150)[0] for rank in ranks]
+    assert said[1].strip() == f"met {wanted}", said  # the pid nobody here has
+    assert said[0].startswith("met "), said[0]
+
+
 def test_rank_that_exits_is_reported_with_its_exit() -> None:
     results = run_ranks(workers.exits_early, 2, timeout=120)
     report = results[0]["report"]

@@ -3,23 +3,21 @@
 A rank's monitor writes a heartbeat (time, pid, host) every half second and an
 exit record at interpreter exit; Lightning's launcher process also records the
 exit code of each child it started. A process killed outright leaves no exit
-record, so on the same host its pid is checked directly.
+record, so on the same host (and PID namespace: ``_store.HOST``) its pid is
+checked directly.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import time
 from dataclasses import dataclass
 from typing import Literal
 
 from ._records import Arrival, ExitRecord, Heartbeat, Keys, Seen
-from ._store import Meeting
+from ._store import HOST, Meeting
 
 SILENT_AFTER = 5.0  # seconds without heartbeat before a rank counts as silent
-
-_host = socket.gethostname()
 
 State = Literal["alive", "gone", "silent"]
 
@@ -52,8 +50,9 @@ def pid_alive(pid: int) -> bool:
 
 
 def _local_pid_gone(beat: Heartbeat | None) -> bool:
-    """The heartbeat names a process on this host (not this one) that no longer runs."""
-    if beat is None or beat.host != _host or not beat.pid or beat.pid == os.getpid():
+    """The heartbeat names a process on this host and PID namespace (not this one) that no
+    longer runs."""
+    if beat is None or beat.host != HOST or not beat.pid or beat.pid == os.getpid():
         return False
     return not pid_alive(int(beat.pid))
 

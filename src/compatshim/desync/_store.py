@@ -51,7 +51,7 @@ class Meeting:
         self.rank = rank
         self.world_size = world_size
         self.group = group  # the default process group whose store this is (None: a given store)
-        self.host = socket.gethostname()
+        self.host = HOST
         self._check = getattr(store, "check", None)
 
     def group_alive(self) -> bool:
@@ -112,6 +112,23 @@ class Meeting:
     def count(self, key: str, add: int = 0) -> int:
         """Add ``add`` to the counter ``key`` and return its new value (0 to read it)."""
         return int(self.store.add(self._key(key), add))
+
+
+def _pid_host() -> str:
+    """This host as far as pids go: its name, and its PID namespace where it has one.
+
+    Containers that share a hostname (``docker --network=host``, Kubernetes ``hostNetwork``
+    pods: one per GPU is common) each number their processes apart; a pid from another
+    cannot be looked up here, and a rank merely late there would be taken for dead.
+    """
+    name = socket.gethostname()
+    try:
+        return f"{name} (pid namespace {os.stat('/proc/self/ns/pid').st_ino})"
+    except OSError:  # no /proc (macOS): the hostname alone
+        return name
+
+
+HOST = _pid_host()
 
 
 def _known(store: Any, stores: weakref.WeakSet[Any]) -> bool:
