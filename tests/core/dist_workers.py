@@ -328,6 +328,33 @@ def caught_then_a_new_group_hangs(rank: int, world_size: int, report_dir: str) -
     return "not reached"
 
 
+def report_mode_store_keys(rank: int, world_size: int, seconds: float) -> dict[str, int]:
+    """watchdog(1, action="report") while both ranks sit in one long call for ``seconds``:
+    a report about every second; the store's key count before and after."""
+    import io
+    import sys
+
+    import torch.distributed as dist
+
+    from compatshim.dist import watchdog
+
+    store = dist.distributed_c10d._get_default_store()
+    sys.stderr = io.StringIO()
+    with watchdog(1.0, action="report"):
+        sync_point("armed", timeout=30)
+        dist.barrier()
+        before = int(store.num_keys())
+        time.sleep(seconds)  # one call that does not return for a while: reported, not ended
+        dist.barrier()
+        after = int(store.num_keys())
+    reports = sys.stderr.getvalue().count(HEADLINE)
+    sys.stderr = sys.__stderr__
+    return {"before": before, "after": after, "reports": reports}
+
+
+HEADLINE = "compatshim.dist.DesyncError: "
+
+
 def _leftovers() -> tuple[object, int, set[str]]:
     """sys.excepthook, compatshim's atexit handlers still registered, thread names."""
     import atexit

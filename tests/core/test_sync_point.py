@@ -307,6 +307,15 @@ def test_a_rank_that_caught_a_desync_answers_the_reports_of_a_later_group(
     assert "This rank (0, " in rank0 and "received rank 1's report and ends now" in rank0
 
 
+def test_a_reporting_watchdog_does_not_pile_stacks_up_in_the_store() -> None:
+    """watchdog(action="report") reports again every timeout while a rank stays still, and
+    every report left each rank's stacks in rank 0's store: 37 keys more after 12 s at a 1 s
+    timeout on 2 ranks (world size squared per timeout, for as long as it lasts)."""
+    for result in run_ranks(workers.report_mode_store_keys, 2, args=(6.0,)):
+        assert result["reports"] >= 2, result
+        assert result["after"] - result["before"] <= 3, result  # the request counter, a late one
+
+
 def test_watchdog_sees_a_loop_that_calls_one_helper_move() -> None:
     """Each step one long call in the same helper, 4 steps per timeout, 3 timeouts long: no
     report (a sample of the main thread's frame and line took each call for the last one)."""

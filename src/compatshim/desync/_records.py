@@ -21,7 +21,8 @@ key              record                 written by
 
 ``sp/N/R`` is the only key written again and again: rank R deletes it once every
 rank has arrived at a later sync point (nobody reads it any more), so the store
-holds at most about three per rank. ``stack/N/R`` is written only for a hang report.
+holds at most about three per rank. ``stack/N/R`` is written only for a hang report, and
+deleted by the rank that asked once it has read them (an answer later than its wait stays).
 """
 
 from __future__ import annotations

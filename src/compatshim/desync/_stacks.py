@@ -83,6 +83,9 @@ def _gather(meeting: Meeting, own: str, answering: AnswerStackRequests) -> dict[
             elif _liveness.is_gone(meeting, rank):
                 others.remove(rank)
         time.sleep(0.1)
+    # only the asking rank reads them: a watchdog with action="report" asks again every
+    # timeout while a rank stays still, and the store would keep every rank's stacks each time
+    meeting.drop([Keys.stacks(number, rank) for rank in range(meeting.world_size)])
     return stacks
 
 
