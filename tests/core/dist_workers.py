@@ -336,6 +336,7 @@ def report_mode_store_keys(rank: int, world_size: int, seconds: float) -> dict[s
 
     import torch.distributed as dist
 
+    from compatshim.desync import _stacks
     from compatshim.dist import watchdog
 
     store = dist.distributed_c10d._get_default_store()
@@ -345,8 +346,9 @@ def report_mode_store_keys(rank: int, world_size: int, seconds: float) -> dict[s
         dist.barrier()
         before = int(store.num_keys())
         time.sleep(seconds)  # one call that does not return for a while: reported, not ended
-        dist.barrier()
-        after = int(store.num_keys())
+    time.sleep(_stacks.STACKS_WAIT + 1.0)  # a report still gathering when the watch stopped
+    dist.barrier()
+    after = int(store.num_keys())
     reports = sys.stderr.getvalue().count(HEADLINE)
     sys.stderr = sys.__stderr__
     return {"before": before, "after": after, "reports": reports}

@@ -313,7 +313,7 @@ def test_a_reporting_watchdog_does_not_pile_stacks_up_in_the_store() -> None:
     timeout on 2 ranks (world size squared per timeout, for as long as it lasts)."""
     for result in run_ranks(workers.report_mode_store_keys, 2, args=(6.0,)):
         assert result["reports"] >= 2, result
-        assert result["after"] - result["before"] <= 3, result  # the request counter, a late one
+        assert result["after"] - result["before"] <= 2, result  # the request counter, a late one
 
 
 def test_watchdog_sees_a_loop_that_calls_one_helper_move() -> None:
