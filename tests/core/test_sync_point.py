@@ -199,9 +199,9 @@ def test_a_late_rank_in_another_pid_namespace_is_not_taken_for_dead() -> None:
     from tests.harness.dist import free_port
 
     unshare = shutil.which("unshare")
-    probe = [unshare, "--pid", "--fork", "--mount-proc", "true"] if unshare else None
+    probe = [unshare, "--pid", "--kill-child", "--mount-proc", "true"] if unshare else None
     if probe is None or subprocess.run(probe, capture_output=True, timeout=30).returncode:
-        pytest.skip("needs unshare --pid --mount-proc (root, Linux)")
+        pytest.skip("needs unshare --pid --kill-child --mount-proc (root, Linux)")
     here = {int(name) for name in os.listdir("/proc") if name.isdigit()}
     wanted = next(pid for pid in range(4, 10_000) if pid not in here)
     # in the new namespace: sh is 1, seq 2, each /bin/true one more, python the next
@@ -217,7 +217,12 @@ def test_a_late_rank_in_another_pid_namespace_is_not_taken_for_dead() -> None:
             ]
         )
     ]
-    said = [rank.communicate(timeout=150)[0] for rank in ranks]
+    try:
+        said = [rank.communicate(timeout=150)[0] for rank in ranks]
+    finally:  # nothing left running if a rank hangs
+        for rank in ranks:
+            rank.kill()
+            rank.wait(timeout=30)
     assert said[1].strip() == f"met {wanted}", said  # the pid nobody here has
     assert said[0].startswith("met "), said[0]
 
