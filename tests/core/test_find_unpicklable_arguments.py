@@ -31,9 +31,10 @@ def test_a_negative_protocol_is_the_highest_as_for_pickle(protocol: int) -> None
 
 @pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
 def test_every_protocol_pickle_knows_gets_pickles_own_verdict(protocol: int) -> None:
-    """From protocol 2 pickle refuses the lock; below, up to Python 3.12, copyreg reduces it
-    to its class, which pickle then cannot find by name (what a negative protocol used to
-    report); from 3.13 copyreg refuses the lock itself ("cannot pickle 'lock' object")."""
+    """From protocol 2 pickle refuses the lock; below, copyreg reduces it to its class, which
+    pickle then cannot find by name (what a negative protocol used to report), on CPython
+    3.11.7 and 3.12.1 here; 3.9.18, 3.13.0, 3.14 and 3.15 refuse the lock itself ("cannot
+    pickle 'lock' object")."""
     with pytest.raises(Exception) as refused:
         pickle.dumps(_graph(), protocol)
     (finding,) = find_unpicklable(_graph(), protocol=protocol)
