@@ -45,6 +45,7 @@ from compatshim.cli import main as cli  # noqa: E402
 from tests.checkpoint.dcp_kit import shared_lists  # noqa: E402
 from tests.dcpresume.optim_job import dcp_kwargs, one_rank_group  # noqa: E402
 from tests.dcpresume.test_optim_releases import RUNNING, _refused_by_torch  # noqa: E402
+from tests.harness.dtypes import saves  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[2]
@@ -720,15 +721,6 @@ def test_a_data_file_name_no_file_system_holds_is_damage_not_a_crash(tmp_path: P
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
 
 
-def _saves_uint16() -> bool:
-    """torch 2.3 and 2.4 have ``torch.uint16`` but their ``torch.save`` refuses it."""
-    try:
-        torch.save(torch.zeros(1, dtype=torch.uint16), io.BytesIO())
-    except (AttributeError, KeyError):
-        return False
-    return True
-
-
 def test_keys_from_the_folder_reach_the_terminal_escaped(
     tmp_path: Path, capsys: Any, monkeypatch: Any
 ) -> None:
@@ -739,7 +731,7 @@ def test_keys_from_the_folder_reach_the_terminal_escaped(
     src = tmp_path / "src"
     state = {"w": torch.ones(2), "k" + forged: torch.zeros(3), "n" + forged: 7,
              "cfg": {"a" + forged: 1}}  # fmt: skip
-    if _saves_uint16():  # a dtype torch 2.2 lacks: the rewrite for 2.2 names the key
+    if saves("uint16"):  # a dtype torch 2.2 lacks: the rewrite for 2.2 names the key
         state["u" + forged] = torch.zeros(3, dtype=torch.uint16)
     dcp.save(state, **dcp_kwargs(src, save=True))
     (tmp_path / "forged_state.py").write_text(
@@ -755,5 +747,5 @@ def test_keys_from_the_folder_reach_the_terminal_escaped(
     for text in (out.out, out.err):
         assert not any(char in text for char in "\x1b\r\x07\u202e"), text
     assert "WOULD FAIL" in out.out and "k\\x1b[3F\\x1b[J\\x0d\\x07\\u202e" in out.out
-    if _saves_uint16():
+    if saves("uint16"):
         assert "u\\x1b[3F" in out.err

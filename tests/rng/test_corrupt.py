@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import compatshim.rng as rng
 from compatshim.rng import devices
+from tests.harness.dtypes import saves
 from tests.rng.workers import draws
 
 BASE = rng.capture()
@@ -273,7 +274,7 @@ def test_a_quantized_word_tensor_is_refused() -> None:
         rng.restore(mutate(BASE, ("numpy", "key"), "replace", words))
 
 
-@pytest.mark.skipif(not hasattr(torch, "uint32"), reason="torch < 2.3 has no uint32 tensors")
+@pytest.mark.skipif(not saves("uint32"), reason="this torch cannot torch.save uint32 tensors")
 def test_a_transformers_numpy_key_from_torch_from_numpy_loads(tmp_path: Path) -> None:
     """The realistic case: numpy's uint32 key turned into a tensor before torch.save."""
     import random
