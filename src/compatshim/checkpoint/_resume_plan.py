@@ -148,6 +148,7 @@ def plan_resume(
         if file in damaged:
             held[item.index["fqn"]] = _UNREAD, ""
     read_whole: dict[str, dict[str, tuple[Any, ...]]] = {}  # top -> items planned whole: routes
+    under: set[str] = set()  # every path with entries below it, made at the first key missing
     for fqn, value in flat.items():
         if fqn in saved.entries:
             asked.add(fqn)
@@ -177,7 +178,7 @@ def plan_resume(
         parent = fqn.rpartition(".")[0]
         fill = (
             _fill(fqn, owners.get(top), value, partial(_saved_at, saved, parent, held))
-            if top in owners and _holds(saved, parent, held)  # no fill in a group it lacks
+            if top in owners and _holds(saved, parent, held, under)  # none in a group it lacks
             else None
         )
         if prefix is not None and top in owners:
@@ -328,10 +329,16 @@ def _whole_prefix(fqn: str, saved: Folder) -> str | None:
     return None
 
 
-def _holds(saved: Folder, path: str, held: dict[str, tuple[Any, str]]) -> bool:
+def _holds(saved: Folder, path: str, held: dict[str, tuple[Any, str]], under: set[str]) -> bool:
     """Whether the checkpoint holds a state at ``path``: entries under it (torch 2.3+), or
-    the whole item that holds it (2.2) has it."""
-    if saved.entries.get(path, 0) is None or any(e.startswith(f"{path}.") for e in saved.entries):
+    the whole item that holds it (2.2) has it. ``under``: the paths with entries below them,
+    filled here once (a missing key is rare; a wrong folder misses thousands)."""
+    if not under:
+        for entry in saved.entries:
+            parts = entry.split(".")
+            under.update(".".join(parts[:depth]) for depth in range(1, len(parts)))
+        under.add("")  # not empty any more: made
+    if saved.entries.get(path, 0) is None or path in under:
         return True
     prefix = _whole_prefix(path, saved)
     return prefix is not None and _inside(saved, prefix, path, held)
