@@ -128,7 +128,7 @@ def _plan(
     return _OBJECT, tuple(slots)
 
 
-def _find_handles(root: Any, handle_types: tuple[type, ...], shared_ids: set[int]) -> list[Any]:
+def _find_handles(root: Any, handle_types: tuple[type, ...]) -> list[Any]:
     """Handles reachable the way ``deepcopy`` descends: containers, ``__dict__``, slots."""
     tensor_type = _resolve("torch.Tensor")
     plans: dict[type, tuple[int, tuple[str, ...]]] = {}
@@ -143,13 +143,13 @@ def _find_handles(root: Any, handle_types: tuple[type, ...], shared_ids: set[int
         if plan is None:
             plan = plans[cls] = _plan(cls, handle_types, tensor_type)
         kind = plan[0]
-        if kind == _LEAF and not shared_ids:
+        if kind == _LEAF:
             continue
         key = id(obj)
         if key in seen:
             continue
         seen.add(key)
-        if kind == _HANDLE or key in shared_ids:
+        if kind == _HANDLE:
             found.append(obj)
         elif kind == _MAPPING:
             extend(obj)
@@ -187,9 +187,8 @@ def clone_module(module: M, *, share: Iterable[Any] = ()) -> M:
         raise TypeError(f"clone_module: share= takes objects or types to share, got {short(share)}")
     extra = list(share)
     handle_types = shared_handle_types() + tuple(x for x in extra if isinstance(x, type))
-    shared_ids = {id(x) for x in extra if not isinstance(x, type)}
     memo: dict[int, Any] = {id(x): x for x in extra if not isinstance(x, type)}  # wherever
-    for handle in _find_handles(module, handle_types, shared_ids):
+    for handle in _find_handles(module, handle_types):
         memo[id(handle)] = handle
     try:
         return copy.deepcopy(module, memo)

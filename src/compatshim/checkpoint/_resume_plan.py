@@ -199,6 +199,7 @@ def plan_resume(
             missing.append(fqn)
     for top, items in read_whole.items():
         done, why, other = _adapted(top, template[top], items, owners[top], saved, held)
+        # _adapt decided what it fills: _fill only words each (no saved state to ask)
         filled += [_fill(path, owners[top], None, dict) or (path, None) for path in done]
         if why:
             missing.append(why)
@@ -367,14 +368,12 @@ def _saved_at(saved: Folder, path: str, held: dict[str, tuple[Any, str]]) -> Any
     """The saved state at ``path`` (a dict, or None): inside the whole item that holds it
     (torch 2.2), else its entries (2.3+), each non-tensor one read; an entry deeper down
     stands as its first key."""
-    parts = path.split(".")
-    for depth in range(1, len(parts) + 1):
-        prefix = ".".join(parts[:depth])
-        if prefix in saved.entries and saved.entries[prefix] is None:
-            node = _item(saved, prefix, held)[0]
-            for part in parts[depth:]:
-                node = node.get(part) if isinstance(node, dict) else None
-            return node
+    prefix = path if saved.entries.get(path, 0) is None else _whole_prefix(path, saved)
+    if prefix is not None:
+        node = _item(saved, prefix, held)[0]
+        for part in path[len(prefix) + 1 :].split(".") if path != prefix else ():
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
     found: dict[str, Any] = {}
     for entry, kind in saved.entries.items():
         if entry.startswith(f"{path}."):

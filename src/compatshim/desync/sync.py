@@ -229,36 +229,34 @@ class _Suspects:
         return False
 
 
-def _tag_difference(arrivals: dict[int, Arrival]) -> list[str]:
-    """The line naming which ranks are at which sync point, when they are not all at one."""
-    tags: dict[str, list[int]] = {}
+def _split(arrivals: dict[int, Arrival], field: str, head: str, verb: str) -> list[str]:
+    """The line naming which ranks hold which ``field`` of their arrival, when they do not
+    all hold one (None: an older writer, not counted)."""
+    groups: dict[Any, list[int]] = {}
     for rank, arrival in sorted(arrivals.items()):
-        tags.setdefault(arrival.tag, []).append(rank)
-    if len(tags) > 1:
+        value = getattr(arrival, field)
+        if value is not None:
+            groups.setdefault(value, []).append(rank)
+    if len(groups) > 1:
         return [
-            "ranks are at different sync points: "
-            + "; ".join(f"ranks {rank_list(ranks)} at {tag!r}" for tag, ranks in tags.items())
+            head
+            + "; ".join(
+                f"ranks {rank_list(ranks)} {verb} {value!r}" for value, ranks in groups.items()
+            )
         ]
     return []
 
 
-def _world_difference(arrivals: dict[int, Arrival]) -> list[str]:
-    """The line naming which ranks wait for which world size, when they do not agree (with
-    ``store=``, a rank told a smaller world would otherwise pass without the others)."""
-    sizes: dict[int, list[int]] = {}
-    for rank, arrival in sorted(arrivals.items()):
-        if arrival.world_size is not None:
-            sizes.setdefault(arrival.world_size, []).append(rank)
-    if len(sizes) > 1:
-        return [
-            "ranks disagree on the world size: "
-            + "; ".join(f"ranks {rank_list(ranks)} say {size}" for size, ranks in sizes.items())
-        ]
-    return []
+def _disagreements(arrivals: dict[int, Arrival]) -> list[str]:
+    """Which ranks wait for which world size (with ``store=``, a rank told a smaller world
+    would otherwise pass without the others), and which are at which sync point."""
+    return _split(arrivals, "world_size", "ranks disagree on the world size: ", "say") + _split(
+        arrivals, "tag", "ranks are at different sync points: ", "at"
+    )
 
 
 def _differences(arrivals: dict[int, Arrival], compare: Compare | None) -> list[str]:
-    tags = _world_difference(arrivals) + _tag_difference(arrivals)
+    tags = _disagreements(arrivals)
     if tags:
         return tags
     if compare is not None:
@@ -310,7 +308,7 @@ def _fail(
             missing.append(rank)
     if missing and not differs:  # those that did arrive may disagree too: name them
         arrived = {rank: info.arrived for rank, info in ranks.items() if info.arrived is not None}
-        differs = _world_difference(arrived) + _tag_difference(arrived)
+        differs = _disagreements(arrived)
     if missing:
         gone = [r for r in missing if ranks[r].exit is not None or ranks[r].state == "gone"]
         if gone:

@@ -211,6 +211,11 @@ def is_excluded(name: str, exclude: Iterable[str]) -> bool:
     return any(name == pattern or fnmatch.fnmatchcase(name, pattern) for pattern in exclude)
 
 
+def _excluded(name: str, exclude: Iterable[str]) -> bool:
+    """``name`` or its canonical form (wrapper prefixes dropped) is excluded."""
+    return is_excluded(name, exclude) or is_excluded(canonical(name), exclude)
+
+
 def is_dtensor(tensor: Any) -> bool:
     """FSDP2 / DTensor parameter (duck-typed: compatshim never imports it to ask)."""
     return hasattr(tensor, "to_local") and hasattr(tensor, "placements")
@@ -280,7 +285,7 @@ def walk(
     watched: list[Tensor] = []
     follows: dict[int, tuple[str, Tensor]] = {}  # id(EMA param) -> (EMA name, its source)
     for raw_name, param in model.named_parameters(remove_duplicate=False):
-        if is_excluded(raw_name, exclude) or is_excluded(canonical(raw_name), exclude):
+        if _excluded(raw_name, exclude):
             continue
         watched.append(param)
         if param.requires_grad:
@@ -335,10 +340,10 @@ def half_tied_excludes(exclude: tuple[str, ...], model: torch.nn.Module) -> list
         names.setdefault(id(param), []).append(name)
     out = []
     for group in names.values():
-        out_ = [n for n in group if is_excluded(n, exclude) or is_excluded(canonical(n), exclude)]
-        kept = [n for n in group if n not in out_]
-        if out_ and kept:
-            out.append((out_[0], kept[0]))
+        left_out = [n for n in group if _excluded(n, exclude)]
+        kept = [n for n in group if n not in left_out]
+        if left_out and kept:
+            out.append((left_out[0], kept[0]))
     return out
 
 
@@ -381,7 +386,7 @@ def _pair_buffers(
     index = NameIndex(ema_slots, kind="buffer")
     dtensor = False
     for raw_name, slots, key, buf in persistent_buffers(model):
-        if is_excluded(raw_name, exclude) or is_excluded(canonical(raw_name), exclude):
+        if _excluded(raw_name, exclude):
             continue
         name = index.lookup(raw_name)
         ema_slots_of, ema_key, ema = ema_slots[name]

@@ -113,10 +113,15 @@ def _fix_keys(
     return fixed, [_path(where, key) for key in sorted(missing)]
 
 
+def _is_plateau(state: Mapping[str, Any]) -> bool:
+    """A ReduceLROnPlateau's state (the one scheduler that keeps ``min_lrs``)."""
+    return "min_lrs" in state
+
+
 def _unstepped_plateau(saved: Mapping[str, Any]) -> bool:
     """A ReduceLROnPlateau state torch 2.2 saved before the first step: 2.2's set ``_last_lr``
     in ``step()``, 2.4.1's when built, so 2.2's lacks it until then."""
-    return "min_lrs" in saved and "_last_lr" not in saved and saved.get("last_epoch") == 0
+    return _is_plateau(saved) and "_last_lr" not in saved and saved.get("last_epoch") == 0
 
 
 def _fix_scheduler(
@@ -318,7 +323,7 @@ def _known_paths(top: str, value: Any, owner: Any) -> list[tuple[dict[str, Any],
             ]
         return [hit for hit in found if hit[1].rpartition(".")[2] in OLD_BEHAVIOUR]
     if _is_scheduler(owner) and isinstance(value, dict):
-        known = {*SCHEDULER_KEYS, "_last_lr"} if "min_lrs" in value else SCHEDULER_KEYS
+        known = {*SCHEDULER_KEYS, "_last_lr"} if _is_plateau(value) else SCHEDULER_KEYS
         found += [(value, key, f"{top}.{key}") for key in value if key in known]
         for i, inner in enumerate(value.get(_NESTED) or []):
             found += _known_paths(f"{top}.{_NESTED}.{i}", inner, owner)
