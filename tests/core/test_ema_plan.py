@@ -235,6 +235,49 @@ def test_excluding_one_name_of_a_tied_tensor_warns_naming_the_other() -> None:
         cema.update_ema(copy.deepcopy(model), model, decay=DECAY, exclude=("head.weight",))
 
 
+class SharedBuffer(torch.nn.Module):
+    """One persistent buffer registered by two modules (a running statistic both read)."""
+
+    def __init__(self, share: bool = True) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Module(), torch.nn.Module()
+        self.a.register_buffer("stat", torch.zeros(3))
+        self.b.register_buffer("stat", self.a.stat if share else torch.zeros(3))
+
+
+def test_a_shared_buffer_steps_every_ema_copy_once() -> None:
+    # persistent_buffers paired a buffer shared by two modules once, under its first name: an
+    # EMA holding it apart (built and load_state_dict-ed) left b.stat at its first value
+    model = SharedBuffer()
+    shared = copy.deepcopy(model)  # shares it as the model does
+    apart = SharedBuffer(share=False)
+    model.a.stat.add_(1.0)
+    cema.update_ema(shared, model, decay=DECAY)
+    cema.update_ema(apart, model, decay=DECAY)
+    want = torch.full((3,), 1.0 - DECAY)
+    assert torch.equal(shared.b.stat, want)  # stepped once, not twice
+    assert torch.equal(apart.a.stat, want)
+    assert torch.equal(apart.b.stat, want)
+    with pytest.raises(cema.EmaMismatchError, match=r"buffers 'a\.stat' and 'b\.stat' are one"):
+        cema.update_ema(copy.deepcopy(model), SharedBuffer(share=False), decay=DECAY)
+    with pytest.warns(cema.EmaWarning, match=r"'b\.stat', one tensor with 'a\.stat'"):
+        cema.update_ema(copy.deepcopy(model), model, decay=DECAY, exclude=("b.stat",))
+
+
+@pytest.mark.parametrize("buffers", ["average", "copy"])
+def test_a_float_buffer_into_an_integer_ema_buffer_is_an_error(buffers: str) -> None:
+    # the copy truncated 0.75 to 0 silently
+    model, ema = SharedBuffer(share=False), SharedBuffer(share=False)
+    ema.a.stat = ema.a.stat.long()
+    model.a.stat.fill_(0.75)
+    with pytest.raises(
+        cema.EmaMismatchError, match=r"'a\.stat' is torch\.int64 but the model's is torch\.float32"
+    ):
+        cema.update_ema(ema, model, decay=DECAY, buffers=buffers)
+    model.a.stat = model.a.stat.long()  # integer into float stays exact, as before
+    cema.update_ema(SharedBuffer(share=False), model, decay=DECAY, buffers=buffers)
+
+
 def test_frozen_parameter_is_left_alone() -> None:
     model, ema = _setup()
     _step(ema, model)

@@ -305,22 +305,20 @@ def walk(
 
 
 def persistent_buffers(module: torch.nn.Module) -> list[tuple[str, dict[str, Any], str, Tensor]]:
-    """(name, owning ``_buffers`` dict, key, buffer) for each buffer ``state_dict`` saves.
+    """(name, owning ``_buffers`` dict, key, buffer) for each buffer ``state_dict`` saves,
+    under every name it goes by (a buffer shared by two modules: both, as ``state_dict``).
 
     Non-persistent buffers (caches such as rotary tables or masks, rebuilt by the
     module, often lazily resized) are left out, as timm's ``state_dict``-based EMA
-    leaves them; a buffer shared by two modules is paired once.
+    leaves them.
     """
     out: list[tuple[str, dict[str, Any], str, Tensor]] = []
-    seen: set[int] = set()
-    for prefix, owner in module.named_modules():
+    for prefix, owner in module.named_modules(remove_duplicate=False):
         transient = getattr(owner, "_non_persistent_buffers_set", ())
         slots = owner._buffers
         for key, buf in slots.items():
-            if buf is None or key in transient or id(buf) in seen:
-                continue
-            seen.add(id(buf))
-            out.append((f"{prefix}.{key}" if prefix else key, slots, key, buf))
+            if buf is not None and key not in transient:
+                out.append((f"{prefix}.{key}" if prefix else key, slots, key, buf))
     return out
 
 
@@ -333,11 +331,13 @@ def unmatched_excludes(exclude: tuple[str, ...], model: torch.nn.Module) -> list
 
 
 def half_tied_excludes(exclude: tuple[str, ...], model: torch.nn.Module) -> list[tuple[str, str]]:
-    """(excluded name, kept name) where ``exclude`` names one name of a tied tensor but not
-    another: the tensor is averaged through the kept name all the same."""
+    """(excluded name, kept name) where ``exclude`` names one name of a tied tensor (or shared
+    buffer) but not another: the tensor is averaged through the kept name all the same."""
     names: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(param), []).append(name)
+    for name, *_, buf in persistent_buffers(model):
+        names.setdefault(id(buf), []).append(name)
     out = []
     for group in names.values():
         left_out = [n for n in group if _excluded(n, exclude)]
@@ -379,20 +379,35 @@ def _pair_buffers(
     exclude: tuple[str, ...],
     average: bool,
 ) -> bool:
-    """Pair each persistent buffer of ``model`` with its EMA twin; True if one is a DTensor."""
+    """Pair each persistent buffer of ``model`` with its EMA twin; True if one is a DTensor.
+
+    Every name of a shared buffer is paired, as :func:`walk` pairs tied parameters: each EMA
+    buffer is stepped once, and one that would follow two model buffers is an error.
+    """
     import torch
 
     ema_slots = {name: (slots, key, buf) for name, slots, key, buf in persistent_buffers(ema_model)}
     index = NameIndex(ema_slots, kind="buffer")
     dtensor = False
+    follows: dict[int, tuple[str, Tensor]] = {}  # id(EMA buffer) -> (EMA name, its source)
     for raw_name, slots, key, buf in persistent_buffers(model):
         if _excluded(raw_name, exclude):
             continue
         name = index.lookup(raw_name)
         ema_slots_of, ema_key, ema = ema_slots[name]
-        plan.slot_dicts += [slots, ema_slots_of]
+        plan.slot_dicts += [slots, ema_slots_of]  # every name's slot: a reassignment rebuilds
         plan.slot_keys += [key, ema_key]
         plan.slot_held += [buf, ema]
+        entry = (name, buf)
+        known = follows.setdefault(id(ema), entry)
+        if known is not entry:  # another name of one shared EMA buffer: stepped once
+            if known[1] is not buf:
+                raise EmaMismatchError(
+                    f"compatshim.ema: EMA buffers {known[0]!r} and {name!r} are one tensor but "
+                    "the model's are two: the EMA shares buffers the model does not; copy the "
+                    "EMA from the model as it is now (copy.deepcopy(model))"
+                )
+            continue
         if is_dtensor(buf) or is_dtensor(ema):
             ema, buf = _local_pair(name, ema, buf)
             dtensor = True
@@ -403,6 +418,7 @@ def _pair_buffers(
             _check_same_device(name, ema, buf, kind="buffer")
             plan.add(ema, buf)  # joins the params' lerp (or mul/add when dtypes differ)
         else:
+            _check_no_truncation(name, ema, buf)
             plan.copy_ema.append(ema)
             plan.copy_src.append(buf)
     return dtensor
@@ -531,6 +547,16 @@ def _check_same_device(name: str, ema: Tensor, src: Tensor, kind: str = "paramet
             f"compatshim.ema: EMA {kind} {name!r} is on {ema.device} but the model's is on "
             f"{src.device}; the update runs in place on both, so keep the EMA on the model's "
             "device (ema.to(device))"
+        )
+
+
+def _check_no_truncation(name: str, ema: Tensor, buf: Tensor) -> None:
+    """A float buffer copied into an integer EMA buffer would be cut to whole numbers."""
+    if buf.is_floating_point() and not (ema.is_floating_point() or ema.is_complex()):
+        raise EmaMismatchError(
+            f"compatshim.ema: EMA buffer {name!r} is {ema.dtype} but the model's is "
+            f"{buf.dtype}: copying it would cut every value to a whole number; copy the EMA "
+            "from the model as it is now (copy.deepcopy(model)), or exclude the name"
         )
 
 
