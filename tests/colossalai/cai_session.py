@@ -140,6 +140,11 @@ def check_zero(stage: int, dtype_name: str, rank: int) -> dict[str, Any]:
     out["ema_sharded_err"] = _ema_vs_reference(
         cema.gather_sharded_ema(ema_sharded, model, optimizer, exclude=exclude), ref
     )
+    out["master_device_error"] = _error(  # meta: an EMA beside CPU-offloaded masters
+        lambda: cema.update_ema(
+            copy.deepcopy(ema_full).to("meta"), model, optimizer, decay=DECAY, exclude=exclude
+        )
+    )
     out["pos_embed_init_kept"] = bool(
         torch.equal(ema_full.pos_embed.data, build_model().pos_embed.data.to(dtype).float())
     )

@@ -78,6 +78,18 @@ def test_ema_full_and_sharded_match_fp64_reference(
         assert result["pos_embed_init_kept"]
 
 
+@pytest.mark.parametrize("config", CONFIG_IDS)
+def test_an_ema_on_another_device_than_the_masters_is_named(
+    ranks: list[dict[str, Any]], config: str
+) -> None:
+    """ZeRO's CPU offload keeps the fp32 masters on the CPU: an EMA elsewhere was torch's
+    unnamed device error from inside the update."""
+    for summary in ranks:
+        error = summary["zero"][config]["master_device_error"]
+        assert error.startswith("EmaMismatchError: "), error
+        assert "is on meta but its fp32 master (the ZeRO optimizer's) is on cpu" in error
+
+
 def test_ema_buffers_of_a_batchnorm_model_under_zero(ranks: list[dict[str, Any]]) -> None:
     """The default buffer policy on the ZeRO path: statistics averaged into the fp32 EMA
     (full-size and sharded alike), counters copied, params from the masters."""

@@ -149,8 +149,8 @@ def fsdp2_sharded_ema(rank: int, world_size: int) -> dict[str, Any]:
     mesh = init_device_mesh("cpu", (world_size,))
     base = _small_net()
     ref = {n: p.detach().double().clone() for n, p in base.named_parameters()}
-    model, ema = base, copy.deepcopy(base)
-    for module in (model, ema):
+    model, ema, far = base, copy.deepcopy(base), copy.deepcopy(base)
+    for module in (model, ema, far):
         for layer in (module[0], module[2]):
             fully_shard(layer, mesh=mesh)
         fully_shard(module, mesh=mesh)
@@ -167,6 +167,10 @@ def fsdp2_sharded_ema(rank: int, world_size: int) -> dict[str, Any]:
         cema.update_ema(_small_net(), model, optimizer)  # an unsharded EMA of a sharded model
     except cema.EmaMismatchError as exc:
         one_side = str(exc)
+    try:  # meta stands in for a shard kept on another device than the model's shard
+        cema.update_ema(far.to("meta"), model, optimizer)
+    except cema.EmaMismatchError as exc:
+        device = str(exc)
     gathered = cema.gather_sharded_ema(ema, model, optimizer)
     full = {n: p.full_tensor() for n, p in ema.named_parameters()}  # the documented path
     return {
@@ -175,6 +179,7 @@ def fsdp2_sharded_ema(rank: int, world_size: int) -> dict[str, Any]:
         "full_err": max(float((full[n].double() - ref[n]).abs().max()) for n in ref),
         "gathered_types": sorted({type(v).__name__ for v in gathered.values()}),
         "one_side_error": one_side,
+        "device_error": device,
     }
 
 
@@ -214,8 +219,17 @@ def zero_batchnorm_ema(rank: int, world_size: int) -> dict[str, Any]:
     def err(values: dict[str, Any], ref: dict[str, Any]) -> float:
         return max(float((values[n].double() - ref[n]).abs().max()) for n in ref)
 
+    def refusal(ema: Any) -> str:  # meta stands in for an EMA beside CPU-offloaded masters
+        try:
+            meta = copy.deepcopy(ema).to("meta")  # buffers="skip": the params' check, not theirs
+            cema.update_ema(meta, model, optimizer, decay=decay, buffers="skip")
+        except cema.EmaMismatchError as exc:
+            return str(exc)
+        return ""
+
     gathered = cema.gather_sharded_ema(sharded_ema, model, optimizer)
     return {
+        "master_device_errors": [refusal(full_ema), refusal(sharded_ema)],
         "sharded_shapes": {n: tuple(p.shape) for n, p in sharded_ema.named_parameters()},
         "full_param_err": err(dict(full_ema.named_parameters()), ref_params),
         "sharded_param_err": err(gathered, ref_params),

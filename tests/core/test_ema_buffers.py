@@ -429,5 +429,7 @@ def test_sharded_masters_with_batchnorm_over_two_gloo_ranks() -> None:
         assert result["full_buffer_err"] < 1e-6 and result["sharded_buffer_err"] < 1e-6
         assert result["counter"] == [4, 4]
         assert result["gathered_buffers_equal"]
+        for error in result["master_device_errors"]:  # a torch device error before, unnamed
+            assert "'0.weight' is on meta but its fp32 master (the ZeRO optimizer's)" in error
     # no SyncBatchNorm: each rank's statistics are its own data's
     assert results[0]["running_mean"] != results[1]["running_mean"]

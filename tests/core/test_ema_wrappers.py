@@ -112,3 +112,4 @@ def test_fsdp2_each_rank_steps_its_shards_and_gathering_gives_the_full_ema() -> 
         assert result["gather_err"] < 1e-6 and result["full_err"] < 1e-6
         assert result["gathered_types"] == ["Tensor"]
         assert "DTensor (FSDP2) on one side only" in result["one_side_error"]
+        assert "is on meta but the model's shard is on cpu" in result["device_error"]

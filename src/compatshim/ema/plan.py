@@ -369,6 +369,7 @@ def _local_pair(name: str, ema: Any, param: Any) -> tuple[Tensor, Tensor]:
     _check_same_shape(name, ema, param)
     local_ema, local_src = ema.to_local(), param.to_local()
     _check_same_shape(name, local_ema, local_src)
+    _check_same_device(name, local_ema, local_src, whose="the model's shard")
     return local_ema, local_src
 
 
@@ -483,6 +484,7 @@ def build_plan(
             plan.add(ema, param)
             continue
         slow = True
+        _check_same_device(name, ema, master, whose="its fp32 master (the ZeRO optimizer's)")
         position = master_shard_position(optimizer, param)
         if ema.shape == param.shape and position.is_whole:
             plan.add(ema.data, master.data.view(param.shape))
@@ -540,13 +542,15 @@ def _check_same_shape(name: str, ema: Tensor, param: Tensor, kind: str = "parame
         )
 
 
-def _check_same_device(name: str, ema: Tensor, src: Tensor, kind: str = "parameter") -> None:
+def _check_same_device(
+    name: str, ema: Tensor, src: Tensor, kind: str = "parameter", whose: str = "the model's"
+) -> None:
     """An averaged pair runs in place on both tensors: torch refuses two devices unnamed."""
     if ema.device != src.device:
         raise EmaMismatchError(
-            f"compatshim.ema: EMA {kind} {name!r} is on {ema.device} but the model's is on "
-            f"{src.device}; the update runs in place on both, so keep the EMA on the model's "
-            "device (ema.to(device))"
+            f"compatshim.ema: EMA {kind} {name!r} is on {ema.device} but {whose} is on "
+            f"{src.device}; the update runs in place on both, so keep the EMA on that device "
+            "(ema.to(device))"
         )
 
 
