@@ -27,6 +27,26 @@ def test_capture_restore_replays_every_cpu_generator() -> None:
     assert set(report.restored) >= {"python", "numpy", "torch_cpu"}
 
 
+def test_capture_under_another_numpy_bit_generator_skips_numpy() -> None:
+    """After ``np.random.set_bit_generator(PCG64())`` (numpy 1.25+) capture() raised
+    ``ValueError: too many values to unpack``: numpy's legacy get_state() is a dict then."""
+    np = pytest.importorskip("numpy")
+    if not hasattr(np.random, "set_bit_generator"):
+        pytest.skip("numpy < 1.25 has no set_bit_generator")
+    previous = np.random.get_bit_generator()
+    np.random.set_bit_generator(np.random.PCG64(5))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # numpy's RuntimeWarning about legacy=True too
+            state = rng.capture()
+        assert state["numpy"] is None and state["python"] is not None
+        with pytest.warns(rng.RNGStateWarning):
+            report = rng.restore(state)
+        assert not report.exact and report.skipped == ("numpy (not in the state)",)
+    finally:
+        np.random.set_bit_generator(previous)
+
+
 def test_restore_twice_is_idempotent() -> None:
     state = rng.capture()
     rng.restore(state)

@@ -34,10 +34,16 @@ def capture_parts() -> Parts:
             import numpy as np
 
             numpy_version = np.__version__
-            name, key, pos, has_gauss, cached = np.random.get_state()
-            if name == "MT19937":
+            # a dict whatever the bit generator: the legacy tuple is MT19937's alone (numpy
+            # 1.25+ set_bit_generator), where other generators are not captured (skipped)
+            found = np.random.get_state(legacy=False)
+            if found["bit_generator"] == "MT19937":
+                key, pos = found["state"]["key"], found["state"]["pos"]
                 parts.numpy = NumpyMT(
-                    tuple(int(k) for k in key), int(pos), int(has_gauss), float(cached)
+                    tuple(int(k) for k in key),
+                    int(pos),
+                    int(found["has_gauss"]),
+                    float(found["gauss"]),
                 )
         parts.torch_cpu = torch.get_rng_state()
         if cuda_count():
