@@ -70,6 +70,23 @@ def test_save_state_that_is_not_a_dict_names_state(tmp_path: Path, state: Any, s
 
 
 @pytest.mark.parametrize(
+    ("state", "shown"),
+    [("rng.pt", "'rng.pt'"), (Path("rng.pt"), "a PosixPath"), (None, "None"), ([1], "a list")],
+)
+def test_restore_state_that_is_not_a_dict_names_state(state: Any, shown: str) -> None:
+    """``restore("rng.pt")`` (load's argument) was an RNGStateError saying no RNG state was
+    found "in the object", as if a file had been read."""
+    if isinstance(state, Path) and os.name == "nt":
+        shown = "a WindowsPath"
+    before = torch.get_rng_state()
+    with pytest.raises(TypeError, match=r"^state: expected an RNG state dict") as caught:
+        rng.restore(state)
+    assert f"got {shown}" in str(caught.value) and not isinstance(caught.value, ValueError)
+    assert ("rng.load(path)" in str(caught.value)) == isinstance(state, (str, Path))
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+@pytest.mark.parametrize(
     ("arguments", "error", "message"),
     [
         ({"rank": "0"}, TypeError, "rank: expected an int or None, got '0'"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from numbers import Integral
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from .._text import short
 from .plan import DEVICE_POLICIES, WORLD_SIZE_POLICIES
@@ -32,6 +32,21 @@ def checked_path(path: Any) -> Path:
     if not target:
         raise ValueError("path: expected a file path, got ''")
     return Path(target)
+
+
+def check_state(state: Any) -> None:
+    """``restore``'s state is a mapping: a path (``load``'s argument) or a tensor is named as
+    a wrong argument, not reported as a file with no RNG state in it."""
+    if not isinstance(state, Mapping):
+        hint = (
+            "; to restore from a file, call compatshim.rng.load(path)"
+            if isinstance(state, (str, os.PathLike))
+            else ""
+        )
+        raise TypeError(
+            "state: expected an RNG state dict (from capture() or read(), or another "
+            f"framework's RNG dict), got {short(state)}{hint}"
+        )
 
 
 def checked_position(rank: Any, world_size: Any) -> tuple[int | None, int | None]:

@@ -10,7 +10,7 @@ from typing import Any, Mapping, Optional
 from .._text import short
 from .._warn import warn as warn_at_caller
 from . import devices
-from .arguments import check_bool, check_policies, checked_position
+from .arguments import check_bool, check_policies, check_state, checked_position
 from .capture import GENERATOR_LOCK, distributed_position
 from .derive import derived_cuda, derived_parts, derived_seed, material_digest
 from .errors import RNGStateError, RNGStateWarning
@@ -295,6 +295,7 @@ def restore(
     Everything is validated before any generator is set: on bad input nothing
     changes. One :class:`RNGStateWarning` is issued on any mismatch.
     """
+    check_state(state)
     rank, world_size = checked_position(rank, world_size)
     check_policies(on_device_mismatch, on_world_size_mismatch)
     check_bool("warn", warn)
