@@ -16,6 +16,7 @@ pytest.importorskip("torch")
 
 from tests.harness.dist import run_ranks
 from tests.rng.workers import (
+    dcp_capture_round_trip,
     load_once,
     load_then_draw,
     restore_rank_0_checkpoint,
@@ -95,3 +96,15 @@ def test_rank_0s_captured_state_is_derived_on_the_other_rank(tmp_path: Path) -> 
     assert zero["exact"] and not zero["warnings"]
     assert not one["exact"] and "torch_cpu" in one["derived"] and len(one["warnings"]) == 1
     assert one["draws"] != zero["draws"]
+
+
+def test_every_ranks_capture_under_one_dcp_key_is_never_restored_as_another_ranks(
+    tmp_path: Path,
+) -> None:
+    """DCP keeps one rank's copy of each value that every rank saves under one key: rank 1 got
+    its own meta and python state beside rank 0's numpy and torch states (torch 2.13) and
+    restored them, exact, continuing rank 0's dropout masks."""
+    results = run_ranks(dcp_capture_round_trip, 2, args=(str(tmp_path),), timeout=TIMEOUT)
+    for result in results:
+        assert not result["exact"] or result["draws"] == result["continuation"]
+    assert results[0]["draws"] != results[1]["draws"]

@@ -9,10 +9,12 @@ inside a real process group is in ``test_distributed.py``.
 
 from __future__ import annotations
 
+import importlib
 import json
 import warnings
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -26,9 +28,9 @@ from tests.rng.workers import draws
 
 def captured_on(rank: int | None, world_size: int | None) -> dict[str, Any]:
     """This process's state, as ``capture()`` records it on ``rank`` of ``world_size``."""
-    state = rng.capture()
-    state["meta"] = {**state["meta"], "rank": rank, "world_size": world_size}
-    return state
+    module = importlib.import_module("compatshim.rng.capture")  # rng.capture is the function
+    with mock.patch.object(module, "distributed_position", return_value=(rank, world_size)):
+        return rng.capture()
 
 
 def restore_quietly(state: Any, **kwargs: Any) -> tuple[rng.RestoreReport, list[str]]:
@@ -55,6 +57,27 @@ def test_rank_0_state_restored_on_rank_1_is_derived_never_replayed() -> None:
 def test_another_ranks_state_under_the_error_policy_raises() -> None:
     with pytest.raises(rng.RNGStateError, match="saved rank 1's state and this is rank 0"):
         rng.restore(captured_on(1, 2), rank=0, world_size=2, on_world_size_mismatch="error")
+
+
+def test_a_state_mixed_from_two_ranks_captures_is_derived_on_both() -> None:
+    """Every rank's capture() under one key of a DCP checkpoint: DCP keeps one rank's copy of
+    each value, so rank 1 loaded rank 1's meta and python state beside rank 0's numpy and torch
+    states, and restored them as its own, exact (rank 0's dropout masks on rank 1)."""
+    torch.manual_seed(0)
+    zero = captured_on(0, 2)
+    torch.manual_seed(1)
+    mixed = {**captured_on(1, 2), "numpy": zero["numpy"], "torch_cpu": zero["torch_cpu"]}
+    streams = []
+    for rank in (0, 1):
+        report, warned = restore_quietly(mixed, rank=rank, world_size=2)
+        assert not report.exact and report.saved_rank is None
+        assert {"python", "numpy", "torch_cpu"} <= set(report.derived)
+        assert len(warned) == 1 and "more than one capture()" in warned[0]
+        streams.append(draws())
+    rng.restore(zero, rank=0, world_size=2)
+    assert draws() not in streams and streams[0] != streams[1]
+    with pytest.raises(rng.RNGStateError, match=r"more than one capture\(\).*rank 1 \("):
+        rng.restore(mixed, rank=1, world_size=2, on_world_size_mismatch="error")
 
 
 def test_a_state_from_another_world_size_is_a_mismatch() -> None:

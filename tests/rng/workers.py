@@ -84,3 +84,24 @@ def restore_rank_0_checkpoint(rank: int, world_size: int, path: str) -> dict[str
         "derived": list(report.derived),
         "warnings": [str(w.message) for w in caught if issubclass(w.category, rng.RNGStateWarning)],
     }
+
+
+def dcp_capture_round_trip(rank: int, world_size: int, folder: str) -> dict[str, Any]:
+    """Every rank saves its capture() under one key of a DCP checkpoint, then restores it."""
+    import torch.distributed.checkpoint as dcp
+
+    random.seed(100 + rank)
+    np.random.seed(200 + rank)
+    torch.manual_seed(300 + rank)
+    save = getattr(dcp, "save", None) or dcp.save_state_dict  # dcp.save from torch 2.2
+    load = getattr(dcp, "load", None) or dcp.load_state_dict
+    # no copy-ahead: its CUDA streams would be used where torch.cuda says it has a GPU
+    writer = dcp.FileSystemWriter(folder, per_thread_copy_ahead=0)
+    save({"rng": rng.capture()}, storage_writer=writer)
+    continuation = draws()
+    loaded = {"rng": rng.capture()}  # the template DCP loads into
+    load(loaded, storage_reader=dcp.FileSystemReader(folder))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rng.RNGStateWarning)
+        report = rng.restore(loaded["rng"])
+    return {"exact": report.exact, "draws": draws(), "continuation": continuation}

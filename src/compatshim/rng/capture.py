@@ -7,6 +7,7 @@ import random
 import threading
 from typing import Any
 
+from .derive import capture_digest
 from .devices import cuda_count, mps_available, numpy_available, xpu_count
 from .state import NumpyMT, Parts, to_state
 
@@ -63,6 +64,7 @@ def capture_parts() -> Parts:
         "rank": rank,
         "world_size": world_size,
     }
+    parts.meta["digest"] = capture_digest(parts)
     return parts
 
 

@@ -13,7 +13,7 @@ import random
 import struct
 from typing import Any
 
-from .state import MT_WORDS, NumpyMT, Parts
+from .state import MT_WORDS, NumpyMT, Parts, captured_position
 
 
 def material_digest(parts: Parts) -> bytes:
@@ -28,6 +28,27 @@ def material_digest(parts: Parts) -> bytes:
         if tensor is not None:
             digest.update(bytes(tensor.numpy().tobytes()))
     return digest.digest()
+
+
+def capture_digest(parts: Parts) -> str:
+    """What ``capture()`` records as ``meta["digest"]``: its generators, cached gaussians and
+    position bound together, so a state assembled from several ranks' captures (DCP keeps one
+    rank's copy of each value every rank saves under one key) is told from one capture."""
+    digest = hashlib.blake2b(material_digest(parts), digest_size=16)
+    gauss = parts.python[2] if parts.python is not None else None
+    cached = (parts.numpy.has_gauss, parts.numpy.cached_gaussian) if parts.numpy else None
+    position = captured_position(parts)  # ints or None: nothing a file put in meta is repr()'d
+    digest.update(repr((gauss, cached, position)).encode())
+    return digest.hexdigest()
+
+
+def one_capture(parts: Parts) -> bool:
+    """False where ``parts`` captured in a process group do not match their capture digest;
+    True without one (states of earlier releases and other writers) or a recorded rank."""
+    recorded = parts.meta.get("digest")
+    if not isinstance(recorded, str) or captured_position(parts)[0] is None:
+        return True
+    return recorded == capture_digest(parts)
 
 
 def derived_seed(digest: bytes, purpose: str) -> int:

@@ -12,7 +12,7 @@ from .._warn import warn as warn_at_caller
 from . import devices
 from .arguments import check_bool, check_policies, check_state, checked_position
 from .capture import GENERATOR_LOCK, distributed_position
-from .derive import derived_cuda, derived_parts, derived_seed, material_digest
+from .derive import derived_cuda, derived_parts, derived_seed, material_digest, one_capture
 from .errors import RNGStateError, RNGStateWarning
 from .plan import DevicePolicy, WorldSizePolicy, check_position, plan_devices, plan_rank
 from .restore_report import RestoreReport, fingerprint
@@ -127,16 +127,24 @@ def _one_rank(
                 f"rank {saved_rank} and derive the others"
             )
         notes.append(f"world size changed {saved_world} -> {env.world_size}")
-    own = env.world_size == 1 or saved_rank == env.rank
+    whole = one_capture(parts)
+    held = (
+        f"the checkpoint holds saved rank {saved_rank}'s state"
+        if whole
+        else "the state's generators come from more than one capture(), as when every rank "
+        "saves capture() under one key of a torch.distributed.checkpoint (it keeps one rank's "
+        "copy of each value; save RNG with compatshim.rng.save instead)"
+    )
+    replayed = f"rank {saved_rank}'s stream" if whole else "parts of other ranks' streams"
+    own = whole and (env.world_size == 1 or saved_rank == env.rank)
     if own and not (notes and policy == "derive_all"):
         return parts, saved.source, saved_rank, saved_world, notes, None
     if policy == "error":
         raise RNGStateError(
-            f"the checkpoint holds saved rank {saved_rank}'s state and this is rank {env.rank} "
-            f"(restoring it would replay rank {saved_rank}'s stream); pass "
-            "on_world_size_mismatch='derive' to derive this rank's state from it"
+            f"{held} and this is rank {env.rank} (restoring it would replay {replayed}); "
+            "pass on_world_size_mismatch='derive' to derive this rank's state from it"
         )
-    notes.append(f"the checkpoint holds saved rank {saved_rank}'s state; rank {env.rank} derived")
+    notes.append(f"{held}; rank {env.rank} derived")
     digest = material_digest_all(saved.ranks)
     derived = derived_parts(digest, f"rank:{env.rank}", parts, env.cuda)
     return derived, saved.source, None, saved_world, notes, digest
