@@ -21,6 +21,7 @@ from tests.rng.workers import (
     load_then_draw,
     restore_rank_0_checkpoint,
     save_then_draw,
+    save_to_a_path_per_rank,
     save_where_rank_0_cannot_write,
 )
 
@@ -86,6 +87,22 @@ def test_a_save_rank_0_cannot_write_fails_on_every_rank(tmp_path: Path) -> None:
     assert first["type"] == "FileNotFoundError" and "no folder" in first["error"], first
     assert second["type"] == "RNGStateError", second
     assert "rank 0 could not write" in second["error"] and "no folder" in second["error"]
+
+
+def test_ranks_saving_to_different_paths_are_told_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """save(f"rng_{rank}.pt"): rank 0 wrote every rank's state into rng_0.pt and rank 1 returned
+    as if rng_1.pt were written; the resume then failed on rank 1, missing its file."""
+    results = run_ranks(
+        save_to_a_path_per_rank, 2, args=(str(tmp_path),), timeout=60, expect_failure=True
+    )
+    assert [kind for kind, _ in results] == ["ok", "ok"], results  # none hung
+    for _, result in results:
+        assert result["type"] == "RNGStateError", result
+        assert "ranks passed different paths" in result["error"], result
+        assert "rank 0: " in result["error"] and "rng_1.pt" in result["error"], result
+        assert result["files"] == [], result
 
 
 def test_rank_0s_captured_state_is_derived_on_the_other_rank(tmp_path: Path) -> None:

@@ -57,13 +57,23 @@ def save_where_rank_0_cannot_write(rank: int, world_size: int, folder: str) -> d
     """Rank 0's folder is missing (a node without the shared disk): what each rank meets."""
     import os
 
-    path = os.path.join(folder, "missing" if rank == 0 else "here", "rng.pt")
-    os.makedirs(os.path.join(folder, "here"), exist_ok=True)
+    path = os.path.join(folder, "missing", "rng.pt")  # one path, as save() asks
     try:
         rng.save(path)
     except Exception as exc:  # the error is the result
         return {"type": type(exc).__name__, "error": str(exc)}
     return {"type": None}
+
+
+def save_to_a_path_per_rank(rank: int, world_size: int, folder: str) -> dict[str, Any]:
+    """``save(f"rng_{rank}.pt")``, as per-rank RNG files are often named elsewhere."""
+    import os
+
+    try:
+        rng.save(os.path.join(folder, f"rng_{rank}.pt"))
+    except Exception as exc:  # the error is the result
+        return {"type": type(exc).__name__, "error": str(exc), "files": sorted(os.listdir(folder))}
+    return {"type": None, "files": sorted(os.listdir(folder))}
 
 
 def restore_rank_0_checkpoint(rank: int, world_size: int, path: str) -> dict[str, Any]:

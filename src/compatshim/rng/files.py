@@ -83,16 +83,30 @@ def atomic_write(path: PathLike, write: Callable[[Any], None]) -> None:
         os.close(directory)
 
 
-def _gather(state: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """Every rank's state on rank 0 (None elsewhere); just ``[state]`` outside distributed runs."""
+def _gather(state: dict[str, Any], target: Path) -> list[tuple[dict[str, Any], str]] | None:
+    """Every rank's (state, path) on rank 0 (None elsewhere); ``[(state, path)]`` outside
+    distributed runs."""
     rank, world_size = distributed_position()
     if rank is None or world_size is None or world_size == 1:
-        return [state]
+        return [(state, str(target))]
     import torch.distributed as dist
 
     gathered: list[Any] | None = [None] * world_size if rank == 0 else None
-    dist.gather_object(state, gathered, dst=0)
+    dist.gather_object((state, str(target)), gathered, dst=0)
     return gathered
+
+
+def _paths_differ(gathered: list[tuple[dict[str, Any], str]]) -> str:
+    """Why rank 0 must not write, when the ranks named different files ('' when one)."""
+    paths = [path for _, path in gathered]
+    if len(set(paths)) == 1:
+        return ""
+    shown = "; ".join(f"rank {rank}: {path}" for rank, path in enumerate(paths[:4]))
+    return (
+        f"ranks passed different paths ({shown}{'; ...' if len(paths) > 4 else ''}): save() "
+        "is collective and rank 0 writes every rank's state into one file; pass the same path "
+        "on every rank (load(path) gives each rank its own state), nothing was written"
+    )
 
 
 def save(path: PathLike, *, state: Mapping[str, Any] | None = None) -> Path:
@@ -101,7 +115,8 @@ def save(path: PathLike, *, state: Mapping[str, Any] | None = None) -> Path:
     Collective when ``torch.distributed`` is initialised: every rank must call it;
     rank 0 writes the file and all ranks return after it is in place, or raise
     :class:`RNGStateError` naming rank 0's error where it could not write (rank 0
-    raises its own). (Under NCCL, the object collectives need each rank's
+    raises its own); ranks passing different paths all raise it, and nothing is written.
+    (Under NCCL, the object collectives need each rank's
     ``torch.cuda.set_device`` first, as any NCCL object collective does.)
     """
     import torch
@@ -115,13 +130,17 @@ def save(path: PathLike, *, state: Mapping[str, Any] | None = None) -> Path:
     own = dict(state) if state is not None else capture()
     if not is_state(own):
         raise RNGStateError("save(state=...) takes a state from compatshim.rng.capture()")
-    states = _gather(own)
+    gathered = _gather(own, target)
     rank, world_size = distributed_position()
     collective = rank is not None and world_size is not None and world_size > 1
     failure: BaseException | None = None
-    if states is not None:
+    if gathered is not None:
+        states = [state for state, _ in gathered]
         payload = make_file(states, source="compatshim", world_size=len(states))
+        differ = _paths_differ(gathered)
         try:
+            if differ:
+                raise RNGStateError(differ)
             atomic_write(target, lambda file: torch.save(payload, file))
         except Exception as exc:  # told to every rank below, then raised here
             if not collective:
@@ -130,12 +149,16 @@ def save(path: PathLike, *, state: Mapping[str, Any] | None = None) -> Path:
     if collective:  # rank 0's outcome, not a bare barrier the others would wait at
         import torch.distributed as dist
 
-        outcome = [None if failure is None else f"{type(failure).__name__}: {failure}"]
+        told = f"{type(failure).__name__}: {failure}" if failure is not None else None
+        outcome = [(isinstance(failure, RNGStateError), told)]
         dist.broadcast_object_list(outcome, src=0)
         if failure is not None:
             raise failure
-        if outcome[0] is not None:
-            raise RNGStateError(f"rank 0 could not write {target}: {outcome[0]}")
+        ours, why = outcome[0]
+        if ours:  # compatshim's own refusal on rank 0: the same words here
+            raise RNGStateError(str(why).removeprefix("RNGStateError: "))
+        if why is not None:
+            raise RNGStateError(f"rank 0 could not write {target}: {why}")
     return target
 
 
