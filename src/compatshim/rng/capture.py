@@ -30,7 +30,7 @@ def capture_parts() -> Parts:
     with GENERATOR_LOCK:
         version, internal, gauss = random.getstate()
         parts = Parts(python=(version, tuple(internal), gauss))
-        numpy_version = None
+        numpy_version = other = None
         if numpy_available():
             import numpy as np
 
@@ -46,6 +46,8 @@ def capture_parts() -> Parts:
                     int(found["has_gauss"]),
                     float(found["gauss"]),
                 )
+            else:
+                other = str(found["bit_generator"])
         parts.torch_cpu = torch.get_rng_state()
         if cuda_count():
             parts.cuda = [s.cpu() for s in torch.cuda.get_rng_state_all()]
@@ -64,6 +66,8 @@ def capture_parts() -> Parts:
         "rank": rank,
         "world_size": world_size,
     }
+    if other is not None:  # restore names it among the skipped
+        parts.meta["numpy_generator"] = other
     parts.meta["digest"] = capture_digest(parts)
     return parts
 

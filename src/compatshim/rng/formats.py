@@ -104,6 +104,15 @@ def layout_of(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _other_bit_generator(value: Any) -> str | None:
+    """The name of a bit generator other than MT19937 that numpy's dict state names
+    (``np.random.get_state()`` after ``set_bit_generator``, numpy 1.25+), else None."""
+    if not isinstance(value, Mapping):
+        return None
+    name = value.get("bit_generator")
+    return name if isinstance(name, str) and name != "MT19937" else None
+
+
 def _numpy_entry(value: Any, where: str) -> NumpyMT:
     if isinstance(value, Mapping):  # {"bit_generator"|"name", "state"|"keys"|"key", ...}
         name = value.get("bit_generator", value.get("name", "MT19937"))
@@ -164,7 +173,11 @@ def convert(obj: Mapping[str, Any], layout: str, where: str = "state") -> Parts:
     if keys.python and obj.get(keys.python) is not None:
         parts.python = python_state(obj[keys.python], f"{where}.{keys.python}")
     if keys.numpy and obj.get(keys.numpy) is not None:
-        parts.numpy = _numpy_entry(obj[keys.numpy], f"{where}.{keys.numpy}")
+        other = _other_bit_generator(obj[keys.numpy])
+        if other is not None:  # left out, as capture() leaves it out: restore says so
+            parts.meta["numpy_generator"] = other
+        else:
+            parts.numpy = _numpy_entry(obj[keys.numpy], f"{where}.{keys.numpy}")
     if keys.cpu and obj.get(keys.cpu) is not None:
         parts.torch_cpu = cpu_state(obj[keys.cpu], f"{where}.{keys.cpu}")
     if keys.cuda:

@@ -190,7 +190,10 @@ def build_plan(
     else:
         skipped.append("python (not in the state)")
     if parts.numpy is None:
-        if env.numpy:
+        other = parts.meta.get("numpy_generator")
+        if env.numpy and isinstance(other, str):
+            skipped.append(f"numpy (bit generator {short(other)}: only MT19937 is restored)")
+        elif env.numpy:
             skipped.append("numpy (not in the state)")
     elif not env.numpy:
         skipped.append("numpy (not installed here)")
