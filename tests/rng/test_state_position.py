@@ -49,6 +49,8 @@ def test_rank_0_state_restored_on_rank_1_is_derived_never_replayed() -> None:
     stream1 = draws()
     assert not rank1.exact and {"python", "numpy", "torch_cpu"} <= set(rank1.derived)
     assert len(warned1) == 1 and "saved rank 0's state; rank 1 derived" in warned1[0]
+    assert rank0.summary().startswith("rank 0/2: restored compatshim state of saved rank 0/2")
+    assert rank1.summary().startswith("rank 1/2: derived from compatshim state/2")  # "restored"
     assert stream1 != stream0
     restore_quietly(state, rank=1, world_size=2)
     assert draws() == stream1  # derived deterministically from the saved material

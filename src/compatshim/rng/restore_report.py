@@ -83,7 +83,8 @@ class RestoreReport:
             origin += f" of saved rank {self.saved_rank}"
         if self.saved_world_size is not None:
             origin += f"/{self.saved_world_size}"
-        lines = [f"rank {self.rank}/{self.world_size}: restored {origin}"]
+        verb = "derived from" if self.derived and not self.restored else "restored"
+        lines = [f"rank {self.rank}/{self.world_size}: {verb} {origin}"]
         lines += [f"  {note}" for note in self.notes]
         for title, items in (
             ("restored", self.restored),
