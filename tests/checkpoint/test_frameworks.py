@@ -58,3 +58,41 @@ def test_attribute_dict_build_cannot_reach_the_class(tmp_path: Path) -> None:
         load(path)
     assert "x" not in vars(data.AttributeDict)
     assert pickle.loads(pickle.dumps(data.AttributeDict(a=1))) == {"a": 1}
+
+
+@pytest.mark.parametrize("strategy", ["cos", "linear"])
+def test_one_cycle_lr_state_from_torch_before_2_3_loads(tmp_path: Path, strategy: str) -> None:
+    """torch 2.0-2.2's OneCycleLR keeps its staticmethod in ``anneal_func``, so its
+    ``state_dict()`` pickles ``getattr(OneCycleLR, '_annealing_cos')``; newer torch still
+    resumes from such a state (``_anneal_func`` falls back to it)."""
+    one_cycle = torch.optim.lr_scheduler.OneCycleLR
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+    sched = one_cycle(opt, max_lr=1.0, total_steps=10, anneal_strategy=strategy)
+    sched.anneal_func = vars(one_cycle)[f"_annealing_{strategy}"].__func__  # as 2.0-2.2 set it
+    vars(sched).pop("_anneal_func_type", None)
+    path = tmp_path / "scheduler.pt"
+    torch.save(sched.state_dict(), path)
+    assert b"getattr" in path.read_bytes()  # protocol 2 spells the method this way
+    got = load(path)
+    assert got == torch.load(path, weights_only=False)
+    assert got["anneal_func"] is getattr(one_cycle, f"_annealing_{strategy}")
+    assert inspect(path).loadable
+    fresh = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+    resumed = one_cycle(fresh, max_lr=1.0, total_steps=10, anneal_strategy=strategy)
+    resumed.load_state_dict(got)
+    for optimizer, scheduler in ((opt, sched), (fresh, resumed)):
+        optimizer.step()
+        scheduler.step()
+    assert resumed.get_last_lr() == sched.get_last_lr()
+
+
+def test_one_cycle_lr_getattr_reads_only_its_two_anneal_functions(tmp_path: Path) -> None:
+    path = tmp_path / "other.pt"
+    path.write_bytes(
+        b"\x80\x02cbuiltins\ngetattr\nctorch.optim.lr_scheduler\nOneCycleLR\nX\x04\x00\x00\x00step\x86R."
+    )
+    with pytest.raises(UnsafeCheckpointError, match="not a listed method"):
+        load(path)
+    path.write_bytes(b"\x80\x02ctorch.optim.lr_scheduler\nOneCycleLR\n)R.")
+    with pytest.raises(UnsafeCheckpointError, match="may not be called"):
+        load(path)

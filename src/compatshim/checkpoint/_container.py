@@ -740,7 +740,7 @@ class ScanResult:
 # results of a call that load may call in turn, under the rule of their global (its
 # arguments are checked by load, not here): functools.partial(object.__new__, cls, ...)()
 CALLED_RESULTS = frozenset({"functools.partial()"})
-CONSTANTS = ("constant", "method")  # allowlist kinds load never calls
+CONSTANTS = ("constant", "method", "staticmethod")  # allowlist kinds load never calls
 
 
 class ScanMachine(Machine):

@@ -284,6 +284,7 @@ def set_instance_dict(inst: Any, state: Any, what: str) -> None:
     object.__getattribute__(inst, "__dict__").update(state)
 
 
+_METHOD_OWNERS = ("instance", "dict-subclass")  # classes a plain ``method`` row may belong to
 GETATTR_NAME = 200  # the longest attribute name getattr(class, name) reads
 
 
@@ -303,14 +304,15 @@ def method_of_listed_class(args: tuple[Any, ...], entry_of: Callable[[Any], Entr
     if owner_entry is None or not isinstance(owner, type) or owner_entry.kind == "rule":
         raise _getattr_refused(args, "only on a class from compatshim's allowlist")
     row = lookup(owner_entry.module, f"{owner_entry.name}.{name}")
-    method = row is not None and row.kind == "method"
-    if method and owner_entry.kind not in ("instance", "dict-subclass"):
+    method = row is not None and row.kind in ("method", "staticmethod")
+    if row is not None and row.kind == "method" and owner_entry.kind not in _METHOD_OWNERS:
         row = None
-    if row is None or row.kind not in ("method", "constant") or not row.applies():
+    if row is None or not (method or row.kind == "constant") or not row.applies():
         raise _getattr_refused(args, f"{owner_entry.qualname}.{short(name)} is not a listed method")
     try:
         found = row.resolve()
-        if method and class_function(owner, name) is not found:
+        static = row.kind == "staticmethod"
+        if method and class_function(owner, name, static=static) is not found:
             raise LookupError("another function than the listed one")
         if not method and vars(owner).get(name) is not found:  # the class's own, as stored
             raise LookupError("another attribute than the listed one")

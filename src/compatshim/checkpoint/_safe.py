@@ -61,7 +61,7 @@ def harmless_value(entry: Entry, obj: Any) -> bool:
     and no rule global (``functools.partial`` is a class)."""
     if entry.kind == "rule":
         return False
-    return isinstance(obj, type) or not callable(obj) or entry.kind == "method"
+    return isinstance(obj, type) or not callable(obj) or entry.kind in ("method", "staticmethod")
 
 
 class SafeMachine(Machine):
@@ -223,7 +223,7 @@ class SafeMachine(Machine):
             return self._call_handler(role, func, args)
         if kind == "user":
             return self._call_user(func, args)
-        if kind in ("constant", "method"):
+        if kind in ("constant", "method", "staticmethod"):
             raise UnsafeCheckpointError(f"{role.qualname} may not be called", (role.qualname,))
         if kind == "rule" and role.entry is not None and role.entry.args == _partial.RULE:
             return self._partial(role, args)

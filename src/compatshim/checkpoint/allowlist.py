@@ -29,6 +29,10 @@ Kinds (what compatshim's loader does with each; see ``_objects.py``):
     this table (read from ``vars(Class)``: no descriptor, no dunder), as
     pickle writes a method reference (protocol 4+ names it, 2-3 spell it
     ``getattr(Class, 'function')``); pushed as a value, never called.
+``staticmethod``
+    as ``method``, for a function the class body wraps in ``@staticmethod``
+    (``vars(Class)`` holds the wrapper; the function is pushed); its class
+    may be a ``constant`` row.
 ``rule``
     a global the loader never calls: its :attr:`Entry.args` rule checks the
     file's arguments and names the row whose object the call stands for
@@ -40,10 +44,11 @@ Argument rules (:attr:`Entry.args`, for ``rule`` entries):
     ``getattr(cls, name)`` with exactly two arguments: ``cls`` a class this
     load resolved from this table, and ``Class.name`` a row here that applies
     to the installed release: a ``method`` row of an ``instance`` or
-    ``dict-subclass`` class, or a ``constant`` row (``builtins.object.__new__``,
-    the one there is), checked to be ``vars(cls)[name]``. Anything else (a
-    module, another dunder, a default, a name not listed, a staticmethod or
-    property) is refused, so plain ``getattr`` stays out.
+    ``dict-subclass`` class, a ``staticmethod`` row, or a ``constant`` row
+    (``builtins.object.__new__``, the one there is), checked to be
+    ``vars(cls)[name]``. Anything else (a module, another dunder, a default, a
+    name not listed, a staticmethod under a ``method`` row, a property) is
+    refused, so plain ``getattr`` stays out.
 ``new-of-listed-class``
     ``functools.partial``, as pickle protocols 2-3 write an object whose class
     defines ``__getnewargs_ex__`` (GluonTS's ``@validated`` classes):
@@ -61,7 +66,7 @@ Argument rules (:attr:`Entry.args`, for ``rule`` entries):
     float, str, bytes, and lists, tuples, dicts of them): no class or function
     can shadow a method. The partial is never a value of the result.
 
-Classes, non-callable constants and ``method`` rows may appear in the loaded
+Classes, non-callable constants, ``method`` and ``staticmethod`` rows may appear in the loaded
 result as values; every other global only serves to build the result, and
 ``rule`` globals never appear (``functools.partial`` is a class).
 
@@ -93,7 +98,15 @@ from ._dtypes import BY_TORCH, NUMPY_CLASSES, STORAGES
 from ._names import Key, canonical, canonical_name
 
 Kind = Literal[
-    "constant", "constructor", "enum", "instance", "dict-subclass", "rebuild", "method", "rule"
+    "constant",
+    "constructor",
+    "enum",
+    "instance",
+    "dict-subclass",
+    "rebuild",
+    "method",
+    "staticmethod",
+    "rule",
 ]
 KINDS: tuple[str, ...] = typing.get_args(Kind)
 ArgRule = Literal["method-of-listed-class", "new-of-listed-class"]
@@ -177,25 +190,29 @@ def _member(entry: Entry, module: Any) -> Any:
     owner = vars(module).get(owner_name, _MISSING)
     if owner is _MISSING:
         return _MISSING
-    if entry.kind == "method":
-        return class_function(owner, name)
+    if entry.kind in ("method", "staticmethod"):
+        return class_function(owner, name, static=entry.kind == "staticmethod")
     if not isinstance(owner, type) or "." in name:
         return _MISSING
     return vars(owner).get(name, _MISSING)
 
 
-def class_function(owner: Any, name: str) -> Any:
-    """``vars(owner)[name]`` when it is a plain function written in ``owner``'s own body.
+def class_function(owner: Any, name: str, static: bool = False) -> Any:
+    """``vars(owner)[name]`` when it is a plain function written in ``owner``'s own body
+    (``static``: a ``staticmethod`` of one, and then the function it wraps).
 
     No attribute lookup runs (no descriptor, no metaclass ``__getattr__``);
-    dunders, staticmethods, classmethods, properties, builtins and functions
-    defined elsewhere and assigned to the class are refused (LookupError).
+    dunders, classmethods, properties, builtins, functions defined elsewhere and
+    assigned to the class, and staticmethods unless ``static`` (only then) are
+    refused (LookupError).
     """
     import types
 
     if not isinstance(owner, type) or not name.isidentifier() or name.startswith("__"):
         raise LookupError("not a plain method name of a class")
     found = vars(owner).get(name)
+    if static:
+        found = found.__func__ if type(found) is staticmethod else None
     if (
         type(found) is not types.FunctionType
         or found.__qualname__ != f"{owner.__qualname__}.{name}"
@@ -580,6 +597,18 @@ def _build_table() -> tuple[Entry, ...]:
             "a storage pickled with plain pickle: its bytes are loaded by this same loader",
         )
     )
+    # torch 2.0-2.2's OneCycleLR keeps its anneal staticmethod in state_dict()["anneal_func"]
+    # (2.3 stores a name instead, and still resumes from the function): scheduler.pt files
+    e.append(_torch("OneCycleLR", "constant", "a class, never called", "torch.optim.lr_scheduler"))
+    for name in ("_annealing_cos", "_annealing_linear"):
+        e.append(
+            _torch(
+                f"OneCycleLR.{name}",
+                "staticmethod",
+                "arithmetic on three numbers; returned as OneCycleLR's anneal_func, never called",
+                "torch.optim.lr_scheduler",
+            )
+        )
     # ---- frameworks
     for module, dist, versions in (
         ("lightning.fabric.utilities.data", _AT, ">=2.0"),
