@@ -150,3 +150,22 @@ def test_no_warning_escapes_a_load(tmp_path: Path, checkpoint: dict[str, Any]) -
 def test_missing_path_stays_file_not_found(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         load(tmp_path / "absent.pt")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(lambda np: np.zeros(2, dtype=[("a", "<i4"), ("b", "<f8")]), id="record-array"),
+        pytest.param(lambda np: np.dtype([("a", "u1"), ("b", "<f8")], align=True), id="aligned"),
+        pytest.param(lambda np: np.dtype(("<f4", (2,))), id="subarray"),
+    ],
+)
+def test_a_structured_numpy_dtype_is_refused_naming_it(tmp_path: Path, value: Any) -> None:
+    """numpy pickles a structured dtype as ``dtype('V12')`` with its fields in BUILD; the
+    refusal says that, not that the file's dtype state is damaged."""
+    np = pytest.importorskip("numpy")
+    path = _save({"records": value(np)}, tmp_path / "s.pt")
+    with pytest.raises(CheckpointError, match="structured numpy dtype") as refused:
+        load(path)
+    assert not isinstance(refused.value, UnsafeCheckpointError)  # plain data, not an attack
+    assert "trusted=True" in str(refused.value)

@@ -90,6 +90,13 @@ def set_dtype_state(dtype: Any, state: Any, objects: bool = False) -> None:
         raise CheckpointError(f"numpy dtype state is {short(state)}, expected an 8/9-tuple")
     version, order, subdescr, names, fields, elsize, alignment, flags = state[:8]
     metadata = state[8] if len(state) == 9 else None
+    if dtype.kind == "V" and (subdescr, names, fields) != (None, None, None):
+        raise CheckpointError(  # as numpy pickles one: dtype('V12') and its fields in BUILD
+            f"a structured numpy dtype (named fields or a subarray, {dtype.str}): compatshim "
+            "does not rebuild structured numpy arrays or dtypes (torch's weights-only load "
+            "refuses them too); only a load that runs the file's code reads them "
+            "(trusted=True, for a file you trust)"
+        )
     if (
         version not in (3, 4)
         or order not in ("<", ">", "|", "=")
