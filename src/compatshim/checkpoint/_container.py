@@ -44,7 +44,7 @@ from typing import IO, Any, Callable, Literal, NamedTuple, TypeVar
 
 from .._text import cut, names, short
 from . import _safetensors
-from ._gate import ALLOWLIST, Verdict, judge
+from ._gate import ALLOWLIST, NOT_REBUILT, Verdict, judge
 from ._machine import Machine, Source
 from ._objects import GETATTR_NAME
 from ._tensors import REBUILDS
@@ -682,6 +682,13 @@ def read_legacy(file: IO[bytes], encoding: str = "utf-8") -> Legacy:
     if type(keys) is not list or not all(type(k) is str for k in keys):
         raise CheckpointError("legacy storage key list is malformed")
     if sorted(keys) != sorted(declared) or len(set(keys)) != len(keys):
+        unknown = scanner.found.unknown_storages
+        if unknown and unknown <= NOT_REBUILT.keys():  # declared none: refused by name, as in zip
+            first, *others = sorted(unknown)
+            also = f"; the file also names {names(others)}, refused as well" if others else ""
+            raise UnsafeCheckpointError(
+                f"global {first} refused: no storage type compatshim reads{also}", (first, *others)
+            )
         raise CheckpointError(
             "legacy storage key list does not match the storages the pickle names"
         )
@@ -735,6 +742,7 @@ class ScanResult:
     split: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (module, name)
     protocol: int = 0
     problems: list[str] = field(default_factory=list)  # what load refuses whatever it allows
+    unknown_storages: set[str] = field(default_factory=set)  # storage types it declares none of
 
 
 # results of a call that load may call in turn, under the rule of their global (its
@@ -861,6 +869,7 @@ class ScanMachine(Machine):
             module, _, name = pid[1].name.rpartition(".")
             entry = lookup(module, name)
             if entry is None and name not in STORAGE_DTYPES:
+                self.found.unknown_storages.add(pid[1].name)
                 return Symbol("<persistent storage>")  # an unknown global: judged by its name
             type_name = storage_type(entry) if entry is not None else name
         return declare_storage(self.found.storages, type_name, pid[2:], self.container == "legacy")
