@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,3 +97,32 @@ def test_one_cycle_lr_getattr_reads_only_its_two_anneal_functions(tmp_path: Path
     path.write_bytes(b"\x80\x02ctorch.optim.lr_scheduler\nOneCycleLR\n)R.")
     with pytest.raises(UnsafeCheckpointError, match="may not be called"):
         load(path)
+
+
+@pytest.mark.parametrize("strategy", ["cos", "linear"])
+def test_swalr_state_from_torch_before_2_6_loads(tmp_path: Path, strategy: str) -> None:
+    """torch 2.0-2.5's SWALR keeps its staticmethod in ``anneal_func`` and its
+    ``state_dict()`` keeps it (Lightning's StochasticWeightAveraging saves that state);
+    newer torch resumes from it."""
+    swalr = torch.optim.swa_utils.SWALR
+    function = {"cos": "_cosine_anneal", "linear": "_linear_anneal"}[strategy]
+
+    def scheduler() -> tuple[torch.optim.Optimizer, Any]:
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+        return opt, swalr(opt, swa_lr=0.05, anneal_epochs=4, anneal_strategy=strategy)
+
+    opt, sched = scheduler()
+    state = {k: v for k, v in vars(sched).items() if k not in ("optimizer", "_anneal_strategy")}
+    assert state["anneal_func"] is getattr(swalr, function)  # as 2.0-2.5 saved it
+    path = tmp_path / "swa.pt"
+    torch.save(state, path)
+    got = load(path)
+    assert got == torch.load(path, weights_only=False)
+    assert got["anneal_func"] is getattr(swalr, function)
+    assert inspect(path).loadable
+    fresh, resumed = scheduler()
+    resumed.load_state_dict(got)
+    for optimizer, each in ((opt, sched), (fresh, resumed)):
+        optimizer.step()
+        each.step()
+    assert resumed.get_last_lr() == sched.get_last_lr()

@@ -597,18 +597,23 @@ def _build_table() -> tuple[Entry, ...]:
             "a storage pickled with plain pickle: its bytes are loaded by this same loader",
         )
     )
-    # torch 2.0-2.2's OneCycleLR keeps its anneal staticmethod in state_dict()["anneal_func"]
-    # (2.3 stores a name instead, and still resumes from the function): scheduler.pt files
-    e.append(_torch("OneCycleLR", "constant", "a class, never called", "torch.optim.lr_scheduler"))
-    for name in ("_annealing_cos", "_annealing_linear"):
-        e.append(
-            _torch(
-                f"OneCycleLR.{name}",
-                "staticmethod",
-                "arithmetic on three numbers; returned as OneCycleLR's anneal_func, never called",
-                "torch.optim.lr_scheduler",
+    # Schedulers that kept their anneal staticmethod in state_dict()["anneal_func"]: OneCycleLR
+    # to torch 2.2, SWALR to 2.5 (Lightning's StochasticWeightAveraging saves its state);
+    # later releases store a name instead and still resume from the function
+    for module, owner, functions in (
+        ("torch.optim.lr_scheduler", "OneCycleLR", ("_annealing_cos", "_annealing_linear")),
+        ("torch.optim.swa_utils", "SWALR", ("_cosine_anneal", "_linear_anneal")),
+    ):
+        e.append(_torch(owner, "constant", "a class, never called", module))
+        for name in functions:
+            e.append(
+                _torch(
+                    f"{owner}.{name}",
+                    "staticmethod",
+                    f"arithmetic on numbers; returned as {owner}'s anneal_func, never called",
+                    module,
+                )
             )
-        )
     # ---- frameworks
     for module, dist, versions in (
         ("lightning.fabric.utilities.data", _AT, ">=2.0"),
