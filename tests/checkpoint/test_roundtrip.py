@@ -152,6 +152,22 @@ def test_missing_path_stays_file_not_found(tmp_path: Path) -> None:
         load(tmp_path / "absent.pt")
 
 
+def test_nested_tensors_are_refused_unless_their_rebuild_is_allowed(tmp_path: Path) -> None:
+    """What docs/checkpoint.md says of nested tensors: refused naming the rebuild function,
+    and loaded as torch loads them where a user allows it for a file they trust."""
+    rebuild = "torch._utils._rebuild_nested_tensor"
+    nested = torch.nested.nested_tensor([torch.zeros(2), torch.arange(3.0)])
+    try:
+        path = _save({"nt": nested}, tmp_path / "nested.pt")
+    except (RuntimeError, NotImplementedError) as exc:  # older releases cannot save one
+        pytest.skip(f"torch {torch.__version__} does not save nested tensors: {exc}")
+    with pytest.raises(UnsafeCheckpointError, match=rebuild.replace(".", r"\.")):
+        load(path)
+    got = load(path, allow=[rebuild])["nt"]
+    assert got.is_nested
+    assert [t.tolist() for t in got.unbind()] == [[0.0, 0.0], [0.0, 1.0, 2.0]]
+
+
 @pytest.mark.parametrize(
     "value",
     [
