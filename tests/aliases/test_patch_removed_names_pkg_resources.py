@@ -119,3 +119,26 @@ def test_never_shadows_an_installed_module(tmp_path: Path) -> None:
     )
     assert found[0] is True and found[1] is True
     assert found[2].startswith(str(tmp_path))
+
+
+@needs_subset
+def test_get_distribution_does_not_resolve_dependencies(tmp_path: Path) -> None:
+    """setuptools 81 returns an installed distribution as found (``working_set.find``), even
+    when one of its own dependencies is missing (``get_distribution(__name__).version``), or
+    its requirement's marker does not hold here."""
+    info = tmp_path / "fakepkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: fakepkg\nVersion: 1.0\n"
+        "Requires-Dist: not-a-real-package-xyz>=1\n"
+    )
+    found = run(
+        "import json, compatshim; compatshim.install(); import pkg_resources\n"
+        "names = ('fakepkg', 'fakepkg>=1', \"fakepkg; python_version < '3'\")\n"
+        "answers = [pkg_resources.get_distribution(r).version for r in names]\n"
+        "try:\n    pkg_resources.get_distribution('fakepkg>=2')\n"
+        "except pkg_resources.VersionConflict as exc:\n    answers.append(str(exc.req))\n"
+        "print(json.dumps(answers))",
+        extra_path=str(tmp_path),
+    )
+    assert found == ["1.0", "1.0", "1.0", "fakepkg>=2"]

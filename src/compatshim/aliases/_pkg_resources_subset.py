@@ -11,7 +11,8 @@ what it provides:
   dependencies (markers and extras evaluated, pre-releases accepted, as
   ``WorkingSet.resolve`` does) and returns the distributions; raises
   ``DistributionNotFound`` / ``VersionConflict`` like setuptools 81.
-- ``get_distribution(name_or_requirement)``: ``.project_name``, ``.key``,
+- ``get_distribution(name_or_requirement)``: the installed distribution as found (its
+  dependencies are not resolved, as in setuptools 81): ``.project_name``, ``.key``,
   ``.version``, ``.parsed_version``, ``.location``, ``.requires(extras)``.
 - ``iter_entry_points(group, name=None)``: ``.name``, ``.module_name``,
   ``.attrs``, ``.extras``, ``.dist``, ``.load()``, ``.resolve()``.
@@ -242,9 +243,11 @@ def get_distribution(dist: Any) -> Distribution:
     except InvalidRequirement as exc:
         raise ValueError(f"Invalid requirement {dist!r}: {exc}") from None
     found = _find(req.name)
-    if found is not None and req.specifier and not _satisfies(found, req):
+    if found is None:
+        return require(str(req))[0]  # raises DistributionNotFound, as setuptools 81
+    if req.specifier and not _satisfies(found, req):
         raise VersionConflict(found, req)
-    return require(str(req))[0]
+    return found  # as found (working_set.find): its own dependencies are not resolved
 
 
 class EntryPoint:
