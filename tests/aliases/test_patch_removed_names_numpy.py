@@ -100,3 +100,31 @@ def test_the_catalogue_row_targets_every_module_the_table_names() -> None:
     (row,) = [patch for patch in CATALOGUE if patch.name == "removed-names"]
     assert row.targets == ("compatshim", *ATTRIBUTE_MODULES)
     assert all(row.distribution_for(m) != "compatshim" for m in ATTRIBUTE_MODULES)
+
+
+#: ``pickle.dumps(np.char.array(["a", "bc"]), protocol=2)`` under numpy 1.24.4: the class is
+#: ``numpy.chararray`` there (numpy 2.0-2.4 warn on that name, numpy 2.5 has none).
+CHARARRAY_NUMPY1 = (
+    b"\x80\x02cnumpy.core.multiarray\n_reconstruct\nq\x00cnumpy\nchararray\nq\x01K\x00\x85q\x02"
+    b"c_codecs\nencode\nq\x03X\x01\x00\x00\x00bq\x04X\x06\x00\x00\x00latin1q\x05\x86q\x06Rq\x07"
+    b"\x87q\x08Rq\t(K\x01K\x02\x85q\ncnumpy\ndtype\nq\x0bX\x02\x00\x00\x00U2q\x0c\x89\x88\x87q\r"
+    b"Rq\x0e(K\x03X\x01\x00\x00\x00<q\x0fNNNK\x08K\x04K\x08tq\x10b\x89h\x03X\x10\x00\x00\x00a"
+    b"\x00\x00\x00\x00\x00\x00\x00b\x00\x00\x00c\x00\x00\x00q\x11h\x05\x86q\x12Rq\x13tq\x14b."
+)
+
+
+@pytest.mark.skipif(not version_at_least("numpy", "2.5"), reason="numpy < 2.5 has np.chararray")
+def test_chararray_of_a_numpy1_pickle_loads_armed() -> None:
+    found = run(
+        "import json, pickle, numpy as np, compatshim\n"
+        f"data = {CHARARRAY_NUMPY1!r}\n"
+        "try:\n    pickle.loads(data)\n    plain = 'loaded'\n"
+        "except AttributeError as exc:  # the wording differs between Pythons\n"
+        "    plain = 'chararray' in str(exc)\n"
+        "compatshim.install()\n"
+        "value = pickle.loads(data)\n"
+        "same = type(value) is np.char.chararray and np.chararray is np.char.chararray\n"
+        "compatshim.uninstall()\n"
+        "print(json.dumps([plain, same, value.tolist(), hasattr(np, 'chararray')]))"
+    )
+    assert found == [True, True, ["a", "bc"], False]

@@ -152,6 +152,19 @@ TABLE: tuple[Alias, ...] = (
             "has no row_stack"
         ),
     ),
+    Alias(
+        "numpy.chararray",
+        provides="attribute",
+        kind="identical",
+        distribution="numpy",
+        needs=">=2.5",
+        target="numpy.char.chararray",
+        evidence=(
+            "numpy 1.24.4: chararray's __module__ is numpy (its pickles name numpy.chararray); "
+            "numpy 2.4.6 numpy/__init__.py __getattr__ warns for chararray, then returns "
+            "numpy.char.chararray; numpy 2.5.5 has no numpy.chararray (numpy.char.chararray stays)"
+        ),
+    ),
     *(
         Alias(
             f"numpy.{name}",
