@@ -21,7 +21,8 @@ _HOOK = "compatshim_auto"  # the start-up hook, a top-level module beside the pa
 START_UP = "<compatshim start-up hook>"  # where a warning raised at interpreter start shows
 
 
-def _inside(filename: str) -> bool:
+def internal_file(filename: str) -> bool:
+    """Whether ``filename`` is compatshim's own (its package folder) or the import machinery."""
     return filename.startswith(_PACKAGE) or filename.startswith("<frozen importlib")
 
 
@@ -31,9 +32,9 @@ def warn(message: str, category: type[Warning]) -> None:
     import warnings  # not imported at interpreter start: only when a warning is due
 
     frame = sys._getframe(1)
-    while frame.f_back is not None and _inside(frame.f_code.co_filename):
+    while frame.f_back is not None and internal_file(frame.f_code.co_filename):
         frame = frame.f_back
-    if _inside(frame.f_code.co_filename):  # called from nowhere outside: say it here
+    if internal_file(frame.f_code.co_filename):  # called from nowhere outside: say it here
         warnings.warn(message, category, stacklevel=2)
         return
     module_globals = frame.f_globals

@@ -36,3 +36,21 @@ def test_resolve_finds_the_object() -> None:
     import os.path
 
     assert resolve("os.path.join") is os.path.join
+
+
+def test_a_name_not_provided_names_a_caller_under_a_folder_called_compatshim(
+    tmp_path: Any,
+) -> None:
+    """The caller search skipped every file whose path held "compatshim", so a script in
+    ~/compatshim-trials/ was passed over for a frame of whoever ran it."""
+    import runpy
+
+    folder = tmp_path / "compatshim-trials"
+    folder.mkdir()
+    script = folder / "train.py"
+    script.write_text(
+        "from compatshim.aliases._missing import not_provided\n"
+        "error = not_provided('torch._six', 'nope', 'torch 2.0 removed torch._six')\n"
+    )
+    error = runpy.run_path(str(script))["error"]
+    assert f"(asked by {script}:2)" in str(error)

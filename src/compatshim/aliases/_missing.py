@@ -4,13 +4,16 @@ from __future__ import annotations
 
 
 def _caller() -> str:
-    """``file:line`` of the first frame outside compatshim and importlib."""
+    """``file:line`` of the first frame outside compatshim's package and importlib (a user's
+    folder may be named after compatshim: only the package's own files are skipped)."""
     import sys
+
+    from .._warn import internal_file
 
     frame = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if "compatshim" not in filename and not filename.startswith("<frozen"):
+        if not internal_file(filename) and not filename.startswith("<frozen"):
             return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back  # type: ignore[assignment]
     return "an unknown caller"
