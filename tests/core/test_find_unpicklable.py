@@ -221,6 +221,19 @@ def test_process_group_is_named_with_the_patch_that_covers_it(world_group: Any) 
     assert "clone_module" in finding.fix
 
 
+def test_a_patch_compatshim_disable_names_is_not_offered_as_install(
+    world_group: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With COMPATSHIM_DISABLE=torch-processgroup-copy the fix said 'compatshim.install()',
+    which leaves that patch off."""
+    monkeypatch.setenv("COMPATSHIM_DISABLE", "torch-processgroup-copy")
+    (finding,) = find_unpicklable({"group": world_group})
+    assert finding.fix is not None
+    assert finding.fix.startswith(
+        "patch torch-processgroup-copy (disabled by COMPATSHIM_DISABLE here: remove it there, "
+    ), finding.fix
+
+
 def test_a_hundred_thousand_deep_chain_does_not_hit_the_recursion_limit() -> None:
     root = Node()
     node = root

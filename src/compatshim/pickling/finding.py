@@ -64,19 +64,28 @@ def error_text(exc: BaseException) -> str:
     return f"{type_attribute(type(exc), '__name__', 'exception')}: {safe_str(exc)}"
 
 
+def _patch(name: str) -> str:
+    """The patch that fixes it, and how to arm it here (``install()`` skips a disabled one)."""
+    from .._settings import disabled_names
+
+    if name in disabled_names():
+        return (
+            f"patch {name} (disabled by COMPATSHIM_DISABLE here: remove it there, then "
+            "compatshim.install())"
+        )
+    return f"patch {name} (compatshim.install())"
+
+
 def fix_for(obj: Any, owner: Any) -> str | None:
     """The compatshim patch or function that covers this kind of culprit, if any."""
     module = type_attribute(type(obj), "__module__", "")
     name = type_attribute(type(obj), "__name__", "")
     if name in _VIEW_TYPE_NAMES:
         if type_attribute(type(owner), "__module__", "").startswith("nuscenes"):
-            return "patch nuscenes-dict-views (compatshim.install())"
+            return _patch("nuscenes-dict-views")
         return None
     if module.startswith("torch") and "ProcessGroup" in name:
-        return (
-            "patch torch-processgroup-copy (compatshim.install()); "
-            "compatshim.clone_module for a deep copy"
-        )
+        return f"{_patch('torch-processgroup-copy')}; compatshim.clone_module for a deep copy"
     if module in ("_thread", "threading") or module.startswith("torch.cuda"):
         return "compatshim.clone_module shares it in a deep copy (pickling cannot carry it)"
     return None
