@@ -291,17 +291,30 @@ def walk(
         if param.requires_grad:
             name = index.lookup(raw_name)
             ema = ema_params[name]
-            known = follows.get(id(ema))
-            if known is None:
-                follows[id(ema)] = (name, param)
+            if _first_name(follows, ema, name, param, "parameters", "ties"):
                 pairs.append((name, ema, param))
-            elif known[1] is not param:
-                raise EmaMismatchError(
-                    f"compatshim.ema: EMA parameters {known[0]!r} and {name!r} are one tensor but "
-                    "the model's are two: the EMA ties parameters the model does not; copy the "
-                    "EMA from the model as it is now (copy.deepcopy(model))"
-                )
     return pairs, watched
+
+
+def _first_name(
+    follows: dict[int, tuple[str, Tensor]], ema: Tensor, name: str, src: Tensor, kind: str,
+    verb: str,
+) -> bool:  # fmt: skip
+    """Whether ``name`` is the first name ``ema`` is met by (``follows``: id(EMA tensor) ->
+    (EMA name, its source)): each EMA tensor is stepped once. A later name must follow the
+    same source, else the EMA joins what the model holds apart (``kind``: "parameters" or
+    "buffers"; ``verb``: how the EMA joins them)."""
+    entry = (name, src)
+    known = follows.setdefault(id(ema), entry)
+    if known is entry:
+        return True
+    if known[1] is not src:
+        raise EmaMismatchError(
+            f"compatshim.ema: EMA {kind} {known[0]!r} and {name!r} are one tensor but the "
+            f"model's are two: the EMA {verb} {kind} the model does not; copy the EMA from the "
+            "model as it is now (copy.deepcopy(model))"
+        )
+    return False
 
 
 def persistent_buffers(module: torch.nn.Module) -> list[tuple[str, dict[str, Any], str, Tensor]]:
@@ -399,16 +412,8 @@ def _pair_buffers(
         plan.slot_dicts += [slots, ema_slots_of]  # every name's slot: a reassignment rebuilds
         plan.slot_keys += [key, ema_key]
         plan.slot_held += [buf, ema]
-        entry = (name, buf)
-        known = follows.setdefault(id(ema), entry)
-        if known is not entry:  # another name of one shared EMA buffer: stepped once
-            if known[1] is not buf:
-                raise EmaMismatchError(
-                    f"compatshim.ema: EMA buffers {known[0]!r} and {name!r} are one tensor but "
-                    "the model's are two: the EMA shares buffers the model does not; copy the "
-                    "EMA from the model as it is now (copy.deepcopy(model))"
-                )
-            continue
+        if not _first_name(follows, ema, name, buf, "buffers", "shares"):
+            continue  # another name of one shared EMA buffer: stepped once
         if is_dtensor(buf) or is_dtensor(ema):
             ema, buf = _local_pair(name, ema, buf)
             dtensor = True
