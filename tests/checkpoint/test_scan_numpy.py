@@ -109,6 +109,30 @@ def test_the_verdict_is_hardened_numpy_load_s(files: dict[str, Path]) -> None:
         assert (inspect(path).severity == LOADABLE) == (outcome == "loads"), (path, outcome)
 
 
+def test_inspect_in_a_hardened_process_judges_as_it_does_plain(files: dict[str, Path]) -> None:
+    """Under ``COMPATSHIM_SAFE_LOAD=1`` the patch puts its entry in place of numpy's
+    ``read_array``; ``inspect`` looked numpy's header parser up in that entry's globals and
+    raised a bare ``KeyError: '_read_array_header'`` for every ``.npy`` and ``.npz`` (found
+    running picklescan's test samples through ``inspect`` in a hardened process)."""
+    script = (
+        "import sys, numpy, compatshim.checkpoint as ck\n"
+        "for path in sys.argv[1:]:\n"
+        "    try:\n"
+        "        print(ck.inspect(path).severity)\n"
+        "    except Exception as exc:\n"
+        "        print(type(exc).__name__)\n"
+    )
+    paths = [str(p) for p in files.values()]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPATSHIM_")}
+    done = subprocess.run(
+        [sys.executable, "-c", script, *paths],
+        capture_output=True, text=True, timeout=240,
+        env={**env, "PYTHONPATH": SRC, "COMPATSHIM_AUTO": "1", "COMPATSHIM_SAFE_LOAD": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [inspect(p).severity for p in paths], done.stdout
+
+
 def test_a_folder_walk_scans_npy_and_npz(files: dict[str, Path], tmp_path: Path) -> None:
     found = set(targets([tmp_path]))
     assert {str(p) for p in files.values()} <= found  # before: none of them

@@ -30,6 +30,7 @@ import io
 import json
 import os
 import shlex
+import sys
 import zipfile
 import zlib
 from dataclasses import asdict, dataclass, field, replace
@@ -756,6 +757,23 @@ _MEMBER_DAMAGE = (
 )
 
 
+def _header_parser(npy: Any, what: str) -> Any:
+    """numpy's ``_read_array_header`` (1.x and 2.x alike), read from numpy's own
+    ``read_array`` even where hardened mode's entry stands in for it."""
+    from ..patches.numpy_load_hardened import _reader
+
+    try:
+        parse = _reader(npy).__globals__.get("_read_array_header")
+    except LookupError:
+        parse = None
+    if not callable(parse):
+        raise CheckpointError(
+            f"{what}: numpy {getattr(sys.modules.get('numpy'), '__version__', '?')}: "
+            f"numpy.lib.format.read_array reads no _read_array_header: layout not known"
+        )
+    return parse
+
+
 def _npy(
     info: CheckpointInfo, npy: Any, file: IO[bytes], what: str, pickled: bool = False
 ) -> CheckpointInfo:
@@ -777,7 +795,7 @@ def _npy(
                 f"numpy's limit is {_NPY_HEADER_LIMIT})"
             )
         body = io.BytesIO(head[8:] + file.read(max(0, width + size - len(head) + 8)))
-        parse = npy.read_array.__globals__["_read_array_header"]  # numpy 1.x and 2.x alike
+        parse = _header_parser(npy, what)
         try:  # numpy's own parse of at most _NPY_HEADER_LIMIT bytes
             _, _, dtype = parse(body, version)
         except (ValueError, TypeError, SyntaxError) as exc:
