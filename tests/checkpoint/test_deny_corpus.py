@@ -77,6 +77,63 @@ def test_each_corpus_gadget_is_denied(name: str, tmp_path: Path) -> None:
         load(path, allow=[name])
 
 
+#: Gadgets no corpus used yet, found 2026-12-06 by offering the stdlib's, numpy's, torch's,
+#: omegaconf's and hydra's file, process and global-state calls as allow entries: each was
+#: admitted by one ``allow=`` entry (``pathlib.Path.write_text`` wrote any file).
+OWN_GADGETS = (
+    "_winapi.CreateProcess",
+    "concurrent.futures.ProcessPoolExecutor",
+    "shelve.open",
+    "zipimport.zipimporter",
+    "site.addsitedir",
+    "platform.architecture",
+    "zipfile.ZipFile",
+    "tarfile.open",
+    "gzip.open",
+    "sqlite3.connect",
+    "linecache.getline",
+    "pathlib.Path.write_text",
+    "pathlib.Path.unlink",
+    "gc.get_objects",
+    "resource.setrlimit",
+    "weakref.finalize",
+    "xml.etree.ElementTree.parse",
+    "string.Formatter.format",
+    "abc.ABCMeta",
+    "numpy.ndarray.tofile",
+    "numpy.ma.core.load",
+    "numpy.lib.stride_tricks.as_strided",
+    "numpy.random.seed",
+    "torch.save",
+    "torch.library.Library",
+    "torch.nn.modules.module.register_module_forward_hook",
+    "torch.distributed.distributed_c10d.init_process_group",
+    "omegaconf.OmegaConf.save",
+    "omegaconf.OmegaConf.register_new_resolver",
+    "hydra.utils.instantiate",
+)
+
+
+@pytest.mark.parametrize("name", OWN_GADGETS)
+def test_each_own_gadget_is_denied(name: str, tmp_path: Path) -> None:
+    test_each_corpus_gadget_is_denied(name, tmp_path)
+
+
+def test_one_allow_entry_no_longer_lets_a_file_write_a_file(tmp_path: Path) -> None:
+    """``pathlib.Path.write_text`` called on a ``PosixPath`` the file builds: admitted by
+    ``allow=["pathlib.Path.write_text"]``, the load wrote the file's text to its path."""
+    target = tmp_path / "written"
+    path = tmp_path / "writer.pkl"
+    cls = "WindowsPath" if os.name == "nt" else "PosixPath"
+    path.write_bytes(
+        P2 + g("pathlib", "Path.write_text") + g("pathlib", cls) + u(str(target)) + b"\x85R"
+        + u("hi") + b"\x86R" + STOP
+    )  # fmt: skip
+    with pytest.raises(UnsafeCheckpointError, match="denied"):
+        load(path, allow=["pathlib.Path.write_text"])
+    assert not target.exists()
+
+
 def _objects() -> dict[str, object]:
     """Objects an audit found admitted under an innocent name (``(obj, "pkg.thing")``)."""
     import code
