@@ -398,6 +398,8 @@ _FIELDS: dict[str, tuple[type, bool, int | None]] = {
 }
 
 
+_STATEFUL_FIELDS = ("rank", "stateful")  # only a StatefulDataLoader's position has them
+
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1  # torch.Generator.manual_seed's range
 
 
@@ -416,6 +418,10 @@ def _checked(state: Any) -> Mapping[str, Any]:
     if type(state.get("version")) is not int or state["version"] != VERSION:
         raise DataPositionError(f"state: version {short(state.get('version'))} is not {VERSION}")
     for name, (kind, optional, least) in _FIELDS.items():
+        if name not in state and name not in _STATEFUL_FIELDS:  # later read as state[name]
+            raise DataPositionError(
+                f"state[{name!r}]: missing; position() writes every field (an edited position?)"
+            )
         value = state.get(name)
         if value is None and optional:
             continue

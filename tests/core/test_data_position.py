@@ -310,6 +310,21 @@ def test_a_state_with_a_bad_field_is_refused(field: str, value: Any) -> None:
 
 
 @pytest.mark.parametrize(
+    "field", ["seed", "shuffle", "sampler_drop_last", "epoch_length", "consumed"]
+)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_state_missing_a_field_is_refused_and_changes_nothing(
+    field: str, world_size: int
+) -> None:
+    """A position with a field removed was a bare KeyError (not a DataPositionError)."""
+    state, _ = saved(10, 2, 1)
+    load = loader(10, world_size, 0, epoch=0)
+    with pytest.raises(DataPositionError, match=rf"state\['{field}'\]: missing"):
+        cd.resume(load, {key: value for key, value in state.items() if key != field})
+    assert load.sampler.epoch == 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
     ("field", "value", "match"),
     [
         ("batches", 999, "state: batches=999, but the loader has only 2 batches in an epoch"),
