@@ -20,10 +20,12 @@ does, and the loader's ``drop_last=True`` cuts each new rank's last partial batc
 exactly once (ranks then differ by at most one sample).
 
 RNG. :func:`resume` builds the loader's iterator itself and leaves torch's default generator
-and the loader's ``generator`` as they were: ``DataLoader.__iter__`` draws the workers' base
-seed from one of them, so ``iter(loader)`` after ``compatshim.rng.load`` moved the restored
-stream on (the first resumed step's dropout differed from the uninterrupted run's). With
-:func:`resume`, calling it before or after ``compatshim.rng.load`` gives the same streams.
+and the loader's ``generator`` as they were (except where a StatefulDataLoader's state sets
+the ``generator`` its RandomSampler shuffles with): ``DataLoader.__iter__`` draws the
+workers' base seed from one of them, so ``iter(loader)`` after ``compatshim.rng.load`` moved
+the restored stream on (the first resumed step's dropout differed from the uninterrupted
+run's). With :func:`resume`, calling it before or after ``compatshim.rng.load`` gives the same
+streams.
 Randomness inside DataLoader workers (augmentations drawn in ``Dataset.__getitem__`` with
 ``num_workers > 0``) is not reproduced: the workers' generators are seeded anew.
 
@@ -573,15 +575,16 @@ class _LoaderView:
 
 
 @contextlib.contextmanager
-def _generators_kept(loader: Any) -> Iterator[None]:
+def _generators_kept(loader: Any, *, own_too: bool = True) -> Iterator[None]:
     """Put torch's default generator and ``loader.generator`` back as they were on leaving.
 
     ``_BaseDataLoaderIter.__init__`` draws the workers' base seed from one of them.
+    ``own_too=False`` leaves ``loader.generator`` as the block left it.
     """
     import torch
 
     default = torch.get_rng_state()
-    own = loader.generator
+    own = loader.generator if own_too else None
     own_state = own.get_state() if own is not None else None
     try:
         yield
@@ -1058,7 +1061,14 @@ def _stateful_resume(loader: Any, saved: Mapping[str, Any]) -> Resumed | None:
             # a finished pass: iter(loader) would start the next one under the saved epoch
             iterator: Any = _Finished()
         else:
-            with _generators_kept(loader):
+            # the loader's generator, where its sampler shuffles with it (torchdata's
+            # RandomSampler), is set from the state here: putting it back as it was would
+            # shuffle the next passes otherwise than the uninterrupted run
+            shared = loader.generator is not None and any(
+                getattr(one, "generator", None) is loader.generator
+                for one in (loader.sampler, getattr(loader.batch_sampler, "sampler", None))
+            )
+            with _generators_kept(loader, own_too=not shared):
                 iterator = iter(loader)
     except _TORCHDATA_ERRORS as exc:
         loader.next_iter_state, loader._iterator = kept

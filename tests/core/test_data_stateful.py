@@ -78,6 +78,23 @@ def test_a_shuffled_loader_resumes_its_own_order(workers: int) -> None:
     assert rest.same_order and rest.skipped == 3
 
 
+@pytest.mark.parametrize("seed", [5, 99])
+def test_a_shuffled_loader_with_workers_shuffles_the_next_passes_as_before(seed: int) -> None:
+    """The loader's generator is its RandomSampler's, set from the state when the iterator is
+    built: resume put it back as it was, so the passes after the resumed one were shuffled
+    otherwise than the uninterrupted run's (plain load_state_dict + iter kept them)."""
+    load = shuffled(workers=2)
+    uninterrupted = [[b[0].tolist() for b in load] for _ in range(3)]
+    load = shuffled(workers=2)
+    [b[0].tolist() for b in load]  # the first pass
+    _, _open = taken(load, 3)  # the pass's iterator, kept open as in training
+    state = cd.position(load, epoch=1, batches=3)
+    resumed = shuffled(workers=2, seed=seed)
+    rest = [b[0].tolist() for b in cd.resume(resumed, state)]
+    assert rest == uninterrupted[1][3:]
+    assert [b[0].tolist() for b in resumed] == uninterrupted[2]
+
+
 class Stream(IterableDataset[Any]):
     """An IterableDataset that saves where it is: only the loader's state can resume it."""
 
