@@ -17,6 +17,7 @@ import sys
 import textwrap
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -291,3 +292,46 @@ def test_the_shard_position_of_a_param_the_optimizer_lacks_is_master_params_erro
         with pytest.raises(KeyError) as master:
             master_param(optimizer, param)  # type: ignore[arg-type]
         assert str(position.value) == str(master.value)
+
+
+def _colossalai_class(name: str, module: str, base: type) -> type:
+    return type(name, (base,), {"__module__": module})
+
+
+def test_a_colossalai_wrapper_that_subclasses_torch_optimizer_is_not_plain() -> None:
+    """colossalai 0.3.x's ColossalaiOptimizer wrappers subclass torch.optim.Optimizer and
+    delegate param_groups to ``.optim``. Legacy ZeRO's ShardedOptimizerV2 keeps fp16 working
+    params there and its fp32 masters in ``master_params``: it resolved as a plain optimizer
+    and master_param returned the fp16 working param (seen on real colossalai 0.3.2). The
+    stand-ins copy those classes' names, modules and delegation; the base is still unwrapped."""
+    import torch
+
+    from compatshim.master import UnknownLayoutError, layout_name, master_param
+
+    def wrapper_init(self: Any, optim: torch.optim.Optimizer) -> None:
+        self.optim = optim  # like ColossalaiOptimizer.__init__: no Optimizer.__init__
+
+    base = type(
+        "ColossalaiOptimizer",
+        (torch.optim.Optimizer,),
+        {
+            "__module__": "colossalai.nn.optimizer.colossalai_optimizer",
+            "__init__": wrapper_init,
+            "param_groups": property(lambda self: self.optim.param_groups),
+        },
+    )
+    sharded_v2 = _colossalai_class(
+        "ShardedOptimizerV2", "colossalai.zero.legacy.sharded_optim.sharded_optim_v2", base
+    )
+    working = torch.nn.Parameter(torch.zeros(3, dtype=torch.float16))
+    legacy = sharded_v2(torch.optim.Adam([working]))
+    legacy.master_params = {working: torch.zeros(3)}
+    with pytest.raises(UnknownLayoutError, match="ShardedOptimizerV2") as raised:
+        master_param(legacy, working)
+    assert "ColossalaiOptimizer" in str(raised.value)  # the wrappers it knows
+    thin = base(torch.optim.SGD([working], lr=0.1))
+    assert layout_name(thin) == "plain-torch-optimizer"
+    assert master_param(thin, working) is working
+    # colossalai's own optimizers (HybridAdam, ...) hold no other optimizer: plain
+    hybrid_adam = _colossalai_class("HybridAdam", "colossalai.nn.optimizer", torch.optim.Adam)
+    assert master_param(hybrid_adam([working]), working) is working

@@ -4,7 +4,10 @@ Users hold the optimizer ``booster.boost`` returned, an ``OptimizerWrapper``, a
 ``LowLevelZeroOptimizer`` or a plain torch optimizer. Only thin wrappers with
 no masters of their own are unwrapped (``.optim``); an optimizer that looks
 like ColossalAI's but matches no known layout raises instead of being treated
-as plain, because its inner ``.optim`` holds masters, not working params.
+as plain, because its inner ``.optim`` holds masters, not working params. The
+same goes for 0.3.x's ``ColossalaiOptimizer`` subclasses: they subclass
+``torch.optim.Optimizer``, but their masters may live apart from
+``param_groups`` (legacy ZeRO's ``ShardedOptimizerV2``, naive AMP).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from .errors import UnknownLayoutError
 from .layouts import LAYOUTS, Layout, detect
 
 # ColossalAI wrappers that add no master copy: their ``.optim`` is what counts.
-THIN_WRAPPERS = frozenset({"OptimizerWrapper", "HybridParallelNaiveOptimizer"})
+THIN_WRAPPERS = frozenset(
+    {"OptimizerWrapper", "HybridParallelNaiveOptimizer", "ColossalaiOptimizer"}
+)
 PLAIN = "plain-torch-optimizer"
 
 
@@ -28,10 +33,16 @@ class Resolved:
     layout: Layout | None
 
 
+def _is_colossalai_wrapper(obj: Any) -> bool:
+    """A ColossalAI class holding another optimizer in ``.optim`` (it may keep masters)."""
+    from_colossalai = any(cls.__module__.startswith("colossalai") for cls in type(obj).__mro__)
+    return from_colossalai and getattr(obj, "optim", None) is not None
+
+
 def _is_plain_torch_optimizer(obj: Any) -> bool:
     import torch
 
-    return isinstance(obj, torch.optim.Optimizer)
+    return isinstance(obj, torch.optim.Optimizer) and not _is_colossalai_wrapper(obj)
 
 
 def _looked_for() -> list[str]:
