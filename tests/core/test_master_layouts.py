@@ -335,3 +335,30 @@ def test_a_colossalai_wrapper_that_subclasses_torch_optimizer_is_not_plain() -> 
     # colossalai's own optimizers (HybridAdam, ...) hold no other optimizer: plain
     hybrid_adam = _colossalai_class("HybridAdam", "colossalai.nn.optimizer", torch.optim.Adam)
     assert master_param(hybrid_adam([working]), working) is working
+
+
+def test_a_map_taken_before_add_param_group_sees_the_new_group() -> None:
+    """MasterMap says it reads through to the optimizer; a plain optimizer's map (and
+    HybridParallel stage 0's) was a copy taken at the call, so a param of a group added
+    later was "not passed to" the optimizer and missing from len() and iteration."""
+    import torch
+
+    from compatshim.master import working_to_master
+
+    first, later = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3))
+    optimizer = torch.optim.SGD([first], lr=0.1)
+    masters = working_to_master(optimizer)
+    optimizer.add_param_group({"params": [later]})
+    assert later in masters and masters[later] is later and masters[id(later)] is later
+    assert len(masters) == 2 and [p is q for p, q in zip(masters, (first, later))] == [True] * 2
+
+    class StageZero:  # HybridParallel stage 0: masters keyed by the working Parameter
+        def __init__(self) -> None:
+            self.working_to_master_map = {first: first.detach().float()}
+
+    amp = StageZero()
+    masters = working_to_master(amp)
+    amp.working_to_master_map[later] = later.detach().float()
+    assert masters[later] is amp.working_to_master_map[later] and len(masters) == 2
+    with pytest.raises(KeyError, match="has no master"):
+        masters[torch.nn.Parameter(torch.zeros(1))]

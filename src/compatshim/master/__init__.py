@@ -16,7 +16,7 @@ arithmetic and gathering; ``doctor`` reports the installed layout.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .doctor import doctor_rows
 from .errors import UnknownLayoutError
@@ -43,15 +43,32 @@ class MasterMap(Mapping[Any, "Tensor"]):
     """Read-only view: working param (object or ``id()``) -> master tensor.
 
     Iterates over the working parameters. Reads through to the optimizer's own
-    dict, so it stays valid for the optimizer's lifetime.
+    dict, so it stays valid for the optimizer's lifetime; where the layout has no
+    dict to read through (a plain optimizer, HybridParallel stage 0), it reads
+    the optimizer again on a miss, a ``len()`` or an iteration, so a param group
+    added after the map was taken is in it.
     """
 
-    def __init__(self, by_id: Mapping[int, Tensor], working: Mapping[int, Tensor]) -> None:
+    def __init__(
+        self,
+        by_id: Mapping[int, Tensor],
+        working: Mapping[int, Tensor],
+        reread: Callable[[], tuple[Mapping[int, Tensor], Mapping[int, Tensor]]] | None = None,
+    ) -> None:
         self._by_id = by_id
         self._working = working
+        self._reread = reread
+
+    def _read_again(self) -> bool:
+        if self._reread is None:
+            return False
+        self._by_id, self._working = self._reread()
+        return True
 
     def __getitem__(self, key: Any) -> Tensor:
         pid = key if isinstance(key, int) else id(key)
+        if pid not in self._by_id:
+            self._read_again()
         try:
             return self._by_id[pid]
         except KeyError:
@@ -61,20 +78,26 @@ class MasterMap(Mapping[Any, "Tensor"]):
             ) from None
 
     def __contains__(self, key: object) -> bool:
-        return (key if isinstance(key, int) else id(key)) in self._by_id
+        pid = key if isinstance(key, int) else id(key)
+        return pid in self._by_id or (self._read_again() and pid in self._by_id)
 
     def __iter__(self) -> Iterator[Any]:
+        self._read_again()
         for pid, master in self._by_id.items():
             yield self._working.get(id(master), pid)
 
     def __len__(self) -> int:
+        self._read_again()
         return len(self._by_id)
 
 
 def _plain_map(optimizer: Any) -> MasterMap:
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    by_id = {id(p): p for p in params}
-    return MasterMap(by_id, by_id)
+    def read() -> tuple[dict[int, Tensor], dict[int, Tensor]]:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        by_id = {id(p): p for p in params}
+        return by_id, by_id
+
+    return MasterMap(*read(), reread=read)
 
 
 def working_to_master(optimizer: Any) -> MasterMap:
@@ -83,10 +106,15 @@ def working_to_master(optimizer: Any) -> MasterMap:
     layout = resolved.layout
     if layout is None:
         return _plain_map(resolved.holder)
-    assert layout.master_by_id is not None  # resolve() returns supported layouts only
-    by_id = layout.master_by_id(resolved.holder)
-    working = layout.working_by_master_id(resolved.holder) if layout.working_by_master_id else None
-    return MasterMap(by_id, working or {})
+    master_by_id, working_by_master_id = layout.master_by_id, layout.working_by_master_id
+    assert master_by_id is not None  # resolve() returns supported layouts only
+    holder = resolved.holder
+
+    def read() -> tuple[Mapping[int, Tensor], Mapping[int, Tensor]]:
+        working = working_by_master_id(holder) if working_by_master_id else None
+        return master_by_id(holder), working or {}
+
+    return MasterMap(*read(), reread=read)
 
 
 def master_param(optimizer: Any, param: Tensor) -> Tensor:
