@@ -362,3 +362,26 @@ def test_a_map_taken_before_add_param_group_sees_the_new_group() -> None:
     assert masters[later] is amp.working_to_master_map[later] and len(masters) == 2
     with pytest.raises(KeyError, match="has no master"):
         masters[torch.nn.Parameter(torch.zeros(1))]
+
+
+def test_a_working_to_master_map_of_shards_gets_no_whole_position() -> None:
+    """mixed-precision-map recognises any optimizer with a dict ``working_to_master_map`` and
+    called each master whole without looking: a map of ZeRO-style shards (a release that moved
+    its map there) got offset 0, length numel, and a gather that failed in reshape."""
+    import torch
+
+    from compatshim.master import gather_master_param, master_shard_position
+
+    working = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+
+    class ShardedUnderThatName:
+        def __init__(self) -> None:
+            self.working_to_master_map = {working: torch.zeros(2)}
+
+    for read in (master_shard_position, gather_master_param):
+        with pytest.raises(ValueError, match="2-element master for a 4-element param"):
+            read(ShardedUnderThatName(), working)
+    full = ShardedUnderThatName()
+    full.working_to_master_map[working] = torch.ones(4)
+    assert master_shard_position(full, working).is_whole
+    assert torch.equal(gather_master_param(full, working), torch.ones(4))

@@ -31,6 +31,12 @@ def _working_by_master_id(optimizer: Any) -> dict[int, Tensor]:
 
 
 def _position(optimizer: Any, param: Tensor, master: Tensor) -> ShardPosition:
+    if master.numel() != param.numel():  # a map of shards is not this layout: never guess
+        raise ValueError(
+            f"compatshim.master: {type(optimizer).__name__}.working_to_master_map holds a "
+            f"{master.numel()}-element master for a {param.numel()}-element param; the "
+            "mixed-precision-map layout holds full-size masters only"
+        )
     return whole_param_position(param.numel())
 
 
