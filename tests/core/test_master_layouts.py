@@ -187,6 +187,21 @@ def test_doctor_row_for_an_unknown_source_and_for_no_colossalai(tmp_path: Path) 
         assert row.applies is True and row.detail.startswith(f"colossalai {installed}: ")
 
 
+def test_doctor_reads_the_source_of_an_editable_install(tmp_path: Path) -> None:
+    """``pip install -e`` of a ColossalAI clone: dist-info in site-packages, the source in the
+    clone. The row read "source matches no known layout" (fixable: no); it names the layout
+    from the clone's source now, still without importing colossalai."""
+    layout = next(layout for layout in LAYOUTS if layout.name == "zero-optimizer-attribute")
+    clone = _fake_colossalai(tmp_path / "clone", "0.5.0", f"    {layout.source_marker}\n")
+    (clone / "colossalai" / "__init__.py").write_text("raise ImportError('not to be imported')\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    shutil.move(str(clone / "colossalai-0.5.0.dist-info"), site)
+    (row,) = _doctor_rows_in(site, clone)
+    assert row["fixed"] is True
+    assert row["detail"] == f"colossalai 0.5.0: {layout.describe()}"
+
+
 _FUTURE_LAYOUT = '''
 """A future release keeps its masters in ``optimizer.masters_by_id``."""
 

@@ -8,6 +8,7 @@ its release's source contains); this module only reads them.
 
 from __future__ import annotations
 
+import importlib.util
 from importlib import metadata
 from pathlib import Path
 
@@ -20,9 +21,19 @@ _SOURCE = "colossalai/zero/low_level/low_level_optim.py"
 
 
 def _installed_source() -> str | None:
+    """The source beside the metadata, else beside the package Python would import.
+
+    An editable install (``pip install -e`` of a ColossalAI clone) keeps its
+    dist-info in site-packages and its source in the clone; ``find_spec`` of the
+    top-level package locates the clone without importing colossalai.
+    """
     try:
-        path = metadata.distribution("colossalai").locate_file(_SOURCE)
-        return Path(str(path)).read_text(encoding="utf-8")
+        path = Path(str(metadata.distribution("colossalai").locate_file(_SOURCE)))
+        if not path.is_file():
+            spec = importlib.util.find_spec("colossalai")
+            locations = list(spec.submodule_search_locations or []) if spec else []
+            path = Path(locations[0]).parent / _SOURCE
+        return path.read_text(encoding="utf-8")
     except Exception:  # not installed, moved, unreadable: "matches no known layout"
         return None
 
