@@ -310,7 +310,27 @@ def setting_problems() -> list[str]:
         f"{name} is not a compatshim setting, ignored; {_settings.hint(name)}"
         for name in _settings.unknown_names()
     ]
+    # a switch set to a value it does not know (COMPATSHIM_LOG=verbose logs nothing) and a
+    # COMPATSHIM_DISABLE entry naming no patch: each process warns, the doctor said "ok"
+    problems += [line.removeprefix("compatshim: ") for line in _settings.malformed()]
+    problems += _disable_problems()
     return problems
+
+
+def _disable_problems() -> list[str]:
+    """The ``COMPATSHIM_DISABLE`` entries that name no patch (spelling slips such as
+    ``torch_processgroup_copy`` are honoured, as the registry honours them)."""
+    from ._engine.registry import _canonical
+    from .patches import CATALOGUE
+
+    known = sorted(patch.name for patch in CATALOGUE)
+    canonical = {_canonical(name) for name in known}
+    return [
+        f"{_settings.DISABLE} entry {raw!r} matches no patch, ignored; known patches: "
+        + ", ".join(known)
+        for raw in _settings.disabled_names()
+        if _canonical(raw) not in canonical
+    ]
 
 
 def _names(table: list[DoctorRow]) -> str:

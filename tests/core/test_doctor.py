@@ -116,6 +116,29 @@ def test_settings_the_job_would_reject_or_ignore_fail_the_verdict(tmp_path: Path
     assert len(payload["report"]["settings"]) == 3
 
 
+def test_switch_values_and_disable_entries_the_job_would_ignore_fail_the_verdict() -> None:
+    """``COMPATSHIM_AUTO=flase`` (armed all the same), ``COMPATSHIM_LOG=verbose`` (logs
+    nothing) and a ``COMPATSHIM_DISABLE`` entry naming no patch: every process of the job warns
+    about each, yet the doctor said "ok:", exit 0, and named none of them."""
+    code, out = _doctor(COMPATSHIM_AUTO="on", COMPATSHIM_LOG="DEBUG")
+    assert code == 0, out  # known values, any case
+    code, out = _doctor(
+        "--json",
+        COMPATSHIM_AUTO="flase",
+        COMPATSHIM_LOG="verbose",
+        COMPATSHIM_DISABLE="no-such-patch",
+    )
+    payload = json.loads(out)
+    assert code == payload["exit"] == 1, payload["reason"]
+    reason = payload["reason"]
+    assert reason.startswith("3 COMPATSHIM_* setting(s) the job will not honour"), reason
+    assert "COMPATSHIM_AUTO='flase' is read as on (on: 1, true, yes, on;" in reason, reason
+    assert "COMPATSHIM_LOG='verbose' is ignored (known: debug)" in reason, reason
+    assert "COMPATSHIM_DISABLE entry 'no-such-patch' matches no patch" in reason, reason
+    assert "torch-processgroup-copy" in reason  # the known names
+    assert all(not line.startswith("compatshim:") for line in payload["report"]["settings"])
+
+
 def test_present_and_fixable_but_not_in_force_fails_and_says_how_to_arm() -> None:
     """Issue 38: the user's script has no ``import compatshim.auto`` and no
     ``COMPATSHIM_AUTO``: its breakages are not fixed, so the doctor must not say "ok"."""
