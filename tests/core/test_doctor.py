@@ -367,6 +367,33 @@ def test_auto_set_where_the_start_up_hook_never_runs_says_so(tmp_path: Any) -> N
     assert "arm: COMPATSHIM_AUTO=1" not in said, done.stdout
 
 
+def test_a_framework_that_is_not_installed_is_no_import_problem(tmp_path: Path) -> None:
+    """In an environment without numpy or torch, the doctor printed "note: importing numpy
+    failed: ModuleNotFoundError(...)" and the same for torch.distributed (removed-names'
+    targets), as if something were broken; only a failing import of an installed package is
+    a note."""
+    import venv
+
+    import packaging
+
+    venv.create(tmp_path / "env", with_pip=False)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "packaging").symlink_to(Path(packaging.__file__).parent, target_is_directory=True)
+    (lib / "numpy").mkdir()  # installed by no metadata, so no row applies for it: a target
+    (lib / "numpy" / "__init__.py").write_text("raise ImportError('numpy is broken (test)')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPATSHIM_", "PYTHON"))}
+    env.update(PYTHONPATH=os.pathsep.join((_source_dir(), str(lib))))
+    python = tmp_path / "env" / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    done = subprocess.run(
+        [str(python), "-m", "compatshim", "doctor", "--json"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    problems = json.loads(done.stdout)["report"]["import_problems"]
+    assert [p["target"] for p in problems] == ["numpy"], problems  # broken, not missing
+    assert "numpy is broken (test)" in problems[0]["error"], problems
+
+
 def test_without_packaging_the_verdict_says_why_nothing_is_fixable(tmp_path: Path) -> None:
     """An install that lacks ``packaging`` (pip --no-deps): every present breakage read
     "fixable no" with no reason anywhere; the verdict names the dependency and the fix."""
