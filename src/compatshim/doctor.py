@@ -387,9 +387,9 @@ def _verdict(table: list[DoctorRow], report: dict[str, Any]) -> tuple[int, str]:
             f"{_settings.AUTO}=1 is set but the start-up hook did not run in this interpreter: "
             f"{NO_HOOK}"
         )
-    if idle:
+    if idle:  # the rows' own line: COMPATSHIM_AUTO=1 is no way out where the hook is missing
         return 1, (
-            f"{len(idle)} breakage(s) fixable but NOT in force here: {_names(idle)}; arm: {ARM}"
+            f"{len(idle)} breakage(s) fixable but NOT in force here: {_names(idle)}; arm: {_arm()}"
         )
     armed = [r for r in table if r.applies and r.present and r.in_force]
     handled = [r for r in table if r.applies and r.present and r.fixed and r.in_force is None]

@@ -340,10 +340,9 @@ def test_a_removed_name_without_alias_is_a_row_that_does_not_fail_the_verdict(
     assert "5.24.0 wheel" in row["extra"]["evidence"]
 
 
-def test_auto_set_where_the_start_up_hook_never_runs_says_so(tmp_path: Any) -> None:
-    """compatshim imported from a source tree (PYTHONPATH) into an interpreter whose
-    site-packages lacks its start-up hook, COMPATSHIM_AUTO=1 already set: "arm:
-    COMPATSHIM_AUTO=1" was the advice; the hook is what is missing."""
+def _hookless_doctor(tmp_path: Path, **settings: str) -> subprocess.CompletedProcess[str]:
+    """``compatshim doctor`` from a source tree (PYTHONPATH) in a bare venv whose
+    site-packages lacks compatshim's start-up hook (``packaging`` beside the source)."""
     import venv
 
     import packaging
@@ -353,12 +352,19 @@ def test_auto_set_where_the_start_up_hook_never_runs_says_so(tmp_path: Any) -> N
     lib.mkdir()
     (lib / "packaging").symlink_to(Path(packaging.__file__).parent, target_is_directory=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPATSHIM_", "PYTHON"))}
-    env.update(PYTHONPATH=os.pathsep.join((_source_dir(), str(lib))), COMPATSHIM_AUTO="1")
+    env.update(PYTHONPATH=os.pathsep.join((_source_dir(), str(lib))), **settings)
     python = tmp_path / "env" / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    done = subprocess.run(
+    return subprocess.run(
         [str(python), "-m", "compatshim", "doctor"],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
+
+
+def test_auto_set_where_the_start_up_hook_never_runs_says_so(tmp_path: Path) -> None:
+    """compatshim imported from a source tree (PYTHONPATH) into an interpreter whose
+    site-packages lacks its start-up hook, COMPATSHIM_AUTO=1 already set: "arm:
+    COMPATSHIM_AUTO=1" was the advice; the hook is what is missing."""
+    done = _hookless_doctor(tmp_path, COMPATSHIM_AUTO="1")
     last = done.stdout.strip().splitlines()[-1]
     if done.returncode == 0:
         pytest.skip(f"nothing fixable applies to a bare Python {sys.version_info[:2]}: {last}")
@@ -392,6 +398,19 @@ def test_a_framework_that_is_not_installed_is_no_import_problem(tmp_path: Path) 
     problems = json.loads(done.stdout)["report"]["import_problems"]
     assert [p["target"] for p in problems] == ["numpy"], problems  # broken, not missing
     assert "numpy is broken (test)" in problems[0]["error"], problems
+
+
+def test_safe_load_set_where_the_start_up_hook_never_runs_says_so(tmp_path: Path) -> None:
+    """The same interpreter with COMPATSHIM_SAFE_LOAD=1: each row said the hook is missing,
+    but the verdict line said "arm: COMPATSHIM_AUTO=1 or ...", which arms nothing there."""
+    done = _hookless_doctor(tmp_path, COMPATSHIM_SAFE_LOAD="1")
+    last = done.stdout.strip().splitlines()[-1]
+    if done.returncode == 0:
+        pytest.skip(f"nothing fixable applies to a bare Python {sys.version_info[:2]}: {last}")
+    verdict = " ".join(done.stdout.split("\n\n")[-1].split())
+    assert "fixable but NOT in force here" in verdict, done
+    assert "its start-up hook is missing" in verdict, verdict
+    assert "arm: COMPATSHIM_AUTO=1" not in verdict, verdict
 
 
 def test_without_packaging_the_verdict_says_why_nothing_is_fixable(tmp_path: Path) -> None:
