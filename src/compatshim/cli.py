@@ -44,6 +44,14 @@ exit codes (each failure named on stderr):
      or SRC's .metadata names what compatshim refuses to read
   2  SRC unreadable (no DCP .metadata, damaged), --torch not a release number,
      DST not a new or empty folder, or SRC itself (also: a usage error)"""
+DOCTOR_EXIT_HELP = """\
+exit codes (docs/doctor.md):
+  0  every present breakage compatshim fixes is in force here
+  1  one is not (not fixed, fixable but not in force, not probed), or a COMPATSHIM_*
+     setting the job will not honour (each on a setting: line); the last line says why
+  2  the live probes could not run (the reason and how to allow more time), or a
+     --timeout / COMPATSHIM_DOCTOR_TIMEOUT that is not a positive number (also: a
+     usage error)"""
 RESUME_EXIT_HELP = """\
 exit codes:
   0  the resume would succeed
@@ -122,13 +130,19 @@ def _run(argv: Sequence[str] | None) -> int:
     doctor = commands.add_parser(
         "doctor",
         help="installed frameworks; each known breakage: present, fixable, in force here",
+        epilog=DOCTOR_EXIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.add_argument(
         "-v", "--verbose", action="store_true", help="each row's full detail under it"
     )
     doctor.add_argument(
-        "--timeout", type=float, default=None, help="seconds allowed for the live probes"
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds allowed for the live probes (default: COMPATSHIM_DOCTOR_TIMEOUT, else 300)",
     )
     inspect = commands.add_parser(
         "inspect",
