@@ -221,12 +221,16 @@ def test_process_group_is_named_with_the_patch_that_covers_it(world_group: Any) 
     assert "clone_module" in finding.fix
 
 
+@pytest.mark.parametrize(
+    "written", ["torch-processgroup-copy", "torch_processgroup_copy", " Torch-ProcessGroup-Copy"]
+)
 def test_a_patch_compatshim_disable_names_is_not_offered_as_install(
-    world_group: Any, monkeypatch: pytest.MonkeyPatch
+    world_group: Any, monkeypatch: pytest.MonkeyPatch, written: str
 ) -> None:
     """With COMPATSHIM_DISABLE=torch-processgroup-copy the fix said 'compatshim.install()',
-    which leaves that patch off."""
-    monkeypatch.setenv("COMPATSHIM_DISABLE", "torch-processgroup-copy")
+    which leaves that patch off; so it did for a spelling slip the registry honours the same
+    way (``torch_processgroup_copy``)."""
+    monkeypatch.setenv("COMPATSHIM_DISABLE", written)
     (finding,) = find_unpicklable({"group": world_group})
     assert finding.fix is not None
     assert finding.fix.startswith(

@@ -68,7 +68,8 @@ def _patch(name: str) -> str:
     """The patch that fixes it, and how to arm it here (``install()`` skips a disabled one)."""
     from .._settings import disabled_names
 
-    if name in disabled_names():
+    # spelling slips count, as the registry honours them (torch_processgroup_copy)
+    if name in {n.strip().lower().replace("_", "-") for n in disabled_names()}:
         return (
             f"patch {name} (disabled by COMPATSHIM_DISABLE here: remove it there, then "
             "compatshim.install())"
