@@ -301,7 +301,8 @@ def setting_problems() -> list[str]:
             "patch raise it when they start"
         )
     path = _settings.allow_file()
-    if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+    readable = path is not None and os.path.isfile(path) and os.access(path, os.R_OK)
+    if path is not None and not readable:
         problems.append(
             f"{_settings.ALLOW_FILE}={path!r} is not a readable file: every checkpoint load "
             "ignores it (its entries admit nothing)"
@@ -314,7 +315,27 @@ def setting_problems() -> list[str]:
     # COMPATSHIM_DISABLE entry naming no patch: each process warns, the doctor said "ok"
     problems += [line.removeprefix("compatshim: ") for line in _settings.malformed()]
     problems += _disable_problems()
+    problems += _allow_problems(read_file=readable)
     return problems
+
+
+def _allow_problems(read_file: bool) -> list[str]:
+    """The ``COMPATSHIM_ALLOW`` (and allow file) entries every load skips, malformed or
+    denied: read as a load reads them (nothing they name is imported), each warning the job's
+    first load would give said here instead."""
+    if not _settings.allow_text().strip() and not read_file:
+        return []
+    import warnings
+
+    from .checkpoint import process_allow
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        process_allow._from_environment()
+        if read_file:
+            process_allow._from_file()
+    said = [str(warning.message) for warning in caught]
+    return [text.removeprefix("compatshim: ") for text in said if text.startswith("compatshim: ")]
 
 
 def _disable_problems() -> list[str]:

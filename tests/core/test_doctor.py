@@ -139,6 +139,29 @@ def test_switch_values_and_disable_entries_the_job_would_ignore_fail_the_verdict
     assert all(not line.startswith("compatshim:") for line in payload["report"]["settings"])
 
 
+def test_allow_entries_every_load_would_skip_fail_the_verdict(tmp_path: Path) -> None:
+    """A malformed or denied ``COMPATSHIM_ALLOW`` entry, and the same in the allow file: the
+    job's first load that consults them warns and skips each, yet the doctor said "ok:"."""
+    allow_file = tmp_path / "allow.txt"
+    allow_file.write_text("collections.Counter  # fine\nmod.Name trusted\nbuiltins.eval\n")
+    code, out = _doctor(
+        "--json",
+        COMPATSHIM_AUTO="1",
+        COMPATSHIM_ALLOW="not-a-name posix.system collections.OrderedDict",
+        COMPATSHIM_ALLOW_FILE=str(allow_file),
+    )
+    payload = json.loads(out)
+    assert code == payload["exit"] == 1, payload["reason"]
+    settings = payload["report"]["settings"]
+    assert len(settings) == 4, settings
+    assert "COMPATSHIM_ALLOW: 'not-a-name' is not a 'module.name' global" in settings[0]
+    assert settings[1].startswith("posix.system (COMPATSHIM_ALLOW) is ignored: denied")
+    assert f"{allow_file}:2: 'mod.Name trusted' is more than one" in settings[2], settings
+    assert settings[3].startswith(f"builtins.eval ({allow_file}:3) is ignored: denied")
+    code, out = _doctor(COMPATSHIM_AUTO="1", COMPATSHIM_ALLOW="collections.OrderedDict  # mine")
+    assert code == 0, out  # entries a load takes are no problem
+
+
 def test_present_and_fixable_but_not_in_force_fails_and_says_how_to_arm() -> None:
     """Issue 38: the user's script has no ``import compatshim.auto`` and no
     ``COMPATSHIM_AUTO``: its breakages are not fixed, so the doctor must not say "ok"."""
