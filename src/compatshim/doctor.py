@@ -28,7 +28,7 @@ import sys
 import textwrap
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from . import _settings
 from ._engine.versions import installed_version
@@ -319,6 +319,78 @@ def setting_problems() -> list[str]:
     return problems
 
 
+def settings_read() -> list[dict[str, str]]:
+    """Each ``COMPATSHIM_*`` variable set here that compatshim reads: its value and what the
+    job's processes read it as (one they reject or ignore is also a ``setting:`` line)."""
+    out = []
+    for name in _settings._known():
+        if name in os.environ:
+            out.append({"name": name, "value": os.environ[name], "read_as": _reading(name)})
+    return out
+
+
+def _reading(name: str) -> str:
+    if name in (_settings.AUTO, _settings.SAFE_LOAD):
+        if not _settings.truthy(os.environ.get(name)):
+            return "off"
+        # a value outside the known ones arms all the same (its setting: line says so)
+        if name == _settings.AUTO:
+            return "on: every patch armed at interpreter start"
+        return "on: hardened loading, the loading patches armed at interpreter start"
+    if name == _settings.DISABLE:
+        return _disable_reading()
+    if name == _settings.DESYNC_TIMEOUT:
+        return _seconds(_settings.desync_timeout, "before a desync or hang is a DesyncError")
+    if name == _settings.DOCTOR_TIMEOUT:
+        return _seconds(_settings.doctor_timeout, "for the doctor's live probes, unless --timeout")
+    if name == _settings.LOG:
+        level = _settings.log_level()
+        if level not in _settings.LOG_LEVELS:
+            return "ignored: nothing is logged (its setting: line says why)"
+        return "debug: each decision printed on stderr" if level else "off"
+    return _allow_reading(name)
+
+
+def _seconds(read: Callable[[], float], what: str) -> str:
+    try:
+        return f"{read():g} s {what}"
+    except _settings.SettingError:
+        return "not a usable number of seconds (its setting: line says why)"
+
+
+def _disable_reading() -> str:
+    from ._engine.registry import _canonical
+    from .patches import CATALOGUE
+
+    by_canonical = {_canonical(patch.name): patch.name for patch in CATALOGUE}
+    names = [
+        by_canonical[n] for n in map(_canonical, _settings.disabled_names()) if n in by_canonical
+    ]
+    return f"left off: {', '.join(dict.fromkeys(names))}" if names else "no patch left off"
+
+
+def _allow_reading(name: str) -> str:
+    """What the allow entries of one source admit, read as a load reads them."""
+    import warnings
+
+    from .checkpoint import process_allow
+
+    source = process_allow._from_environment if name == _settings.ALLOW else None
+    path = _settings.allow_file()
+    if source is None:
+        if path is None:
+            return "no file"
+        if not (os.path.isfile(path) and os.access(path, os.R_OK)):
+            return "ignored (its setting: line says why)"
+        source = process_allow._from_file
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # said on setting: lines
+        entries = [allowed.qualname for _, allowed in source().values()]
+    if not entries:
+        return "admits nothing"
+    return f"admits {len(entries)}: {', '.join(entries)}"
+
+
 def _allow_problems(read_file: bool) -> list[str]:
     """The ``COMPATSHIM_ALLOW`` (and allow file) entries every load skips, malformed or
     denied: read as a load reads them (nothing they name is imported), each warning the job's
@@ -464,6 +536,11 @@ def render_body(report: dict[str, Any], table: list[DoctorRow], verbose: bool = 
     if devices:
         lines += ["", "Devices:"]
         lines += [f"  {key}: {value}" for key, value in devices.items()]
+    read = report.get("settings_read") or []
+    if read:
+        lines += ["", "Settings (as the job's processes read them):"]
+        for item in read:
+            lines += _wrapped(f"{item['name']}={item['value']!r}: {item['read_as']}", 2)
     lines += ["", "Breakages and adapters:", *_wrapped(LEGEND, 2), ""]
     header = ("check", "kind", "present", "fixable", "in force")
     widths = [0, 7, 7, 7, 8]
@@ -512,7 +589,8 @@ def main(as_json: bool = False, timeout: float | None = None, verbose: bool = Fa
     if not as_json:  # what metadata says, at once; the probes take seconds
         print(render_head(ver), flush=True)
     report = run_probes(timeout)
-    report["settings"] = setting_problems()
+    report["settings"] = setting_problems()  # first: it records the allow entries' warnings
+    report["settings_read"] = settings_read()  # (once a process), this reads them quietly
     table = rows(report)
     code, reason = verdict(table, report, report["settings"])
     if as_json:

@@ -162,6 +162,36 @@ def test_allow_entries_every_load_would_skip_fail_the_verdict(tmp_path: Path) ->
     assert code == 0, out  # entries a load takes are no problem
 
 
+def test_each_setting_is_reported_as_the_job_reads_it() -> None:
+    """A valid ``COMPATSHIM_DESYNC_TIMEOUT``, ``COMPATSHIM_LOG``, allow entries or a
+    ``COMPATSHIM_DISABLE`` spelling slip took effect in the job, but the doctor said nothing of
+    them: what the user set, and what compatshim reads it as, was nowhere in its report."""
+    env = {
+        "COMPATSHIM_AUTO": "1",
+        "COMPATSHIM_DESYNC_TIMEOUT": "60",
+        "COMPATSHIM_LOG": "debug",
+        "COMPATSHIM_DISABLE": "Numpy_Core_Names",
+        "COMPATSHIM_ALLOW": "collections.Counter  # mine",
+    }
+    code, out = _doctor("--json", **env)
+    read = {item["name"]: item for item in json.loads(out)["report"]["settings_read"]}
+    assert set(read) == set(env), read
+    assert read["COMPATSHIM_AUTO"]["read_as"].startswith("on: every patch armed")
+    assert read["COMPATSHIM_DESYNC_TIMEOUT"]["read_as"].startswith("60 s before a desync")
+    assert read["COMPATSHIM_LOG"]["read_as"].startswith("debug: each decision")
+    assert read["COMPATSHIM_DISABLE"] == {
+        "name": "COMPATSHIM_DISABLE",
+        "value": "Numpy_Core_Names",
+        "read_as": "left off: numpy-core-names",
+    }
+    assert read["COMPATSHIM_ALLOW"]["read_as"] == "admits 1: collections.Counter"
+    code, out = _doctor(**env)
+    assert code == 1, out  # numpy-core-names left off: present, not fixed
+    section = out.split("Settings (as the job's processes read them):\n")[1].split("\n\n")[0]
+    assert "  COMPATSHIM_DESYNC_TIMEOUT='60': 60 s before" in section, out
+    assert len(section.splitlines()) == len(env), section
+
+
 def test_present_and_fixable_but_not_in_force_fails_and_says_how_to_arm() -> None:
     """Issue 38: the user's script has no ``import compatshim.auto`` and no
     ``COMPATSHIM_AUTO``: its breakages are not fixed, so the doctor must not say "ok"."""
