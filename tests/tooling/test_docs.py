@@ -196,6 +196,31 @@ def test_every_alias_is_named() -> None:
     assert [n for n in names if n not in text and n.rsplit(".", 1)[-1] not in text] == []
 
 
+@pytest.mark.parametrize(
+    "command",
+    [[], ["doctor"], ["inspect"], ["scan"], ["dcp-downgrade"], ["resume-check"], ["matrix"]],
+)
+def test_every_cli_flag_is_documented(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each option a subcommand's ``--help`` shows is named in the README or docs/
+    (``resume-check --not-hardened`` was in no page)."""
+    from compatshim.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main([*command, "--help"])
+    assert done.value.code == 0
+    shown = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*|-[a-z])\b", capsys.readouterr().out))
+    guides = [ROOT / "README.md", *DOCS.glob("*.md")]  # not the changelog: a user reads these
+    text = "\n".join(page.read_text(encoding="utf-8") for page in guides)
+    missing = [
+        flag
+        for flag in sorted(shown - {"-h", "--help"})
+        if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text)
+    ]
+    assert missing == [], f"compatshim {' '.join(command)}: {missing} in no page"
+
+
 # -- the API reference ---------------------------------------------------------------------
 
 
