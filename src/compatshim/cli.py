@@ -151,7 +151,9 @@ def _run(argv: Sequence[str] | None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     inspect.add_argument(
-        "file", help="a torch.save file, pickle, safetensors file or DCP checkpoint folder"
+        "file",
+        help="a torch.save file, pickle, safetensors file, numpy .npy/.npz file or DCP "
+        "checkpoint folder",
     )
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     scan = commands.add_parser(

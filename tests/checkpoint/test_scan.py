@@ -324,6 +324,14 @@ def test_the_exit_codes_are_documented() -> None:
         assert f"`{severity}`" in docs and f"| {code} |" in docs
 
 
+def test_inspect_help_names_every_kind_of_file_it_reads() -> None:
+    """``inspect --help`` named torch.save files, pickles, safetensors and DCP folders, not the
+    numpy ``.npy``/``.npz`` files it reads as hardened ``numpy.load`` does (docs/inspect.md)."""
+    shown = " ".join(_cli("inspect", "--help").stdout.split())
+    for kind in ("torch.save", "pickle", "safetensors", ".npy/.npz", "DCP checkpoint folder"):
+        assert kind in shown, kind
+
+
 def test_progress_goes_to_stderr_only_when_long(four: dict[str, Path]) -> None:
     import io
 
