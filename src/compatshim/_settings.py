@@ -49,8 +49,11 @@ def disabled_names() -> list[str]:
     return [part.strip() for part in raw.split(",") if part.strip()]
 
 
-def seconds(name: str, default: float, value: float | None = None) -> float:
-    """``value`` if given, else the variable ``name`` (seconds), else ``default``; always > 0."""
+def seconds(
+    name: str, default: float, value: float | None = None, argument: str = "timeout"
+) -> float:
+    """``value`` if given (named ``argument`` in an error), else the variable ``name``
+    (seconds), else ``default``; always > 0."""
     if value is None:
         raw = os.environ.get(name, "").strip()
         if not raw:
@@ -61,7 +64,7 @@ def seconds(name: str, default: float, value: float | None = None) -> float:
             raise SettingError(f"{name}={raw!r} is not a number of seconds") from None
         where = f"{name}={raw!r}"
     else:
-        where = "timeout"
+        where = argument
     if not value > 0 or value != value or value == float("inf"):
         raise SettingError(f"{where}: expected a positive, finite number of seconds, got {value!r}")
     return float(value)
@@ -72,7 +75,8 @@ def desync_timeout(value: float | None = None) -> float:
 
 
 def doctor_timeout(value: float | None = None) -> float:
-    return seconds(DOCTOR_TIMEOUT, DEFAULT_DOCTOR_TIMEOUT, value)
+    """``value``: ``compatshim doctor --timeout``'s, so an error names that option."""
+    return seconds(DOCTOR_TIMEOUT, DEFAULT_DOCTOR_TIMEOUT, value, "--timeout")
 
 
 def log_level() -> str:

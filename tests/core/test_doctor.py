@@ -347,6 +347,14 @@ def test_a_bad_timeout_setting_is_still_a_json_record() -> None:
     assert code == report["exit"] == 2 and "COMPATSHIM_DOCTOR_TIMEOUT" in report["reason"]
 
 
+def test_a_bad_timeout_option_names_the_option() -> None:
+    """``--timeout -1`` said "timeout: expected a positive, finite number of seconds": the
+    option is ``--timeout``."""
+    code, out = _doctor("--json", "--timeout", "-1")
+    reason = json.loads(out)["reason"]
+    assert code == 2 and "compatshim doctor: --timeout: expected a positive" in reason, reason
+
+
 def test_doctor_lists_the_checkpoint_patches_and_adapter() -> None:
     _, out = _doctor("--json")
     payload = json.loads(out)
