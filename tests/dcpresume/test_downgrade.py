@@ -355,6 +355,17 @@ def test_a_poisoned_metadata_runs_nothing_and_writes_nothing(tmp_path: Path) -> 
     assert cli(["dcp-downgrade", str(src), str(tmp_path / "old"), "--torch", "2.8"]) == 1
 
 
+def test_a_release_that_is_no_number_names_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--torch banana`` said "torch: expected a release such as '2.8'" (the Python
+    argument's name); the command's option is ``--torch``."""
+    assert cli(["dcp-downgrade", str(tmp_path), str(tmp_path / "old"), "--torch", "banana"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("compatshim dcp-downgrade: --torch: expected a release such as '2.8'")
+    assert not (tmp_path / "old").exists()
+
+
 def test_a_poisoned_item_saved_whole_for_2_2_runs_nothing_and_writes_nothing(
     tmp_path: Path,
 ) -> None:

@@ -592,6 +592,11 @@ def main(src: str, dst: str, target: str, link: bool) -> int:
     from .errors import UnsafeCheckpointError
 
     try:
+        _minor(target)
+    except ValueError as exc:  # "torch: ..." is the Python argument; here it is the option
+        print(f"compatshim dcp-downgrade: --{escaped(str(exc))}", file=sys.stderr)
+        return 2
+    try:
         report = downgrade_dcp(src, dst, torch=target, link=link)
     except (DowngradeError, UnsafeCheckpointError) as exc:
         print(f"compatshim dcp-downgrade: refused: {escaped(str(exc))}", file=sys.stderr)
