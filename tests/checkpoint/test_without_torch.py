@@ -96,6 +96,21 @@ def test_a_file_with_tensors_is_refused_naming_torch(tmp_path: Path) -> None:
     assert "damaged" not in str(found["message"])
 
 
+def test_a_safetensors_file_is_refused_naming_torch(tmp_path: Path) -> None:
+    """A safetensors file read without torch said "damaged or unsupported file
+    (ModuleNotFoundError: No module named 'torch')"; the file is fine, torch is missing."""
+    from compatshim.checkpoint import load
+
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    path = tmp_path / "weights.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
+    assert torch.equal(load(path)["w"], torch.zeros(2))  # a good file
+    found = _child(tmp_path, path)[str(path)]
+    assert found["error"] == "CheckpointError" and found["loadable"] is False, found
+    assert "its tensors need torch, which is not installed" in str(found["message"]), found
+    assert "damaged" not in str(found["message"]), found
+
+
 def test_mmap_without_torch_says_so(tmp_path: Path) -> None:
     path = tmp_path / "config.pt"
     torch.save({"epoch": 1}, path)

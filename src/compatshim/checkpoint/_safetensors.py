@@ -224,7 +224,10 @@ def load(
     file: IO[bytes], path: str | None, restore: Callable[[Any, str], Any], mmap: bool
 ) -> dict[str, Any]:
     """Name -> tensor, as ``safetensors.torch.load_file``; each saved location is "cpu"."""
-    import torch
+    try:
+        import torch
+    except ImportError:  # the cause, not "damaged or unsupported file (ModuleNotFoundError...)"
+        raise CheckpointError("its tensors need torch, which is not installed") from None
 
     header = read_header(file)
     dtypes = {}
