@@ -344,7 +344,9 @@ def parser() -> argparse.ArgumentParser:
         "--family", action="append", default=[], metavar="F", help="every set of a family"
     )
     cli.add_argument("--pins", metavar="DIR", help="another folder of <name>.txt pin files")
-    cli.add_argument("--python", metavar="X.Y", help="not the set's own Python (py3.X, or 3.11)")
+    cli.add_argument(
+        "--python", metavar="X.Y", help="another Python than the set's own (its py3.X, else 3.11)"
+    )
     cli.add_argument(
         "--install",
         action="append",
@@ -366,12 +368,19 @@ def main(argv: Sequence[str]) -> int:
     args = parser().parse_args(argv[:cut])
     pytest_args = [*args.paths, *argv[cut + 1 :]]
     try:
+        if args.python is not None and not re.fullmatch(r"\d+\.\d+(\.\d+)?", args.python):
+            raise MatrixError(  # else an install that fails only once the env is being made
+                f"--python {args.python}: expected a Python version such as 3.12"
+            )
         folder = Path(args.pins).resolve() if args.pins else default_pins()
         if args.list:
             chosen = choose(folder, args.env, args.family) if args.env or args.family else None
             names = known_sets(folder) if chosen is None else chosen
             rows = [["env", "family", "python", "description"]]
-            rows += [[n, family(n), python_of(n), describe(folder / f"{n}.txt")] for n in names]
+            rows += [
+                [n, family(n), args.python or python_of(n), describe(folder / f"{n}.txt")]
+                for n in names
+            ]
             print(table(rows))
             return 0
         chosen = choose(folder, args.env, args.family)

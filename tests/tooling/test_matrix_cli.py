@@ -130,6 +130,9 @@ def test_list_shows_each_set_with_its_family_python_and_description(
     no_comment = "the pins in matrix/other-torch9.txt"
     assert out[2].split(None, 3) == ["other-torch9", "other", "3.11", no_comment]
     assert len(out) == 3  # bench-x.txt is not a set
+    assert cli.main(["matrix", "--pins", str(pins), "--list", "--python", "3.13"]) == 0
+    chosen = capsys.readouterr().out.splitlines()  # the Python a run would use
+    assert [row.split()[2] for row in chosen[1:]] == ["3.13", "3.13"], chosen
 
 
 def test_the_shipped_sets_are_the_tox_matrix() -> None:
@@ -151,6 +154,8 @@ def test_the_shipped_sets_are_the_tox_matrix() -> None:
         ([], "no set chosen"),
         (["--pins", "{empty}", "--env", "x"], "no <name>.txt pin file there"),
         (["--pins", "{missing}", "--list"], "--pins {missing}: no <name>.txt pin file there"),
+        (["--env", ENV, "--python", "py3.12"], "--python py3.12: expected a Python version"),
+        (["--list", "--python", "banana"], "--python banana: expected a Python version"),
     ],
 )
 def test_a_bad_request_names_its_argument_and_exits_2(
