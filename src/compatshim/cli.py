@@ -196,7 +196,11 @@ def _run(argv: Sequence[str] | None) -> int:
     resume.add_argument(
         "--not-hardened", action="store_true", help="do not count hardened-mode refusals"
     )
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # after the command: its usage, not the top level's list of commands
+        after = argv.index(extra[0]) > argv.index(args.command)
+        where = commands.choices[args.command] if after else parser
+        where.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "dcp-downgrade":
         from .checkpoint._downgrade import main as downgrade_main
 

@@ -313,6 +313,28 @@ def test_help_is_plain_text_and_names_every_command_and_exit_code(
         assert all(f"\n  {code}  " in text for code in "012"), text
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["doctor", "--bogus"], ["inspect", "f.pt", "--bogus"], ["scan", "--bogus", "d"]],
+)
+def test_an_unknown_option_shows_the_subcommands_usage(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``compatshim doctor --bogus`` printed the top level's usage (the list of commands), not
+    the doctor's options."""
+    from compatshim.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: compatshim {argv[0]} "), err
+    assert err.rstrip().endswith(f"compatshim {argv[0]}: error: unrecognized arguments: --bogus")
+    with pytest.raises(SystemExit):
+        main(["--bogus", *(arg for arg in argv if arg != "--bogus")])  # the top level's
+    assert capsys.readouterr().err.startswith("usage: compatshim [-h]")
+
+
 def test_a_probe_timeout_is_reported_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
     """``--timeout 0.4`` is said as 0.4s, not rounded to 0s."""
     from compatshim import doctor
