@@ -377,7 +377,8 @@ def test_known_gadgets_are_named_dangerous(tmp_path: Path, module: str, name: st
     (use,) = inspect(path).globals
     assert not use.covered and use.dangerous and use.allow is None
     done = _cli(str(path))
-    assert f"denied (cannot be allowed): {use.dangerous}" in done.stdout
+    assert f"{use.name} x1: denied (cannot be allowed): {use.dangerous}" in done.stdout
+    assert "UNKNOWN" not in done.stdout  # it said "UNKNOWN: not on compatshim's allowlist"
     assert "allow=" not in done.stdout
     assert json.loads(_cli(str(path), "--json").stdout)["globals"][0]["dangerous"]
 

@@ -85,10 +85,11 @@ def _global_lines(info: CheckpointInfo) -> list[str]:
         if use.covered:
             lines.append(f"    {name} x{use.count}: covered by {use.kind} entry")
             continue
+        if use.dangerous:  # on the deny list: not "unknown", and no allow line
+            lines.append(f"    {name} x{use.count}: {DENIED}: {use.dangerous}")
+            continue
         lines.append(f"    {name} x{use.count}: UNKNOWN: {printable(use.note)}")
-        if use.dangerous:
-            lines.append(f"      {DENIED}: {use.dangerous}")
-        elif use.allow:
+        if use.allow:
             if info.loaded_by == "compatshim.checkpoint.load":  # the others take no allow=
                 lines.append(
                     f"      to allow it for one call: {printable(use.allow, 2 * MAX_SHOWN)}"
