@@ -87,7 +87,8 @@ class _Progress:
         if self.on:
             self.done.set()
             self.thread.join()
-            sys.stderr.write("\r\x1b[K")  # the line goes: the report follows on stdout
+            # the line goes, overwritten with spaces: no escape code (TERM=dumb has none)
+            sys.stderr.write("\r" + " " * (len(self.TEXT) + 12) + "\r")
             sys.stderr.flush()
 
 
