@@ -501,13 +501,14 @@ def _mark(value: Any) -> str:
     return {True: "yes", False: "no", None: "-"}.get(value, str(value))
 
 
-def _wrapped(text: str, indent: int) -> list[str]:
+def _wrapped(text: str, indent: int, hang: int = 0) -> list[str]:
+    """``text`` wrapped to ``WIDTH`` at ``indent``; ``hang`` more for its later lines."""
     pad = " " * indent
     lines = textwrap.wrap(
         text,
         WIDTH,
         initial_indent=pad,
-        subsequent_indent=pad,
+        subsequent_indent=pad + " " * hang,
         break_on_hyphens=False,  # patch names stay whole
     )
     return lines or [pad]
@@ -541,7 +542,7 @@ def render_body(report: dict[str, Any], table: list[DoctorRow], verbose: bool = 
     if read:
         lines += ["", "Settings (as the job's processes read them):"]
         for item in read:
-            lines += _wrapped(f"{item['name']}={item['value']!r}: {item['read_as']}", 2)
+            lines += _wrapped(f"{item['name']}={item['value']!r}: {item['read_as']}", 2, 4)
     lines += ["", "Breakages and adapters:", *_wrapped(LEGEND, 2), ""]
     header = ("check", "kind", "present", "fixable", "in force")
     widths = [0, 7, 7, 7, 8]
@@ -560,9 +561,9 @@ def render_body(report: dict[str, Any], table: list[DoctorRow], verbose: bool = 
             lines += _wrapped(r.detail, 6)
     for problem in report.get("import_problems", []):
         note = f"note: importing {problem['target']} failed: {problem['error']}"
-        lines += _wrapped(note, 2)
+        lines += _wrapped(note, 2, 4)
     for problem in report.get("settings", []):
-        lines += _wrapped(f"setting: {problem}", 2)
+        lines += _wrapped(f"setting: {problem}", 2, 4)
     if not verbose:
         lines += ["", "Each row's detail: compatshim doctor --verbose (or --json)."]
     return "\n".join(lines)
