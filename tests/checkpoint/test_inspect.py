@@ -595,7 +595,9 @@ def test_a_nested_class_is_judged_by_the_split_the_pickle_writes(
     (use,) = [g for g in inspect(path).globals if not g.covered]
     assert use.name == "tests.checkpoint.test_inspect.Outer.Inner"
     assert use.allow is None and use.allow_everywhere == () and use.dangerous is None
-    assert "a nested name: allow the object itself" in _cli(str(path)).stdout
+    told = _cli(str(path)).stdout
+    assert "a nested name: allow the object itself" in told
+    assert "not a string" not in told and "a dotted string names it too" in told  # it does
     compatshim.checkpoint.allow("tests.checkpoint.test_inspect.Outer.Inner", reason="a string")
     assert _agree(path) and load(path) == {"x": Outer.Inner(2)}  # read through vars(Outer)
     compatshim.checkpoint.disallow("tests.checkpoint.test_inspect.Outer.Inner")

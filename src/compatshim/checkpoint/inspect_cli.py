@@ -102,7 +102,8 @@ def _global_lines(info: CheckpointInfo) -> list[str]:
         elif "." in use.name and all(p.isidentifier() for p in use.name.split(".")):
             lines.append(
                 "      a nested name: allow the object itself (allow=[Outer.Inner] or "
-                "compatshim.checkpoint.allow(Outer.Inner, reason=...)), not a string"
+                "compatshim.checkpoint.allow(Outer.Inner, reason=...)): it says which one "
+                "without doubt (a dotted string names it too)"
             )
         else:
             lines.append("      not a Python name: no module defines it, nothing can allow it")
