@@ -426,19 +426,31 @@ def test_a_removed_name_without_alias_is_a_row_that_does_not_fail_the_verdict(
     assert "5.24.0 wheel" in row["extra"]["evidence"]
 
 
+def _bare_lib(tmp_path: Path) -> Path:
+    """A folder holding only compatshim and ``packaging`` (links): on PYTHONPATH, what a
+    bare venv sees. Not ``_source_dir()``: from an installed copy, that is the test env's
+    whole site-packages, torch and numpy with it."""
+    import packaging
+
+    import compatshim
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    for package in (compatshim, packaging):
+        where = Path(package.__file__).resolve().parent
+        (lib / where.name).symlink_to(where, target_is_directory=True)
+    return lib
+
+
 def _hookless_doctor(tmp_path: Path, **settings: str) -> subprocess.CompletedProcess[str]:
     """``compatshim doctor`` from a source tree (PYTHONPATH) in a bare venv whose
     site-packages lacks compatshim's start-up hook (``packaging`` beside the source)."""
     import venv
 
-    import packaging
-
     venv.create(tmp_path / "env", with_pip=False)
-    lib = tmp_path / "lib"
-    lib.mkdir()
-    (lib / "packaging").symlink_to(Path(packaging.__file__).parent, target_is_directory=True)
+    lib = _bare_lib(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPATSHIM_", "PYTHON"))}
-    env.update(PYTHONPATH=os.pathsep.join((_source_dir(), str(lib))), **settings)
+    env.update(PYTHONPATH=str(lib), **settings)
     python = tmp_path / "env" / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     return subprocess.run(
         [str(python), "-m", "compatshim", "doctor"],
@@ -466,16 +478,12 @@ def test_a_framework_that_is_not_installed_is_no_import_problem(tmp_path: Path) 
     a note."""
     import venv
 
-    import packaging
-
     venv.create(tmp_path / "env", with_pip=False)
-    lib = tmp_path / "lib"
-    lib.mkdir()
-    (lib / "packaging").symlink_to(Path(packaging.__file__).parent, target_is_directory=True)
+    lib = _bare_lib(tmp_path)
     (lib / "numpy").mkdir()  # installed by no metadata, so no row applies for it: a target
     (lib / "numpy" / "__init__.py").write_text("raise ImportError('numpy is broken (test)')\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPATSHIM_", "PYTHON"))}
-    env.update(PYTHONPATH=os.pathsep.join((_source_dir(), str(lib))))
+    env.update(PYTHONPATH=str(lib))
     python = tmp_path / "env" / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     done = subprocess.run(
         [str(python), "-m", "compatshim", "doctor", "--json"],
