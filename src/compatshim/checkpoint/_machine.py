@@ -409,13 +409,13 @@ class Machine:
         Any other object costs one (a C hash: a dtype, a device). Measured once per object
         (:meth:`measured`); a chain of such objects deeper than
         :data:`MAX_OBJECT_NESTING` is refused."""
+        key = id(obj)
+        known = self._objects.get(key)
+        if known is not None and known[0] is obj:  # measured, or priced when made (price)
+            return known[1]
         hasher = getattr(type(obj), "__hash__", None)
         if type(hasher) is not types.FunctionType:
             return 1
-        key = id(obj)
-        known = self._objects.get(key)
-        if known is not None and known[0] is obj:
-            return known[1]
         if depth >= MAX_OBJECT_NESTING:
             raise CheckpointError(
                 f"objects whose hash reads their attributes nested deeper than "
@@ -439,6 +439,12 @@ class Machine:
                     cost += self.object_cost(value, depth + 1)
         self._objects[key] = (obj, cost)
         return cost
+
+    def price(self, obj: Any, cost: int) -> None:
+        """Count ``obj`` at ``cost`` wherever it is hashed or compared: an object whose ``==``
+        walks text its slots hide from :meth:`object_cost` (a pathlib path compares its
+        case-folded text, a fresh string per path), priced by what it was made from."""
+        self._objects[id(obj)] = (obj, cost)
 
     def measured(self, obj: Any) -> bool:
         """Whether ``obj``'s hashing cost was measured (:meth:`object_cost` of an object whose

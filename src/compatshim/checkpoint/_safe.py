@@ -25,6 +25,7 @@ import collections
 import enum
 import functools
 import itertools
+import pathlib
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -257,7 +258,9 @@ class SafeMachine(Machine):
     def _construct(self, func: Any, args: tuple[Any, ...], key: str) -> Any:
         self.charge_keys(_objects.keys_hashed(key, args))  # before the constructor hashes them
         made = _objects.CONSTRUCTORS[key](func, args)
-        if isinstance(made, collections.deque):
+        if isinstance(made, pathlib.PurePath):  # == compares its text: a slot, unseen
+            self.price(made, weight(args))
+        elif isinstance(made, collections.deque):
             self.register_dict(made)  # owned: APPENDS may fill it
         elif isinstance(
             made, (collections.OrderedDict, collections.Counter, collections.defaultdict)
