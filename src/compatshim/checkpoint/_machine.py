@@ -406,9 +406,15 @@ class Machine:
         function, as a frozen dataclass's or omegaconf's ``ValueNode``'s: they hash what
         their attributes hold, at every use, uncached): one, plus each attribute's cost (a
         shared tuple's expanded size, a long int's digits, such an object's own cost).
-        Any other object costs one (a C hash: a dtype, a device). Measured once per object
+        Any other object costs one (a C hash: a dtype, a device), but a str or bytes
+        subclass its length (numpy's ``str_``/``bytes_``: ``==`` compares every character,
+        while a plain str is counted by the caller). Measured once per object
         (:meth:`measured`); a chain of such objects deeper than
         :data:`MAX_OBJECT_NESTING` is refused."""
+        if isinstance(obj, str):  # a subclass (numpy's str_): == compares every character
+            return 1 + str.__len__(obj)
+        if isinstance(obj, bytes):  # numpy's bytes_ (scalar(dtype("S<n>"), raw)), as str_
+            return 1 + bytes.__len__(obj)
         key = id(obj)
         known = self._objects.get(key)
         if known is not None and known[0] is obj:  # measured, or priced when made (price)
