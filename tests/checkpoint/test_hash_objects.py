@@ -158,3 +158,23 @@ def test_equal_numpy_bytes_scalars_as_keys_are_charged_their_length() -> None:
     assert "comparing the file's keys" in _timed_refusal(data)
     written = [{np.bytes_(b"layer%d" % i): i, np.str_(f"name{i}"): i} for i in range(1000)]
     assert load(io.BytesIO(pickle.dumps(written, 4))) == written
+
+
+def test_equal_value_nodes_holding_long_text_as_keys_are_charged_its_length() -> None:
+    """An object whose class hashes in Python was charged one unit per text attribute, though
+    ``==`` with an equal copy reads all of it: two AnyNodes holding distinct equal 1 MB
+    strings, the second a key 100 000 times in a dict keyed by the first (2.7 MB), took 20 s."""
+    nodes = pytest.importorskip("omegaconf.nodes")
+    import pickletools
+
+    first, second = nodes.AnyNode("a" * 1_000_000), nodes.AnyNode("".join(["a" * 1_000_000]))
+    written = pickle.dumps([first, second], 4)
+    memo, made, previous = -1, [], ""
+    for op, _, _ in pickletools.genops(written):
+        memo += op.name == "MEMOIZE"
+        if op.name == "MEMOIZE" and previous == "NEWOBJ":
+            made.append(memo)  # [first, its Metadata, second, its Metadata]
+        previous = op.name
+    uses = (_get(made[2]) + b"K\x01") * 100_000
+    data = written[:-1] + b"0}" + _get(made[0]) + b"K\x00s(" + uses + b"u."
+    assert "comparing the file's keys" in _timed_refusal(data)

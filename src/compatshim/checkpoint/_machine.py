@@ -405,7 +405,8 @@ class Machine:
         """Elements hashing ``obj`` visits, where its class hashes in Python (``__hash__`` a
         function, as a frozen dataclass's or omegaconf's ``ValueNode``'s: they hash what
         their attributes hold, at every use, uncached): one, plus each attribute's cost (a
-        shared tuple's expanded size, a long int's digits, such an object's own cost).
+        shared tuple's expanded size, a long int's digits, a string's length: ``==`` with an
+        equal copy reads it all, such an object's own cost).
         Any other object costs one (a C hash: a dtype, a device), but a str or bytes
         subclass its length (numpy's ``str_``/``bytes_``: ``==`` compares every character,
         while a plain str is counted by the caller). Measured once per object
@@ -439,6 +440,8 @@ class Machine:
                     cost += self.expanded(value)
                 elif kind is int:
                     cost += 1 if -_SMALL_INT < value < _SMALL_INT else 1 + (value.bit_length() >> 5)
+                elif kind is str or kind is bytes:  # == of an equal copy reads every character
+                    cost += 1 + len(value)
                 elif kind in _FLAT:
                     cost += 1
                 else:
