@@ -178,3 +178,18 @@ def test_equal_value_nodes_holding_long_text_as_keys_are_charged_its_length() ->
     uses = (_get(made[2]) + b"K\x01") * 100_000
     data = written[:-1] + b"0}" + _get(made[0]) + b"K\x00s(" + uses + b"u."
     assert "comparing the file's keys" in _timed_refusal(data)
+
+
+def test_a_slice_of_long_ints_used_as_key_many_times_is_charged_its_ints() -> None:
+    """Python 3.12 made slices hashable: ``hash(slice(a, b, c))`` hashes its three ints at
+    every use, uncached, but a slice was charged one unit (a C hash). One slice of three
+    100 KB ints used 100 000 times as a dict key is now refused, as a long int or a shared
+    tuple is (on 3.9-3.11 a slice key is refused when built as unhashable)."""
+    digits = (1 << 800_000) - 1
+    raw = digits.to_bytes(100_001, "little", signed=True)
+    big = b"\x8b" + struct.pack("<i", len(raw)) + raw  # LONG4
+    data = (
+        b"\x80\x04cbuiltins\nslice\n(" + big + big + big + b"tR" + _put(0) + b"0"
+        + b"}(" + (_get(0) + b"K\x01") * 100_000 + b"u."
+    )  # fmt: skip
+    assert "hashing the file's keys" in _timed_refusal(data)

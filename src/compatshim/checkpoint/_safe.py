@@ -258,7 +258,9 @@ class SafeMachine(Machine):
     def _construct(self, func: Any, args: tuple[Any, ...], key: str) -> Any:
         self.charge_keys(_objects.keys_hashed(key, args))  # before the constructor hashes them
         made = _objects.CONSTRUCTORS[key](func, args)
-        if isinstance(made, pathlib.PurePath):  # == compares its text: a slot, unseen
+        if isinstance(made, (pathlib.PurePath, slice)):
+            # == compares a path's text (a slot, unseen); a slice hashes its ints (3.12+),
+            # uncached: each costs what it was made from wherever it is hashed or compared
             self.price(made, weight(args))
         elif isinstance(made, collections.deque):
             self.register_dict(made)  # owned: APPENDS may fill it
