@@ -398,6 +398,17 @@ def timedelta_of_huge_ints_again_and_again(folder: Path) -> Path:
     return _write(folder, P2 + out + STOP)
 
 
+@case()
+def windows_paths_of_a_million_parts_as_keys(folder: Path) -> Path:
+    """PureWindowsPath('ab/' * 1000, ... 1000 times) made 10 times from one shared argument
+    tuple, each a dict key (8 KB): Python 3.9-3.11 split each into a list of 1 M parts when
+    made, and hashing it case-folds each part into a new string (237 MB, charged the text)."""
+    out = u("ab/" * 1000) + put(0) + b"0" + g("pathlib", "PureWindowsPath") + put(1) + b"0"
+    out += b"(" + get(0) * 1000 + b"t" + put(2) + b"0]("
+    out += (b"}" + get(1) + get(2) + b"RK\x00s") * 10
+    return _write(folder, P4 + out + b"e" + STOP)
+
+
 # --------------------------------------------------------------------------- the child process
 
 CHILD = textwrap.dedent(

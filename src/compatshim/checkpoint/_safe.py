@@ -257,6 +257,8 @@ class SafeMachine(Machine):
 
     def _construct(self, func: Any, args: tuple[Any, ...], key: str) -> Any:
         self.charge_keys(_objects.keys_hashed(key, args))  # before the constructor hashes them
+        if key.startswith("pathlib."):  # before it splits the text: a list slot a part
+            self.budget.charge(_objects.PATH_PART_BYTES * _objects.path_parts(args), key)
         made = _objects.CONSTRUCTORS[key](func, args)
         if isinstance(made, (pathlib.PurePath, slice)):
             # == compares a path's text (a slot, unseen); a slice hashes its ints (3.12+),
