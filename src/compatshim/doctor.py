@@ -360,13 +360,10 @@ def _seconds(read: Callable[[], float], what: str) -> str:
 
 
 def _disable_reading() -> str:
-    from ._engine.registry import _canonical
+    from ._engine.registry import disable_entries
     from .patches import CATALOGUE
 
-    by_canonical = {_canonical(patch.name): patch.name for patch in CATALOGUE}
-    names = [
-        by_canonical[n] for n in map(_canonical, _settings.disabled_names()) if n in by_canonical
-    ]
+    names = [name for _, name in disable_entries(p.name for p in CATALOGUE) if name]
     return f"left off: {', '.join(dict.fromkeys(names))}" if names else "no patch left off"
 
 
@@ -414,16 +411,15 @@ def _allow_problems(read_file: bool) -> list[str]:
 def _disable_problems() -> list[str]:
     """The ``COMPATSHIM_DISABLE`` entries that name no patch (spelling slips such as
     ``torch_processgroup_copy`` are honoured, as the registry honours them)."""
-    from ._engine.registry import _canonical
+    from ._engine.registry import disable_entries
     from .patches import CATALOGUE
 
     known = sorted(patch.name for patch in CATALOGUE)
-    canonical = {_canonical(name) for name in known}
     return [
         f"{_settings.DISABLE} entry {raw!r} matches no patch, ignored; known patches: "
         + ", ".join(known)
-        for raw in _settings.disabled_names()
-        if _canonical(raw) not in canonical
+        for raw, name in disable_entries(known)
+        if name is None
     ]
 
 

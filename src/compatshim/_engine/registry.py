@@ -183,12 +183,18 @@ def _canonical(name: str) -> str:
     return name.strip().lower().replace("_", "-")
 
 
+def disable_entries(known: Iterable[str]) -> list[tuple[str, str | None]]:
+    """Each ``COMPATSHIM_DISABLE`` entry with the patch of ``known`` it names (spelling slips
+    honoured: case, ``_`` for ``-``), or None: the one reading the registry and doctor share."""
+    by_canonical = {_canonical(name): name for name in known}
+    return [(raw, by_canonical.get(_canonical(raw))) for raw in _settings.disabled_names()]
+
+
 def _disabled_by_env(known: Iterable[str]) -> set[str]:
     """Names in ``COMPATSHIM_DISABLE``; spelling slips are honoured, unknown names warned about."""
-    by_canonical = {_canonical(name): name for name in known}
+    known = sorted(known)
     disabled = set()
-    for raw in _settings.disabled_names():
-        name = by_canonical.get(_canonical(raw))
+    for raw, name in disable_entries(known):
         if name is not None:
             disabled.add(name)
         if name != raw:
@@ -197,7 +203,7 @@ def _disabled_by_env(known: Iterable[str]) -> set[str]:
                 "registry",
                 f"env:{raw}",
                 f"compatshim: {_settings.DISABLE} entry {raw!r} {what}; known patches: "
-                f"{', '.join(sorted(by_canonical.values()))}",
+                f"{', '.join(known)}",
             )
     return disabled
 

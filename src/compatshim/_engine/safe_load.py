@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 from .. import _settings
-from .registry import _canonical, _install
+from .registry import _install, disable_entries
 
 #: the patches that make loading safe in hardened mode (each reads ``COMPATSHIM_SAFE_LOAD``)
 LOADING_PATCHES = ("torch-load-safe-globals", "torch-dcp-safe-metadata", "numpy-load-hardened")
@@ -79,7 +79,7 @@ def arm() -> list[str]:
     armed = _install(LOADING_PATCHES, None, tell_disabled=False)  # said below, on stderr
     missing = [name for name in LOADING_PATCHES if name not in armed]
     if missing:
-        disabled = {_canonical(name) for name in _settings.disabled_names()}
+        disabled = {name for _, name in disable_entries(missing)}
         why = (
             f"{_settings.DISABLE} names it"
             if all(name in disabled for name in missing)

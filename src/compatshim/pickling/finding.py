@@ -66,10 +66,10 @@ def error_text(exc: BaseException) -> str:
 
 def _patch(name: str) -> str:
     """The patch that fixes it, and how to arm it here (``install()`` skips a disabled one)."""
-    from .._settings import disabled_names
+    from .._engine.registry import disable_entries
 
     # spelling slips count, as the registry honours them (torch_processgroup_copy)
-    if name in {n.strip().lower().replace("_", "-") for n in disabled_names()}:
+    if any(found == name for _, found in disable_entries([name])):
         return (
             f"patch {name} (disabled by COMPATSHIM_DISABLE here: remove it there, then "
             "compatshim.install())"
