@@ -9,7 +9,10 @@ exit status 141 (128 + SIGPIPE, what the shell reports for ``yes | head -1``;
 ``set -o pipefail`` sees it as it sees any tool cut off by its reader). Python
 ignores SIGPIPE, so the error arrives as an exception: it is caught here and
 stdout pointed at the null device, so the interpreter's own flush at exit
-cannot fail again (Python's documented recipe, "Note on SIGPIPE").
+cannot fail again (Python's documented recipe, "Note on SIGPIPE"). Output that
+cannot be written for another reason (``> /dev/full``, a full disk, a dead NFS
+mount) is said in one line on stderr, exit status 74 (``EX_IOERR``): never a
+verdict's code, which a script would read as the answer.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ import argparse
 import contextlib
 import sys
 import warnings
-from typing import Iterator, Sequence, TextIO
+from typing import Any, Callable, Iterator, Sequence, TextIO
 
 PIPE_CLOSED = 141  # 128 + SIGPIPE (13)
+OUTPUT_LOST = 74  # sysexits.h EX_IOERR: stdout could not be written
 EXIT_CODES_HELP = """\
 severities and exit codes (docs/inspect.md):
   0  loadable     compatshim.checkpoint.load reads it (a DCP folder: torch's DCP load)
@@ -63,14 +67,53 @@ exit codes:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         try:
-            with warnings.catch_warnings(), _escaping():  # both restored: main may be called
+            with warnings.catch_warnings(), _escaping():  # all restored: main may be called
                 warnings.showwarning = _one_line  # in-process
-                return _run(argv)
+                with contextlib.redirect_stdout(_Output(sys.stdout)):  # type: ignore[type-var]
+                    return _run(argv)
         finally:  # --help and usage errors too (argparse exits from inside)
-            sys.stdout.flush()
+            _output(sys.stdout.flush)
     except BrokenPipeError:
         _quiet_stdout()
         return PIPE_CLOSED
+    except _OutputLost as lost:
+        _quiet_stdout()
+        print(f"compatshim: could not write the output: {lost.reason}", file=sys.stderr)
+        return OUTPUT_LOST
+
+
+class _OutputLost(Exception):
+    def __init__(self, exc: OSError) -> None:
+        super().__init__(exc)
+        self.reason = exc.strerror or str(exc)
+
+
+def _output(write: Callable[..., Any], *args: Any) -> Any:
+    """``write(*args)`` on stdout, its failures told from a command's own (a file it reads):
+    a closed pipe stays BrokenPipeError, any other OSError is _OutputLost."""
+    try:
+        return write(*args)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise _OutputLost(exc) from None
+
+
+class _Output:
+    """stdout through :func:`_output`: a proxy, as a failed write leaves nothing behind to
+    test afterwards."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return int(_output(self._stream.write, text))
+
+    def flush(self) -> None:
+        _output(self._stream.flush)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 @contextlib.contextmanager

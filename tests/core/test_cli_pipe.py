@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,19 +37,24 @@ def _args(name: str, small: Path) -> list[str]:
     return [a.format(file=small) for a in COMMANDS[name]]
 
 
+def _run_into(stdout: Any, name: str, small: Path) -> subprocess.CompletedProcess[str]:
+    """The command ``name`` in a child process, its stdout given (a pipe, /dev/full)."""
+    return subprocess.run(
+        [sys.executable, "-m", "compatshim", *_args(name, small)],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+    )
+
+
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_a_closed_pipe_ends_quietly(name: str, small: Path) -> None:
     """stdout is a real pipe whose read end is already closed: the first write fails."""
     read, write = os.pipe()
     os.close(read)
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "compatshim", *_args(name, small)],
-            stdout=write,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=300,
-        )
+        done = _run_into(write, name, small)
     finally:
         os.close(write)
     # argparse's --help swallows its own write errors (OSError) and exits 0
@@ -79,3 +85,18 @@ def test_the_module_and_the_console_script_share_the_exit_status(small: Path) ->
 
     assert cli.PIPE_CLOSED == PIPE_CLOSED
     assert cli.main(["inspect", str(small)]) == 0
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full (Linux has one)")
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_output_that_cannot_be_written_is_one_line_and_exit_74(name: str, small: Path) -> None:
+    """``> /dev/full`` (a full disk): every write fails with ENOSPC, not a closed pipe."""
+    with open("/dev/full", "w") as full:
+        done = _run_into(full, name, small)
+    from compatshim import cli
+
+    assert done.returncode == cli.OUTPUT_LOST == 74, done.stderr
+    assert done.stderr.splitlines()[-1:] == [
+        "compatshim: could not write the output: No space left on device"
+    ], done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
