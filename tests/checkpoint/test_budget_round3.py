@@ -13,6 +13,7 @@ escape. The only acceptable outcomes are a typed refusal (``CheckpointError``,
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -53,7 +54,12 @@ FAST = 15.0  # what a refusal may take on a shared 2-core box (before: over 25 s
 Builder = Callable[[Path], Path]
 CASES: dict[str, tuple[Builder, tuple[str, ...]]] = {}
 MODES = ("inspect", "load", "armed")
-HARMLESS = {"any_nodes_sharing_one_long_interpolation"}  # node references: loads, checked once
+HARMLESS = {  # loads: node references checked once; one value or storage made once
+    "any_nodes_sharing_one_long_interpolation",
+    "getattr_of_a_listed_method_from_one_shared_call",
+    "storages_from_one_shared_pickled_storage",
+    "one_object_memoized_four_million_times",
+}
 # refused once the configs are built: inspect reads these with load's machine and says so
 WHOLE_LOAD = {
     "dictconfigs_sharing_one_content",
@@ -409,6 +415,127 @@ def windows_paths_of_a_million_parts_as_keys(folder: Path) -> Path:
     return _write(folder, P4 + out + b"e" + STOP)
 
 
+# --------------------------------------------------------------------------- 13: tensor objects
+# A tensor is 0.5-1 KB in memory whatever made it; these make one per 5-16 bytes of file
+# (96x, 93x and 46x the file's size in memory before the count; torch's own weights-only load
+# takes the first at 117x: "armed" without hardened mode is torch's own read, left out).
+# 3-5 MB each: loaded before, the first two over the memory bound (120 MB + 40x).
+_BINGET = b"h"  # one-byte memo index: the densest reference a file can make
+_REBUILD = g("torch._utils", "_rebuild_tensor_v2")
+
+
+def _short_get(index: int) -> bytes:
+    return _BINGET + bytes([index])
+
+
+def _short_put(index: int) -> bytes:
+    return b"q" + bytes([index])
+
+
+def _tensor_file(folder: Path, body: bytes) -> Path:
+    return torch_zip(folder / "hostile.pt", P2 + body + STOP, {"data/0": b"\0" * 16})
+
+
+_ARGS = t(
+    t(u("storage"), g("torch", "FloatStorage"), u("0"), u("cpu"), n(4)) + b"Q",
+    n(0), t(), t(), b"\x89", call(g("collections", "OrderedDict")),
+)  # fmt: skip
+
+
+@case("inspect", "load")
+def tensors_from_one_shared_argument_tuple(folder: Path) -> Path:
+    """BINGET rebuild, BINGET args, REDUCE: 5 bytes a tensor."""
+    first = _REBUILD + _short_put(0) + _ARGS + _short_put(1) + b"R"
+    more = (_short_get(0) + _short_get(1) + b"R") * 600_000
+    return _tensor_file(folder, b"](" + first + more + b"e")
+
+
+@case("inspect", "load")
+def parameters_around_one_shared_tensor(folder: Path) -> Path:
+    """_rebuild_parameter(BINGET data, False, BINGET hooks): 9 bytes a Parameter."""
+    data = _REBUILD + _ARGS + b"R" + _short_put(0)
+    hooks = call(g("collections", "OrderedDict")) + _short_put(1)
+    param = g("torch._utils", "_rebuild_parameter") + _short_put(2)
+    first = param + data + b"\x89" + hooks + b"\x87R"
+    more = (_short_get(2) + _short_get(0) + b"\x89" + _short_get(1) + b"\x87R") * 333_000
+    return _tensor_file(folder, b"](" + first + more + b"e")
+
+
+@case("inspect", "load")
+def tensors_from_fresh_tuples_of_shared_parts(folder: Path) -> Path:
+    """A new argument tuple each time, every part a memo reference: 16 bytes a tensor."""
+    first = _REBUILD + _short_put(0) + b"("
+    first += t(u("storage"), g("torch", "FloatStorage"), u("0"), u("cpu"), n(4)) + b"Q"
+    first += _short_put(1) + b"K\x00" + t() + _short_put(2) + _short_get(2) + b"\x89"
+    first += call(g("collections", "OrderedDict")) + _short_put(3) + b"tR"
+    one = _short_get(0) + b"(" + _short_get(1) + b"K\x00" + _short_get(2) * 2 + b"\x89"
+    more = (one + _short_get(3) + b"tR") * 300_000
+    return _tensor_file(folder, b"](" + first + more + b"e")
+
+
+# --------------------------------------------------------------------------- 14: 2026-12-06 sweep
+# One memo-shared call per few bytes, for each allow-listed callable: work each call repeated.
+
+
+def _sweep_file(folder: Path, setup: bytes, unit: bytes, count: int) -> Path:
+    body = b"]" + (b"(" + unit * 1000 + b"e") * (count // 1000)
+    return torch_zip(folder / "hostile.pt", P2 + setup + body + STOP, {"data/0": b""})
+
+
+def _kept(index: int, value: bytes) -> bytes:
+    return value + _short_put(index) + b"0"
+
+
+_SHARED_CALL = _short_get(1) + _short_get(2) + b"R"
+
+
+@case()
+def partials_from_one_shared_call(folder: Path) -> Path:
+    """partial(object.__new__) stand-ins, each given state and called: 11 bytes a partial
+    (185x the file's size in memory)."""
+    new = g("builtins", "getattr") + t(g("builtins", "object"), u("__new__")) + b"R"
+    state = t(_short_get(3), t(g("argparse", "Namespace")), b"N", b"N")
+    setup = _kept(1, g("functools", "partial")) + _kept(3, new) + _kept(4, state)
+    unit = _short_get(1) + _short_get(3) + b"\x85R" + _short_get(4) + b"b)R"
+    return _sweep_file(folder, setup, unit, 400_000)
+
+
+@case()
+def getattr_of_a_listed_method_from_one_shared_call(folder: Path) -> Path:
+    """getattr(OneCycleLR, '_annealing_cos'), judged again at each call (~24 us): 5 bytes a
+    call (21.6 s for 4.5 MB); a harmless value, so it loads."""
+    args = t(g("torch.optim.lr_scheduler", "OneCycleLR"), u("_annealing_cos"))
+    setup = _kept(1, g("builtins", "getattr")) + _kept(2, args)
+    return _sweep_file(folder, setup, _SHARED_CALL, 900_000)
+
+
+@case()
+def storages_from_one_shared_pickled_storage(folder: Path) -> Path:
+    """torch.storage._load_from_bytes of one 261-byte legacy storage: a whole nested load
+    (~160 us) per 5 bytes (7.2 s for 230 KB, refused by the budget past ~66,000 calls); read
+    once now, so it loads (``test_one_pickled_storage_called_again_is_read_once``)."""
+    buffer = io.BytesIO()
+    torch.save(torch.UntypedStorage(0), buffer, _use_new_zipfile_serialization=False)
+    setup = _kept(1, g("torch.storage", "_load_from_bytes")) + _kept(2, t(b(buffer.getvalue())))
+    return _sweep_file(folder, setup, _SHARED_CALL, 120_000)
+
+
+def one_storage_named_with_another_dtype_again_and_again(folder: Path, uses: int) -> Path:
+    """A persistent id naming a loaded (empty) storage with another dtype: a new TypedStorage
+    at each use (1.5 M uses, 4.5 MB: 72x the file's size, 8.4 s); now one per dtype."""
+    first = t(u("storage"), g("torch", "FloatStorage"), u("0"), u("cpu"), n(0)) + b"Q0"
+    again = _kept(3, t(u("storage"), g("torch", "IntStorage"), u("0"), u("cpu"), n(0)))
+    return _sweep_file(folder, first + again, _short_get(3) + b"Q", uses)
+
+
+@case("inspect", "load")
+def one_object_memoized_four_million_times(folder: Path) -> Path:
+    """MEMOIZE (one byte) 4 M times on one None: a memo entry a byte (87x the file's size
+    with a dict memo; Python's own list-like memo takes 9x). Loads; armed, torch's own
+    unpickler reads it (left out)."""
+    return _write(folder, P4 + b"N" + b"\x94" * 4_000_000 + STOP)
+
+
 # --------------------------------------------------------------------------- the child process
 
 CHILD = textwrap.dedent(
@@ -605,6 +732,99 @@ def test_shared_tuples_within_the_allowance_still_load(tmp_path: Path) -> None:
     loaded = load(path)
     assert loaded["keys"] == value["keys"] and loaded["set"] == value["set"]
     assert loaded["seeds"].entropy == value["seeds"].entropy
+
+
+@pytest.mark.parametrize("kind", ["views", "parameters", "with_attributes"])
+def test_the_densest_tensors_torch_save_writes_load_without_the_floor(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.save's fewest bytes a tensor (pickle protocol 4, views of one element: 31; a
+    Parameter with its data: 48) stay within the tensor count with no floor: a count of one
+    per more bytes than that would refuse such a file past the floor."""
+    from compatshim.checkpoint import _limits, load
+
+    monkeypatch.setattr(_limits, "TENSOR_FLOOR", 0)
+    base = torch.zeros(1)
+    count = 20_000
+    if kind == "views":
+        value = [base[0] for _ in range(count)]
+    elif kind == "parameters":
+        value = [torch.nn.Parameter(base[0]) for _ in range(count)]
+    else:
+        value = []
+        for _ in range(count):
+            view = base[0]
+            view.step = 1  # a Python attribute: _rebuild_from_type_v2 around the view
+            value.append(view)
+    path = tmp_path / "dense.pt"
+    torch.save(value, path, pickle_protocol=4)
+    assert path.stat().st_size < 50 * count  # as dense as torch.save writes them
+    loaded = load(path)
+    assert len(loaded) == count and type(loaded[0]) is type(value[0])
+
+
+def test_one_pickled_storage_called_again_is_read_once(tmp_path: Path) -> None:
+    """A memo-shared ``_load_from_bytes`` call is one storage, read once: before, each call
+    was a whole nested load, charged and timed again, and 120,000 of them were refused."""
+    from compatshim.checkpoint import load
+
+    loaded = load(storages_from_one_shared_pickled_storage(tmp_path))
+    assert len(loaded) == 120_000 and all(s is loaded[0] for s in loaded)
+
+
+def test_memo_indices_in_any_order_read_as_pickle_reads_them(tmp_path: Path) -> None:
+    """The memo is a list where indices come in order and a dict past its end: puts at
+    random indices (BINPUT, LONG_BINPUT) mixed with MEMOIZE (the count of entries) give what
+    pickle.loads gives, every index set read back at the end, and one never set refused."""
+    import random
+
+    from compatshim.checkpoint import CheckpointError, load
+
+    chooser = random.Random(20261206)
+    for case_number in range(300):
+        body, memo = b"", {}  # memo: what pickle's own dict memo holds
+        for value in range(chooser.randint(1, 12)):
+            body += n(value)
+            for _ in range(chooser.randint(1, 2)):
+                kind, index = chooser.random(), chooser.randint(0, 9)
+                if kind < 0.4:
+                    body, index = body + b"\x94", len(memo)
+                else:
+                    body += put(index) if kind < 0.7 else _short_put(index)
+                memo[index] = value
+            body += b"0"
+        reads = b"".join(_short_get(i) for i in sorted(memo))
+        data = P4 + body + b"](" + reads + b"e" + STOP
+        expected = [memo[i] for i in sorted(memo)]
+        assert pickle.loads(data) == expected
+        assert load(_write(tmp_path, data, f"memo{case_number}.pkl")) == expected, data
+        unset = next(i for i in range(len(memo) + 1) if i not in memo)
+        bad = P4 + body + _short_get(unset) + STOP
+        with pytest.raises(CheckpointError, match="used before it is set"):
+            load(_write(tmp_path, bad, f"unset{case_number}.pkl"))
+
+
+def test_a_storage_named_again_with_another_dtype_is_one_wrapper(tmp_path: Path) -> None:
+    """Every use of one memo-shared persistent id gives the same TypedStorage (before: a
+    new one at each use, its memory and time repeated by a 3-byte reference)."""
+    from compatshim.checkpoint import load
+
+    loaded = load(one_storage_named_with_another_dtype_again_and_again(tmp_path, 10_000))
+    assert len(loaded) == 10_000 and all(s is loaded[0] for s in loaded)
+    assert loaded[0].dtype == torch.int32
+
+
+def test_numpy_string_keys_equal_to_a_plain_key_load(tmp_path: Path) -> None:
+    """101 dicts keyed by one long name, a str in the first and numpy.str_ items of an array
+    in the others (equal keys of two types, not a hash collision): refused before as 'more
+    than 64 different keys share one hash value'."""
+    from compatshim.checkpoint import load
+
+    name = "column_" + "x" * 80  # longer than the keys never counted
+    value = [{name: -1}] + [{key: i} for i, key in enumerate(np.array([name] * 100))]
+    path = tmp_path / "np_keys.pt"
+    torch.save(value, path)
+    assert load(path) == value
 
 
 def test_collisions_below_the_limit_load(tmp_path: Path) -> None:

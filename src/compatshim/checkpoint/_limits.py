@@ -31,6 +31,13 @@ HASH_FLOOR = 1 << 24
 # template already holds): a 33 KB zstd frame of zeros is 1 GiB, which torch reads whole
 EXPANSION_PER_BYTE = 64
 
+# tensors one load may make: one per TENSOR_BYTES of the file, plus TENSOR_FLOOR. A tensor
+# costs 0.5-1 KB (its Python object, TensorImpl, sizes and strides) whatever made it, and
+# memo references made one per 5 bytes of a file (96x its size in memory). torch.save
+# spends 31+ bytes on one (protocol 4, views of one element), 48+ on a Parameter with its data
+TENSOR_BYTES = 24
+TENSOR_FLOOR = 1 << 16
+
 HEADER_BYTES = 16  # charged once per call or container, whatever its length
 VISIT_BYTES = 64  # an element of a list walked after the load, at each use (:class:`Walks`)
 CHUNK_BYTES = 32  # the bytes of a DCP .metadata each chunk use must be paid by (:class:`Walks`)
@@ -77,6 +84,12 @@ class Budget:
         self.total = BUDGET_PER_BYTE * max(file_size, 0) + floor
         self.left = self.total
         self.file_size = file_size
+        #: tensor objects, counted apart from bytes (see TENSOR_BYTES); nested loads share it
+        self.tensors = Quota(
+            max(file_size, 0) // TENSOR_BYTES + TENSOR_FLOOR,
+            f"tensors (one per {TENSOR_BYTES} bytes of the file, plus {TENSOR_FLOOR}; "
+            "shared references are counted at every use)",
+        )
 
     def charge(self, units: int, what: str) -> None:
         self.left -= units
@@ -116,8 +129,8 @@ class Walks:
 
 
 class Quota:
-    """A count of costly objects one load may make, apart from the byte budget (numpy's
-    bit generators: KBs and tens of microseconds each, made from a few bytes)."""
+    """A count of costly objects one load may make, apart from the byte budget (tensors,
+    numpy's bit generators: KBs and tens of microseconds each, made from a few bytes)."""
 
     def __init__(self, limit: int, what: str) -> None:
         self.limit = limit

@@ -153,6 +153,17 @@ def one_target(map_location: Any) -> str | None:
     return None
 
 
+def _as_dtype(retyped: dict[tuple[str, Any], Any], key: str, typed: Any, dtype: Any) -> Any:
+    """``typed``, a loaded storage, named again as ``dtype``: one wrapper per key and dtype
+    (memo-shared persistent ids made a new one at each 3-byte use)."""
+    if typed.dtype is dtype:
+        return typed
+    wrapper = retyped.get((key, dtype))
+    if wrapper is None:
+        wrapper = retyped[key, dtype] = _tensors.typed_storage(typed._untyped_storage, dtype)
+    return wrapper
+
+
 class ZipStorages:
     """Storages of a zip file by key: the id checked, its size against the record, then
     read through the checked directory (``file``), through torch's own ``reader`` where
@@ -176,6 +187,7 @@ class ZipStorages:
         self.mapped = mapped
         self.declared: dict[str, StorageDecl] = {}
         self.loaded: dict[str, Any] = {}
+        self.retyped: dict[tuple[str, Any], Any] = {}  # one wrapper per key and other dtype
         self.swap = False
         if byteorder is not None:
             if byteorder not in (b"little", b"big"):
@@ -189,11 +201,7 @@ class ZipStorages:
         dtype = getattr(torch, decl.dtype)
         typed = self.loaded.get(decl.key)
         if typed is not None:
-            return (
-                typed
-                if typed.dtype is dtype
-                else _tensors.typed_storage(typed._untyped_storage, dtype)
-            )
+            return _as_dtype(self.retyped, decl.key, typed, dtype)
         record = self.directory.storage_record(decl, self.what)
         nbytes = decl.nbytes
         if self.restore is None:  # nothing to read: the record's size was checked above
@@ -305,6 +313,7 @@ class LegacyStorages:
         self.offsets = offsets
         self.restore = restore
         self.loaded: dict[str, Any] = {}
+        self.retyped: dict[tuple[str, Any], Any] = {}  # one wrapper per key and other dtype
         self.views: dict[str, Any] = {}
 
     def __call__(self, type_name: str | None, rest: tuple[Any, ...]) -> Any:
@@ -315,7 +324,7 @@ class LegacyStorages:
         elif not decl.numel:  # empty, and may be named with another type (declare_storage)
             import torch
 
-            typed = _tensors.typed_storage(typed._untyped_storage, getattr(torch, decl.dtype))
+            typed = _as_dtype(self.retyped, decl.key, typed, getattr(torch, decl.dtype))
         if decl.view is None:
             return typed
         view_key, offset, size = decl.view
@@ -457,7 +466,7 @@ class Loader:
         return self._run(Source(io.BytesIO(data)), storages)
 
     def _run(self, source: Source, storages: Any) -> Any:
-        tensors = _tensors.Tensors()
+        tensors = _tensors.Tensors(self.budget.tensors)
         machine = SafeMachine(
             source,
             allow=self.allow,

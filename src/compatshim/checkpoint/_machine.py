@@ -45,6 +45,8 @@ from .errors import CheckpointError, UndecodableTextError, UnsafeCheckpointError
 
 MAX_MARK_DEPTH = 2000
 MAX_NESTING = 1000
+_DEPTH_BITS = 11  # a depth (at most MAX_NESTING) in the low bits of _depth's values
+_DEPTH_MASK = (1 << _DEPTH_BITS) - 1
 MAX_LINE = 1 << 20
 MAX_CLASHES = 64  # different keys sharing one full hash value
 _SHORT_TEXT = 64  # a str or bytes key this long or shorter is never counted (state-dict keys)
@@ -161,13 +163,17 @@ class Machine:
         self.encoding = encoding  # Python 2 str: see py2_str_encoding
         self.stack: list[Any] = []
         self.metastack: list[list[Any]] = []
-        self.memo: dict[int, Any] = {}
+        # the memo by index: a list where the writer numbers entries in order (every writer:
+        # a pointer an entry, where a dict took ~80 bytes), a dict for indices past its end
+        # (only ever >= len(memo): a put that reaches one in order drops it, as stale)
+        self.memo: list[Any] = []
+        self._memo_past: dict[int, Any] = {}
         self.proto = 0
-        # tuples and frozensets deeper than one level: id -> the object (kept alive for its
-        # id) and id -> its depth (two dicts: no extra tuple per entry for the collector)
+        # tuples and frozensets deeper than one level or dearer to hash than their length:
+        # id -> the object (kept alive for its id) and id -> its depth and expanded size in
+        # one int (depth | size << _DEPTH_BITS): two dicts sharing one key, no tuple per entry
         self._nest: dict[int, Any] = {}
         self._depth: dict[int, int] = {}
-        self._size: dict[int, int] = {}  # id -> expanded size, where not len + 1
         self.hash_left = self._hash_cap = hash_allowance(source.end)
         self._first_of_hash: dict[int, Any] = {}  # hash -> the first counted key with it
         self._clashes: dict[int, int] = {}  # hash -> different keys seen with it
@@ -256,8 +262,9 @@ class Machine:
                 key = id(item)
                 plain = len(item) + 1
                 if nest.get(key) is item:
-                    depth = self._depth[key]
-                    size += self._size.get(key, plain)
+                    packed = self._depth[key]
+                    depth = packed & _DEPTH_MASK
+                    size += packed >> _DEPTH_BITS
                 else:
                     depth = 1
                     size += plain
@@ -287,16 +294,17 @@ class Machine:
         (keeps it alive for ``id``); ``depth`` from :meth:`nesting` of its items, just before."""
         size = self._last_size
         if depth > 1 or size > len(value) + 1:
-            self._nest[id(value)] = value
-            self._depth[id(value)] = depth
-            if size != len(value) + 1:
-                self._size[id(value)] = size
+            key = id(value)
+            self._nest[key] = value
+            self._depth[key] = depth | size << _DEPTH_BITS
         return value
 
     def expanded(self, value: Any) -> int:
         """Elements hashing ``value`` visits (a tuple or frozenset this machine saw built)."""
-        key, plain = id(value), len(value) + 1
-        return self._size.get(key, plain) if self._nest.get(key) is value else plain
+        key = id(value)
+        if self._nest.get(key) is value:
+            return int(self._depth[key] >> _DEPTH_BITS)
+        return len(value) + 1
 
     def charge_keys(self, keys: Any) -> None:
         """Charge hashing ``keys`` (each use of a shared tuple costs its expanded size) and
@@ -350,6 +358,11 @@ class Machine:
         self.charge(self._compare_cost(key) * (2 + clashes), "comparing the file's keys")
         try:
             if type(first) is type(key) and bool(first == key):
+                return
+            # numpy's str_/bytes_ keys equal to plain ones: one key, compared by C code only
+            if isinstance(first, str) and isinstance(key, str) and str.__eq__(first, key):
+                return
+            if isinstance(first, bytes) and isinstance(key, bytes) and bytes.__eq__(first, key):
                 return
         except Exception:  # an element's own comparison failed: count it as different
             pass
@@ -636,11 +649,26 @@ class Machine:
             raise CheckpointError("negative memo index")
         if not self.stack:
             raise CheckpointError("pickle stack underflow")
-        self.memo[index] = self.stack[-1]
+        memo = self.memo
+        if index < len(memo):
+            memo[index] = self.stack[-1]
+        elif index == len(memo):
+            memo.append(self.stack[-1])
+            if self._memo_past:
+                self._memo_past.pop(index, None)
+        else:
+            self._memo_past[index] = self.stack[-1]
+
+    def _memoize(self) -> None:
+        """MEMOIZE: the next index is the count of entries, as pickle's own dict memo has."""
+        self._put(len(self.memo) + len(self._memo_past))
 
     def _get(self, index: int) -> None:
-        try:
+        if 0 <= index < len(self.memo):
             self.stack.append(self.memo[index])
+            return
+        try:
+            self.stack.append(self._memo_past[index])
         except KeyError:
             raise CheckpointError(f"memo entry {index} is used before it is set") from None
 
@@ -816,7 +844,7 @@ _OPCODES: dict[bytes, str | Handler] = {
     b"p": lambda s: s._put(s._line_int()),
     b"q": _binput,
     b"r": _long_memo(put=True),
-    b"\x94": lambda s: s._put(len(s.memo)),
+    b"\x94": "_memoize",
     b"g": lambda s: s._get(s._line_int()),
     b"h": _binget,
     b"j": _long_memo(put=False),

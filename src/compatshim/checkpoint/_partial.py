@@ -70,6 +70,11 @@ def refused(why: str) -> UnsafeCheckpointError:
     )
 
 
+#: what each partial costs the load's budget: its role, table entries and stand-in (~1 KB);
+#: one memo-shared call made one per 11 bytes of a file (185x its size in memory)
+STAND_IN_BYTES = 1024
+
+
 def start(args: tuple[Any, ...], role_of: RoleOf) -> Pending:
     """REDUCE ``functools.partial(f)``: ``f`` must be the ``builtins.object.__new__`` row's."""
     if len(args) != 1 or not _is_object_new(args[0], role_of):

@@ -14,7 +14,7 @@ import functools
 from typing import Any, Callable
 
 from .._text import cut, short
-from ._limits import MAX_ITEMS, check_shape, count
+from ._limits import MAX_ITEMS, Quota, check_shape, count
 from ._objects import bad, is_dunder
 from .errors import CheckpointError, UnsafeCheckpointError, as_well
 
@@ -33,12 +33,19 @@ def typed_storage(untyped: Any, dtype: Any) -> Any:
 
 
 class Tensors:
-    """The storages and tensors one load made, so later opcodes can only use those."""
+    """The storages and tensors one load made, so later opcodes can only use those.
 
-    def __init__(self) -> None:
+    Each tensor made takes a unit of ``quota`` (the load budget's :attr:`Budget.tensors`),
+    except a wrapper (a Parameter, a subclass, a sparse tensor) the first time it wraps a
+    tensor of this load: what torch.save writes for both, one object to the caller.
+    """
+
+    def __init__(self, quota: Quota) -> None:
         self._storages: dict[int, Any] = {}
         self._tensors: dict[int, Any] = {}
         self._dressed: set[int] = set()  # tensors given Python attributes
+        self._wrapped: set[int] = set()  # tensors a wrapper already holds
+        self._quota = quota
 
     def add_storage(self, storage: Any) -> Any:
         self._storages[id(storage)] = storage
@@ -49,7 +56,12 @@ class Tensors:
             raise CheckpointError(f"{what}: first argument is {short(value)}, not a storage")
         return value
 
-    def add_tensor(self, tensor: Any) -> Any:
+    def add_tensor(self, tensor: Any, wrapping: Any = None) -> Any:
+        """``wrapping``: the tensor of this load that ``tensor`` was made around."""
+        if wrapping is None or id(wrapping) in self._wrapped:  # a memo reference, again
+            self._quota.take()
+        else:
+            self._wrapped.add(id(wrapping))  # kept alive by _tensors: the id stays its own
         self._tensors[id(tensor)] = tensor
         return tensor
 
@@ -220,7 +232,7 @@ def rebuild_parameter(tensors: Tensors, args: tuple[Any, ...]) -> Any:
     _hooks_empty(args[2], what)
     param = _torch().nn.Parameter(data, args[1])
     param._backward_hooks = collections.OrderedDict()
-    return tensors.add_tensor(param)
+    return tensors.add_tensor(param, data)
 
 
 def rebuild_parameter_with_state(tensors: Tensors, args: tuple[Any, ...]) -> Any:
@@ -277,7 +289,7 @@ def rebuild_sparse(
         raise bad(what, args)
     charge(2 * sum(t.numel() * t.element_size() for t in parts), what)
     try:  # on meta there is no data to check, nor to read outside of
-        return tensors.add_tensor(make(values.device.type != "meta"))
+        return tensors.add_tensor(make(values.device.type != "meta"), values)
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:  # torch's own words
         text = cut(exc.args[0], 300) if exc.args and type(exc.args[0]) is str else ""
         invalid = as_well(CheckpointError, type(exc))  # torch's type too, as torch raises it
@@ -319,7 +331,7 @@ def rebuild_from_type_v2(
         )
     tensor = rebuild(tensors, inner_args)
     if type(tensor) is not new_type:
-        tensor = tensors.add_tensor(tensor.as_subclass(new_type))
+        tensor = tensors.add_tensor(tensor.as_subclass(new_type), tensor)
     set_plain_attributes(tensors, tensor, state, what)
     return tensor
 
