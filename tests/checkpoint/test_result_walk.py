@@ -1,12 +1,16 @@
-"""The result walk's shortcut for tensors: only tensors without Python attributes skip it.
+"""The result walk's shortcuts: tensors without Python attributes, objects without any.
 
 ``load`` does not enter the tensors it rebuilt without attributes (nothing is inside
 them to walk); a tensor that was given attributes is walked like any object, and a
-skipped tensor still counts as one level of nesting.
+skipped tensor still counts as one level of nesting. An instance with no attributes is
+not given a ``__dict__`` by the walk (64 bytes each, kept in the result) nor a row in its
+table of heights; it still counts as one level.
 """
 
 from __future__ import annotations
 
+import argparse
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -67,3 +71,55 @@ def test_a_skipped_tensor_counts_one_level_as_a_walked_one_does(levels: int) -> 
         except CheckpointError:
             verdicts.append("deep")
     assert verdicts[0] == verdicts[1] == ("ok" if levels + 1 <= 5 else "deep")
+
+
+def _namespaces(folder: Path, count: int, state: bytes = b"") -> Path:
+    """A list of ``count`` argparse.Namespace made by NEWOBJ, each given ``state`` by BUILD."""
+    one = g("argparse", "Namespace") + b")\x81" + (state + b"b" if state else b"")
+    path = folder / "ns.pkl"
+    path.write_bytes(P2 + b"](" + one * count + b"e" + STOP)
+    return path
+
+
+def test_instances_without_attributes_are_not_given_a_dict(tmp_path: Path) -> None:
+    loaded = load(_namespaces(tmp_path, 3))
+    assert [type(x) for x in loaded] == [argparse.Namespace] * 3
+    # a __dict__ made by the walk would be among the referents: 64 bytes an object, kept
+    assert all(gc.get_referents(x) == [argparse.Namespace] for x in loaded)
+
+
+def test_an_instance_with_attributes_is_still_walked_for_forbidden_values(tmp_path: Path) -> None:
+    state = d((u("f"), g("torch._utils", "_rebuild_tensor_v2")))
+    with pytest.raises(UnsafeCheckpointError, match="as a value"):
+        load(_namespaces(tmp_path, 2, state))
+    assert vars(load(_namespaces(tmp_path, 2, d((u("lr"), n(3))))).pop()) == {"lr": 3}
+
+
+@pytest.mark.parametrize("levels", [3, 4, 5])
+def test_an_instance_without_attributes_counts_one_level(levels: int) -> None:
+    empty, full = argparse.Namespace(), argparse.Namespace(x=1)
+    for leaf in (empty, full):  # the same verdicts, entered or not
+        made = {id(leaf): leaf}
+        try:
+            check_result(_nested(levels, leaf), "x", created=made, limit=5)
+            verdict = "ok"
+        except CheckpointError:
+            verdict = "deep"
+        assert verdict == ("ok" if levels + 1 <= 5 else "deep")
+
+
+def test_one_empty_instance_shared_everywhere_is_walked_in_linear_time() -> None:
+    empty = argparse.Namespace()
+    check_result([[empty] * 1000] * 1000, "x", created={id(empty): empty})
+
+
+class _Loud:
+    def __eq__(self, other: object) -> bool:
+        raise AssertionError("the walk compared an attribute's value with ==")
+
+    __hash__ = object.__hash__
+
+
+def test_an_attribute_is_never_compared_with_eq() -> None:
+    holder = argparse.Namespace(one=_Loud())
+    check_result([holder], "x", created={id(holder): holder})

@@ -482,8 +482,9 @@ class Loader:
             value = machine.run()
         except UnsafeCheckpointError as exc:
             raise self._every_refusal(source, start, exc) from None
-        forbidden = machine.forbidden_values()
-        check_result(value, "the loaded object", forbidden, machine.created(), tensors.bare())
+        forbidden, created = machine.forbidden_values(), machine.created()
+        machine.release()
+        check_result(value, "the loaded object", forbidden, created, tensors.bare())
         return value
 
     def _nested(self, data: bytes) -> Any:

@@ -170,9 +170,10 @@ class Machine:
         self._memo_past: dict[int, Any] = {}
         self.proto = 0
         # tuples and frozensets deeper than one level or dearer to hash than their length:
-        # id -> the object (kept alive for its id) and id -> its depth and expanded size in
-        # one int (depth | size << _DEPTH_BITS): two dicts sharing one key, no tuple per entry
-        self._nest: dict[int, Any] = {}
+        # id -> its depth and expanded size in one int (depth | size << _DEPTH_BITS), each
+        # kept alive by a list (a pointer, where a second dict took ~40 bytes) so its id names
+        # it alone for the whole load
+        self._kept: list[Any] = []
         self._depth: dict[int, int] = {}
         self.hash_left = self._hash_cap = hash_allowance(source.end)
         self._first_of_hash: dict[int, Any] = {}  # hash -> the first counted key with it
@@ -238,6 +239,13 @@ class Machine:
         except Stop as stop:
             return stop.value
 
+    def release(self) -> None:
+        """Drop what only the opcodes needed (the memo, the hashing and nesting tables) once
+        :meth:`run` has made the result: the walk of it that follows peaks without them."""
+        self.stack, self.metastack, self.memo, self._kept = [], [], [], []
+        self._memo_past, self._depth, self._objects = {}, {}, {}
+        self._first_of_hash, self._clashes, self._compared = {}, {}, {}
+
     # ------------------------------------------------------------------ helpers
     def _pop(self) -> Any:
         if not self.stack:
@@ -255,19 +263,17 @@ class Machine:
         expanded size is kept for :meth:`hashable` (one attribute: no tuple per call)."""
         deepest = 0
         size = 1
-        nest = self._nest
+        depths = self._depth
         for item in items:
             kind = type(item)
             if kind is tuple or kind is frozenset:
-                key = id(item)
-                plain = len(item) + 1
-                if nest.get(key) is item:
-                    packed = self._depth[key]
+                packed = depths.get(id(item))
+                if packed is not None:
                     depth = packed & _DEPTH_MASK
                     size += packed >> _DEPTH_BITS
                 else:
                     depth = 1
-                    size += plain
+                    size += len(item) + 1
                 if depth > deepest:
                     deepest = depth
             elif kind is int and not -_SMALL_INT < item < _SMALL_INT:
@@ -294,17 +300,14 @@ class Machine:
         (keeps it alive for ``id``); ``depth`` from :meth:`nesting` of its items, just before."""
         size = self._last_size
         if depth > 1 or size > len(value) + 1:
-            key = id(value)
-            self._nest[key] = value
-            self._depth[key] = depth | size << _DEPTH_BITS
+            self._kept.append(value)
+            self._depth[id(value)] = depth | size << _DEPTH_BITS
         return value
 
     def expanded(self, value: Any) -> int:
         """Elements hashing ``value`` visits (a tuple or frozenset this machine saw built)."""
-        key = id(value)
-        if self._nest.get(key) is value:
-            return int(self._depth[key] >> _DEPTH_BITS)
-        return len(value) + 1
+        packed = self._depth.get(id(value))
+        return len(value) + 1 if packed is None else int(packed >> _DEPTH_BITS)
 
     def charge_keys(self, keys: Any) -> None:
         """Charge hashing ``keys`` (each use of a shared tuple costs its expanded size) and

@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import enum
 import functools
+import gc
 import itertools
 import pathlib
 import sys
@@ -92,9 +93,10 @@ class SafeMachine(Machine):
         self._cache: dict[tuple[str, str], Any] = {}
         self._rules: dict[Any, tuple[Any, Any]] = {}  # (rule, id(owner), name) -> (owner, made)
         self._from_bytes: dict[int, tuple[bytes, Any]] = {}  # id(bytes) -> (bytes, storage)
-        # objects this load made that BUILD may give state, and how (two dicts by id: no
-        # extra tuple per object for the garbage collector to walk)
+        # objects this load made that BUILD may give state (by id), and how: the first builder
+        # registered for their type, else their own (a row per object only where it differs)
         self._created: dict[int, Any] = {}
+        self._usual: dict[int, Builder] = {}  # by id(type): no metaclass __hash__ runs
         self._builders: dict[int, Builder] = {}
         self._dicts: dict[int, Any] = {}  # owned dict subclasses and deques
         self._random_quota = _numpy.random_quota()
@@ -105,6 +107,11 @@ class SafeMachine(Machine):
         if self._omegaconf is not None:
             self._omegaconf.finish()  # parents, depth, interpolations: once everything is built
         return value
+
+    def release(self) -> None:
+        super().release()  # and what only BUILD and the calls needed; created() stays
+        self._usual, self._builders, self._dicts, self._rules, self._from_bytes = {}, {}, {}, {}, {}
+        self._omegaconf = None
 
     # ------------------------------------------------------------------ globals
     def find_global(self, module: str, name: str) -> Any:
@@ -206,9 +213,10 @@ class SafeMachine(Machine):
 
     # ------------------------------------------------------------------ registration
     def register_builder(self, obj: Any, builder: Builder) -> None:
-        key = id(obj)  # one int for both tables: 32 bytes an object less
+        key = id(obj)
         self._created[key] = obj
-        self._builders[key] = builder
+        if self._usual.setdefault(id(type(obj)), builder) != builder:  # == : bound methods
+            self._builders[key] = builder
 
     def register_dict(self, obj: Any) -> None:
         self._dicts[id(obj)] = obj
@@ -402,7 +410,8 @@ class SafeMachine(Machine):
     # ------------------------------------------------------------------ state
     def build(self, inst: Any, state: Any) -> None:
         self.budget.charge(weight(state), "BUILD")
-        if self._created.get(id(inst)) is not inst:
+        builder = self._builders.get(id(inst)) or self._usual.get(id(type(inst)))
+        if self._created.get(id(inst)) is not inst or builder is None:
             raise UnsafeCheckpointError(
                 f"BUILD on {describe(inst)} refused: state is set only on objects this file "
                 "created, of allowed types",
@@ -414,7 +423,7 @@ class SafeMachine(Machine):
                 "(its hash reads its state; pickle gives an object its state before any use)",
                 (f"BUILD {describe(inst)}",),
             )
-        self._builders[id(inst)](inst, state)
+        builder(inst, state)
 
     def set_items(self, target: Any, pairs: list[Any]) -> None:
         if type(target) is dict:
@@ -572,8 +581,13 @@ def check_result(
         if node is not _DONE:
             if len(frames) >= limit:
                 raise CheckpointError(f"{what}: values nested deeper than {limit} levels")
-            on_path.add(id(node))
-            frames.append([node, iter(_children(node)), 0])
+            children = _children(node)
+            if children is _NONE:  # one level, no frame and no row in height: entered again
+                if frames and frames[-1][2] < 1:  # at each use, at the cost of one call
+                    frames[-1][2] = 1
+            else:
+                on_path.add(id(node))
+                frames.append([node, iter(children), 0])
             node = _DONE
         if not frames:
             return
@@ -615,6 +629,8 @@ def check_result(
 
 
 _DONE = object()
+_NONE: tuple[Any, ...] = ()  # what _children gives for an object with nothing inside
+_HAVE_GC = 1 << 14  # Py_TPFLAGS_HAVE_GC: gc.get_referents sees what an instance holds
 
 
 def _children(node: Any) -> Iterable[Any]:
@@ -626,8 +642,13 @@ def _children(node: Any) -> Iterable[Any]:
         return node  # type: ignore[no-any-return]
     if _is_object_array(node):  # numpy.load(allow_pickle=True), hardened (Request.object_arrays)
         return node.flat  # type: ignore[no-any-return]
+    kind = type(node)
+    if kind.__flags__ & _HAVE_GC:  # no attribute: reading __dict__ would make one (64 bytes,
+        held = gc.get_referents(node)  # kept); compared by identity: no __eq__ of theirs runs
+        if not held or (len(held) == 1 and held[0] is kind):
+            return _NONE
     extra = getattr(node, "__dict__", None)
-    return extra.values() if extra else ()
+    return extra.values() if extra else _NONE
 
 
 _CONTAINERS = frozenset(
