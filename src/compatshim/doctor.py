@@ -383,10 +383,29 @@ def _allow_reading(name: str) -> str:
         source = process_allow._from_file
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # said on setting: lines
-        entries = [allowed.qualname for _, allowed in source().values()]
+        entries = [_unfound(allowed.qualname) for _, allowed in source().values()]
     if not entries:
         return "admits nothing"
     return f"admits {len(entries)}: {', '.join(entries)}"
+
+
+def _unfound(qualname: str) -> str:
+    """``qualname``, said to name no module found from here where its top-level one is not
+    installed nor in the current folder (a typo admits nothing). Looked up, never imported;
+    ``__main__`` is the job's script, unknown here."""
+    import importlib.machinery
+    import importlib.util
+
+    top = qualname.split(".", 1)[0]
+    if not top.isidentifier() or top == "__main__" or top in sys.modules:
+        return qualname
+    try:
+        found = importlib.util.find_spec(top) or importlib.machinery.PathFinder.find_spec(
+            top, [os.getcwd()]
+        )
+    except (ImportError, ValueError, OSError):
+        return qualname
+    return qualname if found is not None else f"{qualname} (no module {top!r} found here)"
 
 
 def _allow_problems(read_file: bool) -> list[str]:

@@ -20,7 +20,7 @@ def _source_dir() -> str:
     return str(Path(compatshim.__file__).resolve().parent.parent)
 
 
-def _doctor(*args: str, **env: str) -> tuple[int, str]:
+def _doctor(*args: str, cwd: Path | None = None, **env: str) -> tuple[int, str]:
     """``compatshim doctor`` started as a user's process is: only ``env``'s compatshim
     settings, and this tree's start-up hook first on the path (an editable install keeps a
     copy of it in site-packages)."""
@@ -35,6 +35,7 @@ def _doctor(*args: str, **env: str) -> tuple[int, str]:
         text=True,
         env=full_env,
         timeout=300,
+        cwd=cwd,
     )
     return done.returncode, done.stdout
 
@@ -190,6 +191,20 @@ def test_each_setting_is_reported_as_the_job_reads_it() -> None:
     section = out.split("Settings (as the job's processes read them):\n")[1].split("\n\n")[0]
     assert "  COMPATSHIM_DESYNC_TIMEOUT='60': 60 s before" in section, out
     assert len(section.splitlines()) == len(env), section
+
+
+def test_an_allow_entry_naming_no_installed_module_is_said_so(tmp_path: Path) -> None:
+    """``COMPATSHIM_ALLOW=mypgk.Config`` (a typo) was read as "admits 1: mypgk.Config": a load
+    that meets the file's real name refuses it all the same. A module of the current folder
+    and the job's ``__main__`` are not flagged; nothing is imported to find out."""
+    (tmp_path / "localmod.py").write_text("raise SystemExit('imported')\n")
+    env = {"COMPATSHIM_ALLOW": "collections.Counter, mypgk.Config, localmod.A, __main__.Run"}
+    _, out = _doctor("--json", cwd=tmp_path, **env)
+    read = {item["name"]: item for item in json.loads(out)["report"]["settings_read"]}
+    assert read["COMPATSHIM_ALLOW"]["read_as"] == (
+        "admits 4: collections.Counter, mypgk.Config (no module 'mypgk' found here), "
+        "localmod.A, __main__.Run"
+    ), read
 
 
 def test_present_and_fixable_but_not_in_force_fails_and_says_how_to_arm() -> None:
