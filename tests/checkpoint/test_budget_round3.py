@@ -885,13 +885,18 @@ def test_format_strings_and_references_without_a_bare_dollar_load(tmp_path: Path
 # tables (memo, nesting) are dropped before the result walk, which gives no __dict__ to an
 # object without attributes. Python 3.11, in this test's child: 122x (tuples) and 98x
 # (Namespaces) the file's size before, 74x and 36x now; Python's own pickle.loads 25x, 27x.
+def _dense(kept: bytes, after: bytes, count: int) -> bytes:
+    """A list of ``count`` objects, each made by ``after`` from ``kept`` (memo 1)."""
+    return P4 + _kept(1, kept) + b"](" + (_short_get(1) + after) * count + b"e" + STOP
+
+
 DENSE: dict[str, tuple[Callable[[], bytes], int]] = {  # name -> (file, bound: x its size)
-    "nested_one_tuples": (
-        lambda: P4 + b"K\x00\x85q\x010](" + b"h\x01\x85" * 1_500_000 + b"e.",
+    "nested_one_tuples": (  # (0,) kept at 1, then (that,) 3 bytes each
+        lambda: _dense(b"K\x00\x85", b"\x85", 1_500_000),
         96,
     ),
-    "empty_namespaces": (
-        lambda: P4 + b"cargparse\nNamespace\nq\x010](" + b"h\x01)\x81" * 400_000 + b"e.",
+    "empty_namespaces": (  # the class kept at 1, then NEWOBJ with no arguments, 4 bytes each
+        lambda: _dense(g("argparse", "Namespace"), b")\x81", 400_000),
         64,
     ),
 }
