@@ -15,7 +15,8 @@
 # On a machine without CUDA it runs to the end and GPU.md says "no CUDA device" (a rehearsal).
 #
 # Knobs: OUT (default .gpu-out), GPU_PYTHON (python3), GPU_WORKERS (14), GPU_TESTS (tests),
-# GPU_SUITE_S (300), GPU_BENCHES (bench_ema bench_checkpoint bench_map_location; "" runs none),
+# GPU_SUITE_S (300), GPU_BENCHES (bench_ema bench_map_location; "" runs none; bench_checkpoint, a
+# CPU loader bench of fresh interpreters on a 1 GiB file, needs minutes: the bench env runs it),
 # GPU_BENCH_S (60), GPU_PACK (unset; 1: $OUT ends as GPU.md and raw.tar.gz, the rest packed, for a
 # tool that brings back few files); the benches run with BENCH_QUICK=1 (bench_map_location: the
 # 512 MiB file, "fresh pages" heap, 3 repeats).
@@ -28,7 +29,7 @@ PY=${GPU_PYTHON:-python3}
 WORKERS=${GPU_WORKERS:-14}
 TESTS=${GPU_TESTS:-tests}
 SUITE_S=${GPU_SUITE_S:-300}
-BENCHES=${GPU_BENCHES-bench_ema bench_checkpoint bench_map_location}  # set and empty: none
+BENCHES=${GPU_BENCHES-bench_ema bench_map_location}  # set and empty: none
 BENCH_S=${GPU_BENCH_S:-60}
 START=$(date +%s)
 log() { echo "[t+$(($(date +%s) - START))s] $*" | tee -a "$OUT/leg.log"; }

@@ -22,6 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tests.checkpoint.test_hardened import Payload, _source_dir, boot  # noqa: E402
+from tests.harness.sites import site_folders  # noqa: E402
 
 TIMEOUT_S = 240
 pytestmark = pytest.mark.timeout(TIMEOUT_S + 60)
@@ -262,12 +263,11 @@ def test_where_the_start_up_hook_never_runs_import_compatshim_arms_and_says_so(
     ``import compatshim``. Now the import arms the loading patches and says that earlier
     loads were not hardened; an ``uninstall()`` that disarms them says so too (it was
     silent: a library's uninstall() ended hardened mode)."""
-    import site
 
     script = tmp_path / "child.py"
     script.write_text(HOOKLESS)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPATSHIM_", "PYTHON"))}
-    paths = [_source_dir(), *site.getsitepackages()]  # as plain folders: no .pth is read
+    paths = [_source_dir(), *site_folders()]  # as plain folders: no .pth is read
     env.update(PYTHONPATH=os.pathsep.join(paths), COMPATSHIM_SAFE_LOAD="1")
     done = subprocess.run(
         [sys.executable, "-S", str(script)],

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import sysconfig
 import textwrap
 from importlib import metadata
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 
 import compatshim
 from compatshim import _settings
+from tests.harness.sites import site_folders
 
 SRC = str(Path(compatshim.__file__).resolve().parents[1])
 pytestmark = pytest.mark.timeout(120)
@@ -28,12 +28,7 @@ def _python(
     the tree, then this interpreter's site-packages, on the path), so the names are checked
     when ``code`` imports compatshim; the hook's own check is tested below."""
     env = {k: v for k, v in os.environ.items() if k[:11].upper() != "COMPATSHIM_"}
-    # every site dir this interpreter sees: a venv over the system's (the GPU leg's overlay)
-    # adds those by .pth lines, which -S does not run
-    sites = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
-    paths = dict.fromkeys(
-        (SRC, sysconfig.get_path("purelib"), sysconfig.get_path("platlib"), *sites)
-    )
+    paths = dict.fromkeys((SRC, *site_folders()))
     env.update(PYTHONPATH=os.pathsep.join(paths), **variables)
     return subprocess.run(
         [sys.executable, "-S", "-W", action, "-c", textwrap.dedent(code)],
