@@ -15,7 +15,7 @@
 # On a machine without CUDA it runs to the end and GPU.md says "no CUDA device" (a rehearsal).
 #
 # Knobs: OUT (default .gpu-out), GPU_PYTHON (python3), GPU_WORKERS (14), GPU_TESTS (tests),
-# GPU_SUITE_S (300), GPU_BENCHES (bench_ema bench_map_location; "" runs none; bench_checkpoint, a
+# GPU_SUITE_S (360), GPU_BENCHES (bench_ema bench_map_location; "" runs none; bench_checkpoint, a
 # CPU loader bench of fresh interpreters on a 1 GiB file, needs minutes: the bench env runs it),
 # GPU_BENCH_S (60), GPU_PACK (unset; 1: $OUT ends as GPU.md and raw.tar.gz, the rest packed, for a
 # tool that brings back few files); the benches run with BENCH_QUICK=1 (bench_map_location: the
@@ -28,7 +28,7 @@ mkdir -p "$OUT"
 PY=${GPU_PYTHON:-python3}
 WORKERS=${GPU_WORKERS:-14}
 TESTS=${GPU_TESTS:-tests}
-SUITE_S=${GPU_SUITE_S:-300}
+SUITE_S=${GPU_SUITE_S:-360}
 BENCHES=${GPU_BENCHES-bench_ema bench_map_location}  # set and empty: none
 BENCH_S=${GPU_BENCH_S:-60}
 START=$(date +%s)
@@ -40,7 +40,34 @@ unset PYTHONDONTWRITEBYTECODE  # bytecode is cached, in the scratch folder (belo
 
 # 1. the overlay: a venv whose site-packages add the machine's, then the wheels and compatshim
 SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/compatshim-gpu-leg.XXXX")
-trap 'rm -rf "$SCRATCH"' EXIT
+VPY=$PY  # the overlay's interpreter once it is ready
+RAN=()
+DONE=
+record() {  # GPU.md from what $OUT holds, then (GPU_PACK) every raw file in one archive
+    [ -n "$DONE" ] || log "stopped before the end: the record covers what ran"
+    COMMAND="bash matrix/gpu/leg.sh (GPU_WORKERS=$WORKERS GPU_TESTS=$TESTS GPU_SUITE_S=$SUITE_S; pytest ${PARALLEL[*]:-} ${COMMON[*]:-})"
+    "$VPY" matrix/gpu/make_gpu_md.py --out "$OUT" --command "$COMMAND" --seconds "$(($(date +%s) - START))" \
+        --benches "${RAN[*]:-}" --write matrix/GPU.md >/dev/null
+    cp matrix/GPU.md "$OUT/GPU.md"
+    log "record written; GPU.md in $OUT"
+    if [ -n "${GPU_PACK:-}" ]; then
+        (cd "$OUT" && find . -maxdepth 1 -type f ! -name GPU.md ! -name raw.tar.gz -printf '%P\n' \
+            | tar -czf raw.tar.gz -T - && find . -maxdepth 1 -type f ! -name GPU.md \
+            ! -name raw.tar.gz -delete) || echo "packing failed: the raw files stay in $OUT"
+    fi
+    rm -rf "$SCRATCH"
+}
+trap record EXIT
+stop() {  # a signal: the suite beside us gets SIGINT (timeout passes it on), so pytest writes its
+    # summary and junit file; 20 s at most, then the record
+    log "stopped by a signal"
+    if [ -n "${SUITE_PID:-}" ] && kill -INT "$SUITE_PID" 2>/dev/null; then
+        for _ in $(seq 20); do kill -0 "$SUITE_PID" 2>/dev/null || break; sleep 1; done
+        [ -f "$OUT/suite.rc" ] || echo 130 >"$OUT/suite.rc"
+    fi
+    exit 143
+}
+trap stop TERM INT HUP
 # the ~100 interpreters the tests start compile what they import once, not each time (a tox env
 # without it took 2.3x as long), and nothing is written into the machine's own site-packages
 export PYTHONPYCACHEPREFIX=$SCRATCH/pycache
@@ -111,9 +138,10 @@ for wheel in sys.argv[2:]:
             out.write_bytes(archive.read(member))
     print("unpacked", wheel)
 EOF
-VPY=$VENV/bin/python
-"$VPY" -c 'import compatshim, torch; print("compatshim from", compatshim.__file__, "torch", torch.__version__)' \
+OVERLAY_PY=$VENV/bin/python
+"$OVERLAY_PY" -c 'import compatshim, torch; print("compatshim from", compatshim.__file__, "torch", torch.__version__)' \
     >>"$OUT/overlay.txt" 2>&1 || { log "overlay python cannot import compatshim/torch"; cat "$OUT/overlay.txt"; exit 2; }
+VPY=$OVERLAY_PY
 log "overlay ready: $VPY"
 
 # 1b. the doctor, the main job, as a user arms compatshim (before the suites load the machine)
@@ -132,13 +160,14 @@ timeout -k 30 -s INT "$SUITE_S" "$VPY" -m pytest $TESTS -m "not gpu and not mult
 SUITE_PID=$!
 timeout -k 30 -s INT "$SUITE_S" "$VPY" -m pytest $TESTS -m "gpu or multigpu" "${COMMON[@]}" -rA \
     --junitxml="$OUT/gpu.xml" >"$OUT/gpu_tests.txt" 2>&1
-log "gpu tests rc=$?"
+echo $? >"$OUT/gpu_tests.rc"
+log "gpu tests rc=$(cat "$OUT/gpu_tests.rc")"
 wait "$SUITE_PID"
-log "suite rc=$?"
+echo $? >"$OUT/suite.rc"
+log "suite rc=$(cat "$OUT/suite.rc") (124: stopped by its GPU_SUITE_S clock)"
 tail -n 3 "$OUT/suite.txt" "$OUT/gpu_tests.txt"
 
 # 3. the GPU benchmarks, each on its own clock; a bench this checkout lacks is left out
-RAN=()
 for name in $BENCHES; do
     [ -f "bench/$name.py" ] || { log "bench $name: not in this checkout, left out"; continue; }
     BENCH_QUICK=1 timeout -k 10 "$BENCH_S" "$VPY" bench/run_all.py "$name" >"$OUT/$name.txt" 2>&1
@@ -148,14 +177,7 @@ for name in $BENCHES; do
 done
 cp bench/RESULTS.md "$OUT/bench-RESULTS.md" 2>/dev/null
 
-# 4. the record
-COMMAND="bash matrix/gpu/leg.sh (GPU_WORKERS=$WORKERS GPU_TESTS=$TESTS GPU_SUITE_S=$SUITE_S; pytest ${PARALLEL[*]:-} ${COMMON[*]})"
-"$VPY" matrix/gpu/make_gpu_md.py --out "$OUT" --command "$COMMAND" --seconds "$(($(date +%s) - START))" \
-    --benches "${RAN[*]:-}" --write matrix/GPU.md
-cp matrix/GPU.md "$OUT/GPU.md"
-log "done; GPU.md in $OUT"
-if [ -n "${GPU_PACK:-}" ]; then  # every raw file in one archive beside GPU.md
-    (cd "$OUT" && find . -maxdepth 1 -type f ! -name GPU.md ! -name raw.tar.gz -printf '%P\n' \
-        | tar -czf raw.tar.gz -T - && find . -maxdepth 1 -type f ! -name GPU.md \
-        ! -name raw.tar.gz -delete) || echo "packing failed: the raw files stay in $OUT"
-fi
+# 4. the record: written by record() on the way out (trap below), so a leg stopped early by a
+# signal (a device tool's clock) still leaves GPU.md and, with GPU_PACK, raw.tar.gz
+DONE=1
+exit 0

@@ -179,6 +179,14 @@ def render(out: Path, command: str, seconds: str, benches: list[str]) -> str:
         lines += ["### Failures", "", *(f"- `{n}` ({r}): {m}" for n, r, m in bad), ""]
     if not (out / "suite.xml").is_file():
         lines += ["The suite wrote no junit file (killed before its summary): see suite.txt.", ""]
+    for run in ("suite", "gpu_tests"):  # 124/137: its own clock; 130: a signal to the leg
+        rc = out / f"{run}.rc"
+        if rc.is_file() and rc.read_text().strip() in ("124", "130", "137"):
+            lines += [
+                f"**`{run}` was stopped before it finished (its `GPU_SUITE_S` clock, or a "
+                "signal to the leg): the counts above cover only the tests that ran.**",
+                "",
+            ]
     lines += doctor_section(out)
     lines += ["### Benchmarks", ""]
     for name in benches:
