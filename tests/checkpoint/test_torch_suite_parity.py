@@ -21,12 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.version import Version
 
 torch = pytest.importorskip("torch")
 
 from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, inspect, load  # noqa: E402
 from compatshim.checkpoint._container import read_zip_directory  # noqa: E402
 from compatshim.patches.torch_load_safe_globals import CheckpointRefusedWarning  # noqa: E402
+from tests.checkpoint.corpus import Scripted  # noqa: E402
 
 
 def _after_a_pickle(obj: Any) -> io.BytesIO:
@@ -260,3 +262,36 @@ def test_an_unseekable_stream_fails_with_torchs_type_too(torch_own: Any) -> None
         torch.load(_NoSeek(buffer.getvalue()))
     assert isinstance(ours.value, type(theirs.value)) and type(theirs.value) is AttributeError
     assert "You can only torch.load from a file that is seekable" in str(ours.value)
+
+
+def test_a_torchscript_archive_fails_with_torchs_type_too(torch_own: Any, tmp_path: Path) -> None:
+    """torch's ``test_serialization_zipfile_actually_jit``: ``torch.load`` of a
+    ``torch.jit.save`` archive, weights-only, is a RuntimeError ("Cannot use
+    ``weights_only=True`` with TorchScript archives"), which code catches to fall back to
+    ``torch.jit.load`` (its own choice; torch 2.1-2.4 ran it). Hardened, the refusal was an
+    UnpicklingError only, so that fallback never ran (found by the suite run of 2026-12-06);
+    it is a RuntimeError too now, and still names the refusal."""
+
+    path = tmp_path / "model.pt"
+    torch.jit.save(torch.jit.script(Scripted()), str(path))  # x + 1
+    try:
+        torch_own(path)
+    except RuntimeError as theirs:
+        assert "TorchScript" in str(theirs)
+    else:  # torch 2.1-2.4 (at least) passed it to torch.jit.load, weights-only or not
+        assert Version(torch.__version__).release < (2, 6), torch.__version__
+    for reader in (torch.load, load):  # the patched torch.load and compatshim's loader
+        with pytest.raises(UnsafeCheckpointError) as ours:
+            reader(path)
+        assert isinstance(ours.value, RuntimeError) and isinstance(
+            ours.value, pickle.UnpicklingError
+        )
+        assert "TorchScript archive" in str(ours.value)
+        assert ours.value.refused == ("TorchScript archive",)
+    try:  # the pattern in user code: torch.load, else torch.jit.load
+        model = torch.load(path)
+    except RuntimeError:
+        model = torch.jit.load(str(path))
+    assert torch.equal(model(torch.zeros(2)), torch.ones(2))
+    copied = pickle.loads(pickle.dumps(ours.value))
+    assert isinstance(copied, RuntimeError) and copied.refused == ours.value.refused

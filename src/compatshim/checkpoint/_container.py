@@ -568,7 +568,9 @@ def _zip64_sizes(
 
 
 def refuse_torchscript(what: str) -> UnsafeCheckpointError:
-    return UnsafeCheckpointError(
+    """A RuntimeError too: torch's weights-only load raises one for the same file, which code
+    catches to fall back to ``torch.jit.load`` (its own choice of trust)."""
+    return as_well(UnsafeCheckpointError, RuntimeError)(
         f"{what} is a TorchScript archive (torch.jit.save): torch.load would pass it to "
         "torch.jit.load, which runs the scripted code (e.g. __setstate__); compatshim never "
         "does. Load it with torch.jit.load only if you trust it.",
