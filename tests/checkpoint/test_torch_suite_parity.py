@@ -17,6 +17,7 @@ import pickle
 import struct
 import sys
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -295,3 +296,40 @@ def test_a_torchscript_archive_fails_with_torchs_type_too(torch_own: Any, tmp_pa
     assert torch.equal(model(torch.zeros(2)), torch.ones(2))
     copied = pickle.loads(pickle.dumps(ours.value))
     assert isinstance(copied, RuntimeError) and copied.refused == ours.value.refused
+
+
+def _damaged_archives() -> dict[str, bytes]:
+    buffer = io.BytesIO()
+    torch.save({"w": torch.ones(2)}, buffer)
+    whole = buffer.getvalue()
+    no_pickle = io.BytesIO()
+    with zipfile.ZipFile(no_pickle, "w") as archive:
+        archive.writestr("archive/version", "3\n")
+    return {
+        "cut after 200 bytes": whole[:200],
+        "cut 30 bytes short": whole[:-30],
+        "no data.pkl": no_pickle.getvalue(),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_damaged_archives()))
+def test_a_damaged_archive_fails_with_torchs_type_too(torch_own: Any, name: str) -> None:
+    """A checkpoint cut short by a killed save: torch's zip reader raises a RuntimeError,
+    which resume code catches to fall back to an older checkpoint. Hardened, it was an
+    UnpicklingError only (and warned as a refusal); it is a RuntimeError too now, with
+    compatshim's words, and no refusal is warned: torch fails the same way."""
+    data = _damaged_archives()[name]
+    with pytest.raises(Exception) as theirs:
+        torch_own(io.BytesIO(data))
+    assert type(theirs.value) is RuntimeError
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(UnsafeCheckpointError) as ours:
+            torch.load(io.BytesIO(data))
+    assert isinstance(ours.value, RuntimeError) and isinstance(ours.value, pickle.UnpicklingError)
+    assert not [w for w in caught if issubclass(w.category, CheckpointRefusedWarning)]
+    with pytest.raises(CheckpointError) as direct:
+        load(io.BytesIO(data))
+    assert isinstance(direct.value, RuntimeError)
+    assert not isinstance(direct.value, UnsafeCheckpointError)  # damage, not a refusal
+    assert "zip" in str(direct.value) or "data.pkl" in str(direct.value)

@@ -427,7 +427,10 @@ class Loader:
         return self._run(Source(file), storages)
 
     def _zip(self, file: IO[bytes], what: str, path: str | None) -> Any:
-        directory = read_zip_directory(file, what)
+        try:
+            directory = read_zip_directory(file, what)
+        except CheckpointError as exc:
+            raise _as_torchs_reader(exc) from None
         if directory.is_torchscript:
             raise refuse_torchscript(what)
         try:
@@ -437,8 +440,9 @@ class Loader:
                 raise CheckpointError(
                     f"{what}: mmap=True needs torch, which is not installed"
                 ) from None
-            data = read_record(file, directory.record("data.pkl", what), what)
-            return self._run(Source(io.BytesIO(data)), _needs_torch)
+            return self._run(
+                Source(io.BytesIO(_pickle_record(file, directory, what))), _needs_torch
+            )
         mapped = None
         if self.mmap:
             if path is None:
@@ -462,8 +466,7 @@ class Loader:
         record = directory.records.get("byteorder")
         byteorder = None if record is None else read_record(file, record, what)
         storages = ZipStorages(file, reader, directory, restore, what, mapped, byteorder)
-        data = read_record(file, directory.record("data.pkl", what), what)
-        return self._run(Source(io.BytesIO(data)), storages)
+        return self._run(Source(io.BytesIO(_pickle_record(file, directory, what))), storages)
 
     def _run(self, source: Source, storages: Any) -> Any:
         tensors = _tensors.Tensors(self.budget.tensors)
@@ -512,6 +515,22 @@ class Loader:
             f"{first}; the file also names {names(others)}, refused as well",
             (*first.refused, *others),
         )
+
+
+def _pickle_record(file: IO[bytes], directory: ZipDirectory, what: str) -> bytes:
+    try:
+        return read_record(file, directory.record("data.pkl", what), what)
+    except CheckpointError as exc:
+        raise _as_torchs_reader(exc) from None
+
+
+def _as_torchs_reader(error: CheckpointError) -> CheckpointError:
+    """A damaged archive (cut short by an interrupted save, no ``data.pkl``) is a RuntimeError
+    too, as torch's zip reader reports it, so ``except RuntimeError`` around the load of a
+    half-written checkpoint still catches it; a refusal stays as it is."""
+    if type(error) is not CheckpointError:
+        return error
+    return as_well(CheckpointError, RuntimeError)(*error.args)
 
 
 def _shared_mmap(torch: Any) -> bool:
