@@ -333,3 +333,20 @@ def test_a_damaged_archive_fails_with_torchs_type_too(torch_own: Any, name: str)
     assert isinstance(direct.value, RuntimeError)
     assert not isinstance(direct.value, UnsafeCheckpointError)  # damage, not a refusal
     assert "zip" in str(direct.value) or "data.pkl" in str(direct.value)
+
+
+def test_an_empty_file_fails_with_torchs_type_too(torch_own: Any, tmp_path: Path) -> None:
+    """A save that never wrote leaves an empty file: torch raises pickle's EOFError ("Ran
+    out of input"), which code that skips such a file catches. Hardened, it was an
+    UnpicklingError only; it is an EOFError too now."""
+    path = tmp_path / "last.pt"
+    path.write_bytes(b"")
+    with pytest.raises(Exception) as theirs:
+        torch_own(path)
+    assert type(theirs.value) is EOFError
+    with pytest.raises(UnsafeCheckpointError) as ours:
+        torch.load(path)
+    assert isinstance(ours.value, EOFError) and isinstance(ours.value, pickle.UnpicklingError)
+    with pytest.raises(CheckpointError) as direct:
+        load(path)
+    assert isinstance(direct.value, EOFError) and "empty" in str(direct.value)
