@@ -5,8 +5,8 @@ is also a ``pickle.UnpicklingError``, the type ``torch.load(weights_only=True)``
 raises for a refused global, so code written against torch keeps working. For the
 same reason a failure torch reports with its own type (no CUDA for a ``cuda:0``
 storage, CUDA out of memory, a ``map_location`` callable's exception, a TorchScript
-archive) is raised as :func:`as_well` of that type too: ``except RuntimeError:
-torch.load(f, map_location="cpu")`` still retries.
+archive, a zip archive cut short, an empty file) is raised as :func:`as_well` of that
+type too: ``except RuntimeError: torch.load(f, map_location="cpu")`` still retries.
 """
 
 from __future__ import annotations
