@@ -177,7 +177,7 @@ for name in $BENCHES; do
 done
 cp bench/RESULTS.md "$OUT/bench-RESULTS.md" 2>/dev/null
 
-# 4. the record: written by record() on the way out (trap below), so a leg stopped early by a
-# signal (a device tool's clock) still leaves GPU.md and, with GPU_PACK, raw.tar.gz
+# 4. the record: written by record() on the way out (the EXIT trap above), so a leg stopped by a
+# TERM, INT or HUP (a device tool's clock) still leaves GPU.md and, with GPU_PACK, raw.tar.gz
 DONE=1
 exit 0
