@@ -272,7 +272,6 @@ def test_a_torchscript_archive_fails_with_torchs_type_too(torch_own: Any, tmp_pa
     ``torch.jit.load`` (its own choice; torch 2.1-2.4 ran it). Hardened, the refusal was an
     UnpicklingError only, so that fallback never ran (found by the suite run of 2026-12-06);
     it is a RuntimeError too now, and still names the refusal."""
-
     path = tmp_path / "model.pt"
     torch.jit.save(torch.jit.script(Scripted()), str(path))  # x + 1
     try:
@@ -298,27 +297,28 @@ def test_a_torchscript_archive_fails_with_torchs_type_too(torch_own: Any, tmp_pa
     assert isinstance(copied, RuntimeError) and copied.refused == ours.value.refused
 
 
-def _damaged_archives() -> dict[str, bytes]:
+DAMAGED = ("cut 30 bytes short", "cut after 200 bytes", "no data.pkl")
+
+
+def _damaged_archive(name: str) -> bytes:
+    if name == "no data.pkl":
+        no_pickle = io.BytesIO()
+        with zipfile.ZipFile(no_pickle, "w") as archive:
+            archive.writestr("archive/version", "3\n")
+        return no_pickle.getvalue()
     buffer = io.BytesIO()
     torch.save({"w": torch.ones(2)}, buffer)
     whole = buffer.getvalue()
-    no_pickle = io.BytesIO()
-    with zipfile.ZipFile(no_pickle, "w") as archive:
-        archive.writestr("archive/version", "3\n")
-    return {
-        "cut after 200 bytes": whole[:200],
-        "cut 30 bytes short": whole[:-30],
-        "no data.pkl": no_pickle.getvalue(),
-    }
+    return whole[:200] if name == "cut after 200 bytes" else whole[:-30]
 
 
-@pytest.mark.parametrize("name", sorted(_damaged_archives()))
+@pytest.mark.parametrize("name", DAMAGED)
 def test_a_damaged_archive_fails_with_torchs_type_too(torch_own: Any, name: str) -> None:
     """A checkpoint cut short by a killed save: torch's zip reader raises a RuntimeError,
     which resume code catches to fall back to an older checkpoint. Hardened, it was an
     UnpicklingError only (and warned as a refusal); it is a RuntimeError too now, with
     compatshim's words, and no refusal is warned: torch fails the same way."""
-    data = _damaged_archives()[name]
+    data = _damaged_archive(name)
     with pytest.raises(Exception) as theirs:
         torch_own(io.BytesIO(data))
     # torch < 2.6 wraps some in its weights-only UnpicklingError; ours is both types

@@ -418,8 +418,8 @@ class Loader:
         if kind == "tar":
             raise CheckpointError(f"{what}: torch's tar format (torch < 0.4) is not supported")
         if kind == "other":
-            if self.budget.file_size == 0:  # as torch says it (pickle's EOFError): code that
-                raise as_well(CheckpointError, EOFError)(  # skips an empty save catches that
+            if not file.read(1):  # nothing from here on: as torch says it (pickle's EOFError),
+                raise as_well(CheckpointError, EOFError)(  # which skips an empty save
                     f"{what}: the file is empty (a save that never wrote?)"
                 )
             raise CheckpointError(f"{what}: neither a torch zip file nor a pickle")
