@@ -37,6 +37,21 @@ def test_weights_only_hazard_follows_the_installed_torch() -> None:
     assert row.present == (Version(torch.__version__.split("+")[0]) >= Version("2.6"))
 
 
+def test_weights_only_hazard_does_not_apply_without_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.6+ without numpy: no numpy RNG state loads there (torch needs numpy to build
+    it, as compatshim does), so the row said a hazard was present that nothing can meet."""
+    import compatshim.rng.doctor as doctor
+
+    real = doctor.installed_version
+    monkeypatch.setattr(
+        doctor, "installed_version", lambda name: None if name == "numpy" else real(name)
+    )
+    monkeypatch.setattr(doctor, "version_at_least", lambda version, minimum: True)
+    row = next(r for r in doctor.doctor_rows() if r.name == "rng.weights-only-numpy")
+    assert (row.applies, row.present, row.fixed) == (False, None, None)
+    assert "numpy not installed" in row.detail
+
+
 def test_doctor_rows_import_no_framework() -> None:
     code = (
         "import sys, compatshim.rng as r; r.doctor_rows(); "

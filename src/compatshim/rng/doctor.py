@@ -89,18 +89,18 @@ def _torch_rows() -> list[DoctorRow]:
                 "restores the matching devices and derives the rest"
             ),
         ),
-        DoctorRow(
+        DoctorRow(  # numpy state needs numpy to load at all: without it, nothing to refuse
             name="rng.weights-only-numpy",
             kind="hazard",
-            applies=has_torch,
-            present=version_at_least(torch, "2.6"),
-            fixed=True if has_torch else None,
+            applies=has_torch and numpy is not None,
+            present=version_at_least(torch, "2.6") if numpy is not None else None,
+            fixed=True if has_torch and numpy is not None else None,
             detail=(
                 f"torch {torch}: torch.load defaults to weights_only=True from 2.6 and refuses "
                 "the numpy RNG state other frameworks store; compatshim files hold plain "
                 "tensors, and compatshim.rng.read loads the others with compatshim.checkpoint"
-                if has_torch
-                else "torch not installed"
+                if has_torch and numpy is not None
+                else f"{versions}: no numpy RNG state can be loaded here, by torch or compatshim"
             ),
         ),
         DoctorRow(
