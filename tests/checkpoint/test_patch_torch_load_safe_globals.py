@@ -322,6 +322,35 @@ def test_refused_by_both_raises_torchs_error_and_warns(
 
 
 @needs_default
+def test_a_file_cut_short_is_torchs_own_error_not_a_refusal(installed: Any) -> None:
+    """A legacy file cut short, which torch's weights-only load fails as an UnpicklingError
+    at some cut points ("pickle data was truncated"): the patch retries it with compatshim's
+    loader, which fails on the same damage. It raised torch's error led by compatshim's and
+    warned a refusal ("refused it too"); it is torch's own error now, with no warning."""
+    buffer = io.BytesIO()
+    state = {"w": torch.arange(10.0), "n": 3, "s": "abc", "t": (1.5, "x" * 40)}
+    torch.save(state, buffer, _use_new_zipfile_serialization=False)
+    data = buffer.getvalue()
+    original = torch.load.__compatshim_original__
+    retried = 0
+    for cut in range(len(data)):
+        try:
+            original(io.BytesIO(data[:cut]), weights_only=True)
+        except pickle.UnpicklingError as exc:
+            theirs: BaseException = exc
+        except Exception:  # not retried: torch's error passes as it is
+            continue
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with pytest.raises(pickle.UnpicklingError) as ours:
+                torch.load(io.BytesIO(data[:cut]), weights_only=True)
+        assert type(ours.value) is type(theirs) and str(ours.value) == str(theirs), cut
+        assert not [w for w in seen if issubclass(w.category, patch.CheckpointRefusedWarning)]
+        retried += 1
+    assert retried  # the cuts inside a text opcode's line, at least
+
+
+@needs_default
 def test_an_unseekable_stream_keeps_torchs_own_error(installed: Any) -> None:
     """torch needs seek/tell before it unpickles anything: its error passes through, no retry."""
 

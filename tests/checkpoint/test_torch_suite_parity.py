@@ -352,3 +352,45 @@ def test_an_empty_file_fails_with_torchs_type_too(torch_own: Any, tmp_path: Path
     with pytest.raises(CheckpointError) as direct:
         load(path)
     assert isinstance(direct.value, EOFError) and "empty" in str(direct.value)
+
+
+def test_a_legacy_file_cut_short_fails_with_torchs_type_too(torch_own: Any) -> None:
+    """A legacy (``_use_new_zipfile_serialization=False``) file cut at every byte: where
+    torch's weights-only load raises EOFError or UnpicklingError (the pickle ends early:
+    "Ran out of input", "pickle data was truncated") or RuntimeError (storage data cut:
+    "unexpected EOF"), hardened ``torch.load`` and ``checkpoint.load`` raise that type too,
+    and no refusal is warned. Before, every cut but the empty file was a CheckpointError
+    only (hardened: an UnpicklingError). Where torch's C unpickler fails on a length it
+    cannot read (``struct.error``, ``IndexError``), ours stays a CheckpointError."""
+    buffer = io.BytesIO()
+    state = {"w": torch.arange(10.0), "n": 3, "s": "abc", "t": (1.5, "x" * 40)}
+    torch.save(state, buffer, _use_new_zipfile_serialization=False)
+    data = buffer.getvalue()
+    matched: dict[str, int] = {}
+    for cut in range(len(data)):
+        try:
+            torch_own(io.BytesIO(data[:cut]))
+        except Exception as exc:  # torch's type is what is compared
+            theirs = exc
+        else:
+            raise AssertionError(f"torch loaded the file cut at {cut}")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(UnsafeCheckpointError) as ours:
+                torch.load(io.BytesIO(data[:cut]))
+        assert not [w for w in caught if issubclass(w.category, CheckpointRefusedWarning)], cut
+        with pytest.raises(CheckpointError) as direct:
+            load(io.BytesIO(data[:cut]))
+        assert not isinstance(direct.value, UnsafeCheckpointError), (cut, direct.value)
+        kind = type(theirs)
+        if kind in (EOFError, pickle.UnpicklingError, RuntimeError):
+            assert isinstance(ours.value, kind), (cut, theirs, ours.value)
+            # torch < 2.6 wraps what its weights-only unpickler raised (storage data cut
+            # short: a RuntimeError) in an UnpicklingError; compatshim's own load does not
+            if "Weights only load failed" not in str(theirs):
+                assert isinstance(direct.value, kind), (cut, theirs, direct.value)
+            matched[kind.__name__] = matched.get(kind.__name__, 0) + 1
+        storage_cut = isinstance(direct.value, RuntimeError)
+        matched["storage data"] = matched.get("storage data", 0) + storage_cut
+    # the file is cut inside the pickles and inside the storage data
+    assert matched["EOFError"] and matched["UnpicklingError"] and matched["storage data"], matched

@@ -696,8 +696,12 @@ def read_legacy(file: IO[bytes], encoding: str = "utf-8") -> Legacy:
         )
     offsets: dict[str, int] = {}
     position = file.tell()
+    # storage data cut short is a RuntimeError too, as torch says it ("unexpected EOF")
+    cut = as_well(CheckpointError, RuntimeError)
     for key in keys:
         decl = declared[key]
+        if source.remaining() < 8:
+            raise cut(f"legacy storage {key}: the file ends before its data section")
         header = int.from_bytes(source.read(8), "little", signed=True)
         if header != decl.numel:
             raise CheckpointError(
@@ -705,7 +709,7 @@ def read_legacy(file: IO[bytes], encoding: str = "utf-8") -> Legacy:
                 f"the pickle declared {decl.numel}"
             )
         if decl.nbytes > source.remaining():
-            raise CheckpointError(
+            raise cut(
                 f"legacy storage {key}: declares {decl.nbytes} bytes, only "
                 f"{source.remaining()} bytes are left in the file"
             )

@@ -41,7 +41,7 @@ import types
 from typing import IO, Any, Callable
 
 from ._limits import BUDGET_FLOOR, BUDGET_PER_BYTE, hash_allowance
-from .errors import CheckpointError, UndecodableTextError, UnsafeCheckpointError
+from .errors import CUT_SHORT, CheckpointError, UndecodableTextError, UnsafeCheckpointError
 
 MAX_MARK_DEPTH = 2000
 MAX_NESTING = 1000
@@ -87,7 +87,7 @@ class Source:
             raise _past_end(count, max(self.remaining(), 0))
         data = self.file.read(count)
         if len(data) != count:
-            raise CheckpointError("the data ends early")
+            raise CUT_SHORT("the data ends early")
         return data
 
     def byte(self) -> int:
@@ -103,16 +103,18 @@ class Source:
         return fmt.unpack(data)[0]
 
     def readline(self) -> bytes:
-        line = self.file.readline(min(self.remaining(), MAX_LINE) + 1)
+        limit = min(self.remaining(), MAX_LINE) + 1
+        line = self.file.readline(limit)
         if not line.endswith(b"\n"):
-            raise CheckpointError("a text opcode's line has no end (truncated or too long)")
+            if len(line) < limit:  # the data ended first
+                raise CUT_SHORT("a text opcode's line has no end: the pickle is cut short")
+            raise CheckpointError(f"a text opcode's line is longer than {MAX_LINE} bytes")
         return line[:-1]
 
 
 def _past_end(count: int, left: int) -> CheckpointError:
-    return CheckpointError(
-        f"a length of {count} bytes runs past the end of the data ({left} bytes left)"
-    )
+    message = f"a length of {count} bytes runs past the end of the data ({left} bytes left)"
+    return CUT_SHORT(message) if count >= 0 else CheckpointError(message)
 
 
 class Stop(Exception):
@@ -233,7 +235,7 @@ class Machine:
                 handler = dispatch.get(op)
                 if handler is None:
                     if not op:
-                        raise CheckpointError("the pickle ends before its STOP opcode")
+                        raise CUT_SHORT("the pickle ends before its STOP opcode")
                     raise CheckpointError(f"unknown pickle opcode 0x{op[0]:02x}")
                 handler(self)
         except Stop as stop:

@@ -5,8 +5,9 @@ is also a ``pickle.UnpicklingError``, the type ``torch.load(weights_only=True)``
 raises for a refused global, so code written against torch keeps working. For the
 same reason a failure torch reports with its own type (no CUDA for a ``cuda:0``
 storage, CUDA out of memory, a ``map_location`` callable's exception, a TorchScript
-archive, a zip archive cut short, an empty file) is raised as :func:`as_well` of that
-type too: ``except RuntimeError: torch.load(f, map_location="cpu")`` still retries.
+archive, a zip archive cut short, an empty file, a pickle cut short) is raised as
+:func:`as_well` of that type too: ``except RuntimeError: torch.load(f, map_location="cpu")``
+still retries.
 """
 
 from __future__ import annotations
@@ -118,3 +119,14 @@ def _rebuilt(
     error.args = args
     error.__dict__.update(state)
     return error
+
+
+class _PickleCutShort(EOFError, pickle.UnpicklingError):
+    """What pickle (so torch) raises for a pickle that ends early: "Ran out of input" (an
+    EOFError) or "pickle data was truncated" (an UnpicklingError), by where the cut falls.
+    Only ever combined with :class:`CheckpointError` (:data:`CUT_SHORT`), never raised alone."""
+
+
+#: a pickle cut short (a save that was killed): ``except EOFError`` and ``except
+#: pickle.UnpicklingError`` around torch's load of a half-written file still catch it
+CUT_SHORT = as_well(CheckpointError, _PickleCutShort)

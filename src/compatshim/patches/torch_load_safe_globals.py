@@ -390,6 +390,8 @@ def _through_compatshim(
                     "caller carries on"
                 )
             raise refused_hardened(why, what) from None
+        if failed_as_torch:  # damage torch failed on too (a pickle cut short): torch's error
+            raise refusal from None
         refusal.refused = refused  # type: ignore[attr-defined]
         _lead_with(refusal, f"compatshim.checkpoint.load: {text}.{_how_to_allow(refused)}")
         _warn_refused(
