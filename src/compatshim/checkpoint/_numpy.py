@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 from importlib import import_module
 from typing import Any, Callable
 
@@ -53,6 +54,12 @@ def _np() -> Any:
     import numpy
 
     return numpy
+
+
+def is_array(value: Any) -> bool:
+    """Whether ``value`` is a numpy array (numpy not imported for it)."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(value, np.ndarray)
 
 
 def _refuse_object(what: str) -> UnsafeCheckpointError:
@@ -171,11 +178,26 @@ def _data_matches(raw: Any, dims: tuple[int, ...], dtype: Any, what: str) -> Non
 
 
 def reconstruct(
-    ndarray: Any, args: tuple[Any, ...], register: Callable[[Any, Any], None], objects: bool = False
+    ndarray: Any,
+    args: tuple[Any, ...],
+    register: Callable[[Any, Any], None],
+    objects: bool = False,
+    allowed: Callable[[Any], Callable[[Any, Any], None] | None] = lambda cls: None,
 ) -> Any:
     """``_reconstruct(ndarray, (0,), b'b')``: an empty plain array that BUILD then fills
-    (with object items where ``objects``)."""
+    (with object items where ``objects``). ``allowed(cls)``: for an ndarray subclass an allow
+    entry admitted (``numpy.char.chararray``, ``numpy.matrix``: its own ``__array_finalize__``
+    runs, which the caller trusts), the BUILD of one it overriding ``__setstate__``; None
+    where it was not admitted."""
     np = _np()
+    sub = args[0] if args and isinstance(args[0], type) and args[0] is not np.ndarray else None
+    user_build = allowed(sub) if sub is not None and issubclass(sub, np.ndarray) else None
+    if user_build is not None and len(args) == 3 and args[1] == (0,) and args[2] == b"b":
+        made = np.ndarray.__new__(sub, (0,), "b")
+        own = getattr(sub, "__setstate__", None) is not np.ndarray.__setstate__
+        state = user_build if own else _OBJECT_ARRAY_STATE if objects else set_array_state
+        register(made, state)
+        return made
     if len(args) != 3 or args[0] is not np.ndarray:
         if args and isinstance(args[0], type):
             raise UnsafeCheckpointError(

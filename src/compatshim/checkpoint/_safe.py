@@ -312,10 +312,21 @@ class SafeMachine(Machine):
         role = self.role_of(func)
         return _tensors.REBUILDS.get(role.key) if role is not None else None
 
+    def _allowed_subclass(self, cls: Any) -> Builder | None:
+        """BUILD for a class an allow entry admitted (its own ``__setstate__`` runs, with the
+        state checked as for its other calls), None for any other."""
+        role = self.role_of(cls)
+        return self._build_user if role is not None and role.kind == "user" else None
+
     def _call_user(self, func: Any, args: tuple[Any, ...]) -> Any:
         self.hand_to_user(args, func)
         made = func(*args)
-        if isinstance(func, type) and type(made) is func:
+        # an instance of the class called, or an array of an allowed array class the file names
+        # (numpy's _mareconstruct returns a new MaskedArray; a function's return may be shared,
+        # so no other kind): BUILD then runs that class's own __setstate__
+        if type(made) is func or (
+            _numpy.is_array(made) and self._allowed_subclass(type(made)) is not None
+        ):
             self._register_user_instance(made)
         return made
 
@@ -510,7 +521,7 @@ HANDLERS: dict[str, Handler] = {
         m.tensors, a, m._tensor_rebuild
     ),
     _NUMPY + "_reconstruct": lambda m, f, a: _numpy.reconstruct(
-        f, a, m.register_builder, m.object_arrays
+        f, a, m.register_builder, m.object_arrays, m._allowed_subclass
     ),
     _NUMPY + "scalar": lambda m, f, a: _numpy.scalar(f, a),
     "numpy._core.numeric._frombuffer": lambda m, f, a: _numpy.frombuffer(f, a),

@@ -454,7 +454,8 @@ def _build_table() -> tuple[Entry, ...]:
             "numpy",
             _NUMPY,
             "rebuild",
-            "plain ndarray only (no subclass, no object dtype), data length checked first",
+            "plain ndarray (a subclass only where an allow entry admits it; no object "
+            "dtype), data length checked first",
         ),
         Entry(
             "numpy._core.multiarray",
