@@ -43,10 +43,12 @@ MASKED = "numpy.ma.core._mareconstruct"
 def test_an_allowed_array_subclass_loads_as_saved(case: str, protocol: int) -> None:
     saved = CASES[case]()
     names = [_name(saved), *([MASKED] if case == "masked" else [])]
+    # objects, not names: numpy 2.5 makes numpy.char.chararray in a module __getattr__ only
+    allowed = [type(saved), *([np.ma.core._mareconstruct] if case == "masked" else [])]
     with pytest.raises(UnsafeCheckpointError) as refused:
         load(_pickled(saved, protocol))
     assert set(refused.value.refused) <= set(names)  # named, so the advice admits it
-    loaded = load(_pickled(saved, protocol), allow=names)
+    loaded = load(_pickled(saved, protocol), allow=allowed)
     assert type(loaded) is type(saved)
     assert loaded.dtype == saved.dtype and loaded.shape == saved.shape
     assert loaded.tolist() == saved.tolist()
@@ -57,7 +59,7 @@ def test_an_allowed_array_subclass_loads_as_saved(case: str, protocol: int) -> N
 def test_allowing_one_class_admits_no_other() -> None:
     matrix = np.matrix([[1.0]])
     with pytest.raises(UnsafeCheckpointError) as refused:
-        load(_pickled(matrix, 2), allow=[_name(CASES["chararray"]())])
+        load(_pickled(matrix, 2), allow=[type(CASES["chararray"]())])
     assert refused.value.refused == (_name(matrix),)
     masked = np.ma.masked_array([1, 2], mask=[0, 1])
     with pytest.raises(UnsafeCheckpointError) as refused:  # the function alone: not the class
@@ -75,3 +77,27 @@ def test_an_allowed_subclass_state_is_still_checked() -> None:
     with pytest.raises(Exception) as failed:
         load(io.BytesIO(cut), allow=[_name(np.matrix([[1.0]]))])
     assert "needs 16 bytes" in str(failed.value)
+
+
+def test_a_name_a_module_makes_lazily_says_to_allow_the_object(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name the module makes in its ``__getattr__`` (numpy 2.5's deprecated
+    ``numpy.char.chararray``) cannot be allowed by name: compatshim reads ``vars()`` and runs
+    no module code to find it. The error said it "does not exist"; it says what works now."""
+    (tmp_path / "lazy_mod_for_allow.py").write_text(
+        "class _Made:\n    pass\n\n"
+        "def __getattr__(name):\n"
+        "    if name == 'Thing':\n"
+        "        return _Made\n"
+        "    raise AttributeError(name)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = b"\x80\x02clazy_mod_for_allow\nThing\nq\x00."  # the class itself, as a value
+    with pytest.raises(Exception) as failed:
+        load(io.BytesIO(data), allow=["lazy_mod_for_allow.Thing"])
+    assert "module __getattr__" in str(failed.value)
+    assert "allow the object itself" in str(failed.value)
+    import lazy_mod_for_allow
+
+    assert load(io.BytesIO(data), allow=[(lazy_mod_for_allow.Thing, "lazy_mod_for_allow.Thing")])

@@ -121,12 +121,20 @@ class Allow:
             namespace: Mapping[str, Any] | None = None
             for candidate in candidate_modules(module):
                 namespace = vars(importlib.import_module(candidate))
+            lazy = namespace is not None and "__getattr__" in namespace
             for part in verdict.name[len(module) + 1 :].split("."):
                 found = _MISSING if namespace is None else namespace.get(part, _MISSING)
                 namespace = vars(found) if isinstance(found, type) else None
             if found is _MISSING:  # named where it was allowed: allow=, COMPATSHIM_ALLOW, ...
                 where = verdict.source or CALL
-                raise LookupError(f"{verdict.name} (named in {where}) does not exist")
+                also = (
+                    f"; {module} may make it on attribute access (a module __getattr__, as "
+                    "for a deprecated name), which compatshim does not run: allow the object "
+                    "itself in allow=[...] or checkpoint.allow(...)"
+                    if lazy
+                    else ""
+                )
+                raise LookupError(f"{verdict.name} (named in {where}) does not exist{also}")
         self._obtained[verdict.name] = found
         return found
 
