@@ -192,7 +192,9 @@ def reconstruct(
     np = _np()
     sub = args[0] if args and isinstance(args[0], type) and args[0] is not np.ndarray else None
     user_build = allowed(sub) if sub is not None and issubclass(sub, np.ndarray) else None
-    if user_build is not None and len(args) == 3 and args[1] == (0,) and args[2] == b"b":
+    if user_build is not None:
+        if len(args) != 3 or type(args[1]) is not tuple or args[1] != (0,) or args[2] != b"b":
+            raise bad("numpy _reconstruct", args)
         made = np.ndarray.__new__(sub, (0,), "b")
         own = getattr(sub, "__setstate__", None) is not np.ndarray.__setstate__
         state = user_build if own else _OBJECT_ARRAY_STATE if objects else set_array_state
