@@ -12,6 +12,7 @@ unseekable stream). Real
 
 from __future__ import annotations
 
+import collections
 import io
 import pickle
 import struct
@@ -366,7 +367,7 @@ def test_a_legacy_file_cut_short_fails_with_torchs_type_too(torch_own: Any) -> N
     state = {"w": torch.arange(10.0), "n": 3, "s": "abc", "t": (1.5, "x" * 40)}
     torch.save(state, buffer, _use_new_zipfile_serialization=False)
     data = buffer.getvalue()
-    matched: dict[str, int] = {}
+    matched: collections.Counter[str] = collections.Counter()
     for cut in range(len(data)):
         try:
             torch_own(io.BytesIO(data[:cut]))
@@ -389,8 +390,7 @@ def test_a_legacy_file_cut_short_fails_with_torchs_type_too(torch_own: Any) -> N
             # short: a RuntimeError) in an UnpicklingError; compatshim's own load does not
             if "Weights only load failed" not in str(theirs):
                 assert isinstance(direct.value, kind), (cut, theirs, direct.value)
-            matched[kind.__name__] = matched.get(kind.__name__, 0) + 1
-        storage_cut = isinstance(direct.value, RuntimeError)
-        matched["storage data"] = matched.get("storage data", 0) + storage_cut
+            matched[kind.__name__] += 1
+        matched["storage data"] += isinstance(direct.value, RuntimeError)
     # the file is cut inside the pickles and inside the storage data
     assert matched["EOFError"] and matched["UnpicklingError"] and matched["storage data"], matched

@@ -190,28 +190,26 @@ def reconstruct(
     runs, which the caller trusts), the BUILD of one it overriding ``__setstate__``; None
     where it was not admitted."""
     np = _np()
-    sub = args[0] if args and isinstance(args[0], type) and args[0] is not np.ndarray else None
-    user_build = allowed(sub) if sub is not None and issubclass(sub, np.ndarray) else None
+    cls: Any = args[0] if args else None
+    user_build = None  # an allowed subclass's BUILD; None: a plain ndarray or refused below
+    if isinstance(cls, type) and cls is not np.ndarray and issubclass(cls, np.ndarray):
+        user_build = allowed(cls)
     if user_build is not None:
         if len(args) != 3 or type(args[1]) is not tuple or args[1] != (0,) or args[2] != b"b":
             raise bad("numpy _reconstruct", args)
-        made = np.ndarray.__new__(sub, (0,), "b")
-        own = getattr(sub, "__setstate__", None) is not np.ndarray.__setstate__
-        state = user_build if own else _OBJECT_ARRAY_STATE if objects else set_array_state
-        register(made, state)
-        return made
-    if len(args) != 3 or args[0] is not np.ndarray:
-        if args and isinstance(args[0], type):
+    elif len(args) != 3 or cls is not np.ndarray:
+        if isinstance(cls, type):
             raise UnsafeCheckpointError(
-                f"numpy _reconstruct of {args[0].__module__}.{args[0].__qualname__} refused: "
+                f"numpy _reconstruct of {cls.__module__}.{cls.__qualname__} refused: "
                 "only plain numpy.ndarray",
                 ("numpy ndarray subclass",),
             )
         raise bad("numpy _reconstruct", args)
-    if args[1] != (0,) or type(args[2]) is not bytes or len(args[2]) != 1:
+    elif args[1] != (0,) or type(args[2]) is not bytes or len(args[2]) != 1:
         raise bad("numpy _reconstruct", args)
-    made = np.ndarray.__new__(np.ndarray, (0,), "b")
-    register(made, _OBJECT_ARRAY_STATE if objects else set_array_state)
+    made = np.ndarray.__new__(cls, (0,), "b")
+    own = user_build is not None and cls.__setstate__ is not np.ndarray.__setstate__
+    register(made, user_build if own else _OBJECT_ARRAY_STATE if objects else set_array_state)
     return made
 
 
