@@ -5,7 +5,8 @@ scheduler, every RNG, hyper-parameters as an argparse.Namespace, paths,
 timestamps, numpy arrays, views sharing storage). ``assert_same`` compares
 two loaded objects type by type, including which tensors share a storage.
 ``peak_rss_mb`` runs code in a fresh interpreter and returns its peak RSS.
-``storage_reads`` records each zip storage record a load reads.
+``storage_reads`` records each zip storage record a load reads. ``legacy_bytes`` is a small
+file in torch's legacy (non-zip) format, for the tests that cut it at every byte.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
+import io
 import json
 import os
 import pathlib
@@ -125,6 +127,15 @@ def realistic(seed: int = 0) -> dict[str, Any]:
             "dtype": torch.float64,
         },
     }
+
+
+def legacy_bytes() -> bytes:
+    """A tensor, an int, a str and a tuple saved with ``_use_new_zipfile_serialization=False``:
+    every kind of legacy record (pickle opcodes, the storage keys, the storage data)."""
+    buffer = io.BytesIO()
+    state = {"w": torch.arange(10.0), "n": 3, "s": "abc", "t": (1.5, "x" * 40)}
+    torch.save(state, buffer, _use_new_zipfile_serialization=False)
+    return buffer.getvalue()
 
 
 def _storage_key(tensor: torch.Tensor) -> Any:

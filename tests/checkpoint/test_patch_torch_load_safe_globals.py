@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 
 from compatshim._engine.patching import Patcher  # noqa: E402
 from compatshim.patches import torch_load_safe_globals as patch  # noqa: E402
+from tests.checkpoint.helpers import legacy_bytes  # noqa: E402
 
 PATCH = "torch-load-safe-globals"
 DEFAULT_IS_WEIGHTS_ONLY = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 6)
@@ -327,10 +328,7 @@ def test_a_file_cut_short_is_torchs_own_error_not_a_refusal(installed: Any) -> N
     at some cut points ("pickle data was truncated"): the patch retries it with compatshim's
     loader, which fails on the same damage. It raised torch's error led by compatshim's and
     warned a refusal ("refused it too"); it is torch's own error now, with no warning."""
-    buffer = io.BytesIO()
-    state = {"w": torch.arange(10.0), "n": 3, "s": "abc", "t": (1.5, "x" * 40)}
-    torch.save(state, buffer, _use_new_zipfile_serialization=False)
-    data = buffer.getvalue()
+    data = legacy_bytes()
     original = torch.load.__compatshim_original__
     retried = 0
     for cut in range(len(data)):

@@ -31,6 +31,7 @@ from compatshim.checkpoint import CheckpointError, UnsafeCheckpointError, inspec
 from compatshim.checkpoint._container import read_zip_directory  # noqa: E402
 from compatshim.patches.torch_load_safe_globals import CheckpointRefusedWarning  # noqa: E402
 from tests.checkpoint.corpus import Scripted  # noqa: E402
+from tests.checkpoint.helpers import legacy_bytes  # noqa: E402
 
 
 def _after_a_pickle(obj: Any) -> io.BytesIO:
@@ -363,10 +364,7 @@ def test_a_legacy_file_cut_short_fails_with_torchs_type_too(torch_own: Any) -> N
     and no refusal is warned. Before, every cut but the empty file was a CheckpointError
     only (hardened: an UnpicklingError). Where torch's C unpickler fails on a length it
     cannot read (``struct.error``, ``IndexError``), ours stays a CheckpointError."""
-    buffer = io.BytesIO()
-    state = {"w": torch.arange(10.0), "n": 3, "s": "abc", "t": (1.5, "x" * 40)}
-    torch.save(state, buffer, _use_new_zipfile_serialization=False)
-    data = buffer.getvalue()
+    data = legacy_bytes()
     matched: collections.Counter[str] = collections.Counter()
     for cut in range(len(data)):
         try:
