@@ -301,13 +301,6 @@ def setting_problems() -> list[str]:
             f"{exc}: compatshim.dist's sync points, watchdog and the lightning-fabric-desync "
             "patch raise it when they start"
         )
-    path = _settings.allow_file()
-    readable = path is not None and os.path.isfile(path) and os.access(path, os.R_OK)
-    if path is not None and not readable:
-        problems.append(
-            f"{_settings.ALLOW_FILE}={path!r} is not a readable file: every checkpoint load "
-            "ignores it (its entries admit nothing)"
-        )
     problems += [
         f"{name} is not a compatshim setting, ignored; {_settings.hint(name)}"
         for name in _settings.unknown_names()
@@ -316,7 +309,7 @@ def setting_problems() -> list[str]:
     # COMPATSHIM_DISABLE entry naming no patch: each process warns, the doctor said "ok"
     problems += [line.removeprefix("compatshim: ") for line in _settings.malformed()]
     problems += _disable_problems()
-    problems += _allow_problems(read_file=readable)
+    problems += _allow_problems()
     return problems
 
 
@@ -373,17 +366,19 @@ def _allow_reading(name: str) -> str:
 
     from .checkpoint import process_allow
 
-    source = process_allow._from_environment if name == _settings.ALLOW else None
     path = _settings.allow_file()
-    if source is None:
-        if path is None:
-            return "no file"
-        if not (os.path.isfile(path) and os.access(path, os.R_OK)):
-            return "ignored (its setting: line says why)"
-        source = process_allow._from_file
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # said on setting: lines
-        entries = [_unfound(allowed.qualname) for _, allowed in source().values()]
+        if name == _settings.ALLOW:
+            read = process_allow._from_environment()
+        elif path is None:
+            return "no file"
+        else:
+            try:
+                read = process_allow.read_file(path)
+            except (OSError, ValueError):
+                return "ignored (its setting: line says why)"
+        entries = [_unfound(allowed.qualname) for _, allowed in read.values()]
     if not entries:
         return "admits nothing"
     return f"admits {len(entries)}: {', '.join(entries)}"
@@ -408,23 +403,31 @@ def _unfound(qualname: str) -> str:
     return qualname if found is not None else f"{qualname} (no module {top!r} found here)"
 
 
-def _allow_problems(read_file: bool) -> list[str]:
+def _allow_problems() -> list[str]:
     """The ``COMPATSHIM_ALLOW`` (and allow file) entries every load skips, malformed or
-    denied: read as a load reads them (nothing they name is imported), each warning the job's
-    first load would give said here instead."""
-    if not _settings.allow_text().strip() and not read_file:
+    denied, and an allow file every load ignores: read as a load reads them (nothing they name
+    is imported), each warning the job's first load would give said here instead."""
+    path = _settings.allow_file()
+    if not _settings.allow_text().strip() and path is None:
         return []
     import warnings
 
     from .checkpoint import process_allow
 
+    problems = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         process_allow._from_environment()
-        if read_file:
-            process_allow._from_file()
+        if path is not None:
+            try:
+                process_allow.read_file(path)
+            except (OSError, ValueError) as exc:
+                problems.append(
+                    f"{_settings.ALLOW_FILE}={path!r} is ignored by every checkpoint load (its "
+                    f"entries admit nothing): {type(exc).__name__}: {exc}"
+                )
     said = [str(warning.message) for warning in caught]
-    return [text.removeprefix("compatshim: ") for text in said if text.startswith("compatshim: ")]
+    return problems + [t.removeprefix("compatshim: ") for t in said if t.startswith("compatshim: ")]
 
 
 def _disable_problems() -> list[str]:

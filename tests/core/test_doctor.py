@@ -112,7 +112,8 @@ def test_settings_the_job_would_reject_or_ignore_fail_the_verdict(tmp_path: Path
     reason = payload["reason"]
     assert reason.startswith("3 COMPATSHIM_* setting(s) the job will not honour"), reason
     assert "COMPATSHIM_DESYNC_TIMEOUT='5m' is not a number of seconds" in reason, reason
-    assert f"COMPATSHIM_ALLOW_FILE={missing!r} is not a readable file" in reason, reason
+    assert f"COMPATSHIM_ALLOW_FILE={missing!r} is ignored by every checkpoint load" in reason
+    assert "FileNotFoundError" in reason, reason
     assert "did you mean COMPATSHIM_SAFE_LOAD?" in reason, reason
     assert len(payload["report"]["settings"]) == 3
 
@@ -191,6 +192,36 @@ def test_each_setting_is_reported_as_the_job_reads_it() -> None:
     section = out.split("Settings (as the job's processes read them):\n")[1].split("\n\n")[0]
     assert "  COMPATSHIM_DESYNC_TIMEOUT='60': 60 s before" in section, out
     assert len(section.splitlines()) == len(env), section
+
+
+def test_an_allow_file_every_load_ignores_is_said_ignored_with_the_loads_reason(
+    tmp_path: Path,
+) -> None:
+    """The doctor judged the allow file by its own check (a readable regular file), not by the
+    loads' reader: a file over the 1 MiB cap, which every load ignores, was read as "admits
+    nothing" beside a setting: line. Each kind of file a load ignores is said ignored, with
+    the reason the loads give; an empty file admits nothing."""
+    big = tmp_path / "big.txt"
+    big.write_text("collections.Counter\n" + "# padding\n" * 120_000)
+    fifo = tmp_path / "fifo"
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(fifo)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    cases = [(big, "SettingError: larger than 1048576 bytes"), (tmp_path, "not a regular file")]
+    if hasattr(os, "mkfifo"):
+        cases.append((fifo, "SettingError: not a regular file"))
+    for path, why in cases:
+        code, out = _doctor("--json", COMPATSHIM_AUTO="1", COMPATSHIM_ALLOW_FILE=str(path))
+        payload = json.loads(out)
+        read = {item["name"]: item for item in payload["report"]["settings_read"]}
+        assert read["COMPATSHIM_ALLOW_FILE"]["read_as"].startswith("ignored"), (path, read)
+        assert code == 1 and len(payload["report"]["settings"]) == 1, payload
+        assert why in payload["report"]["settings"][0], payload
+    code, out = _doctor("--json", COMPATSHIM_AUTO="1", COMPATSHIM_ALLOW_FILE=str(empty))
+    payload = json.loads(out)
+    read = {item["name"]: item for item in payload["report"]["settings_read"]}
+    assert code == 0 and read["COMPATSHIM_ALLOW_FILE"]["read_as"] == "admits nothing", payload
 
 
 def test_an_allow_entry_naming_no_installed_module_is_said_so(tmp_path: Path) -> None:

@@ -193,29 +193,13 @@ def _warn_skipped(source: str, skipped: list[str]) -> None:
 
 
 def _from_file() -> dict[Key, tuple[Any, Allowed]]:
-    """The entries in ``COMPATSHIM_ALLOW_FILE``, read again only when the file changes."""
-    global _file
-    import os
-
+    """The entries in ``COMPATSHIM_ALLOW_FILE``, read again only when the file changes; a
+    file :func:`read_file` cannot take is warned about once and admits nothing."""
     path = _settings.allow_file()
     if path is None:
         return {}
     try:
-        stat = os.stat(path)
-        _regular(stat.st_mode)  # a FIFO or device would block or never end every load
-        key = (path, stat.st_mtime_ns, stat.st_size)
-        with _lock:
-            if _file is not None and _file[0] == key:
-                return _file[1]
-        if stat.st_size > MAX_FILE_BYTES:
-            raise _settings.SettingError(f"larger than {MAX_FILE_BYTES} bytes")
-        # non-blocking open: a FIFO swapped in after the stat must not block here either
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with open(fd, "rb") as handle:
-            _regular(os.fstat(handle.fileno()).st_mode)
-            # a line that is not UTF-8 is a malformed entry (skipped), not a lost file
-            text = handle.read(MAX_FILE_BYTES).decode("utf-8", errors="replace")
-        entries = _strings(_parse_file(text, path))
+        return read_file(path)
     except (OSError, ValueError) as exc:
         decisions.warn_once(
             "allow",
@@ -223,6 +207,29 @@ def _from_file() -> dict[Key, tuple[Any, Allowed]]:
             f"compatshim: {_settings.ALLOW_FILE}={path!r} is ignored: {type(exc).__name__}: {exc}",
         )
         return {}
+
+
+def read_file(path: str) -> dict[Key, tuple[Any, Allowed]]:
+    """The allow file's entries as every load reads them; OSError or ValueError (a
+    ``SettingError``) where a load ignores the file: the one judge of that, the doctor's too."""
+    global _file
+    import os
+
+    stat = os.stat(path)
+    _regular(stat.st_mode)  # a FIFO or device would block or never end every load
+    key = (path, stat.st_mtime_ns, stat.st_size)
+    with _lock:
+        if _file is not None and _file[0] == key:
+            return _file[1]
+    if stat.st_size > MAX_FILE_BYTES:
+        raise _settings.SettingError(f"larger than {MAX_FILE_BYTES} bytes")
+    # non-blocking open: a FIFO swapped in after the stat must not block here either
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with open(fd, "rb") as handle:
+        _regular(os.fstat(handle.fileno()).st_mode)
+        # a line that is not UTF-8 is a malformed entry (skipped), not a lost file
+        text = handle.read(MAX_FILE_BYTES).decode("utf-8", errors="replace")
+    entries = _strings(_parse_file(text, path))
     with _lock:
         _file = (key, entries)
     return entries
