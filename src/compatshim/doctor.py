@@ -375,7 +375,7 @@ def _allow_reading(name: str) -> str:
             return "no file"
         else:
             try:
-                read = process_allow.read_file(path)
+                read = process_allow._read_file(path)
             except (OSError, ValueError):
                 return "ignored (its setting: line says why)"
         entries = [_unfound(allowed.qualname) for _, allowed in read.values()]
@@ -420,7 +420,7 @@ def _allow_problems() -> list[str]:
         process_allow._from_environment()
         if path is not None:
             try:
-                process_allow.read_file(path)
+                process_allow._read_file(path)
             except (OSError, ValueError) as exc:
                 problems.append(
                     f"{_settings.ALLOW_FILE}={path!r} is ignored by every checkpoint load (its "

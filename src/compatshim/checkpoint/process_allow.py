@@ -194,12 +194,12 @@ def _warn_skipped(source: str, skipped: list[str]) -> None:
 
 def _from_file() -> dict[Key, tuple[Any, Allowed]]:
     """The entries in ``COMPATSHIM_ALLOW_FILE``, read again only when the file changes; a
-    file :func:`read_file` cannot take is warned about once and admits nothing."""
+    file :func:`_read_file` cannot take is warned about once and admits nothing."""
     path = _settings.allow_file()
     if path is None:
         return {}
     try:
-        return read_file(path)
+        return _read_file(path)
     except (OSError, ValueError) as exc:
         decisions.warn_once(
             "allow",
@@ -209,7 +209,7 @@ def _from_file() -> dict[Key, tuple[Any, Allowed]]:
         return {}
 
 
-def read_file(path: str) -> dict[Key, tuple[Any, Allowed]]:
+def _read_file(path: str) -> dict[Key, tuple[Any, Allowed]]:
     """The allow file's entries as every load reads them; OSError or ValueError (a
     ``SettingError``) where a load ignores the file: the one judge of that, the doctor's too."""
     global _file
