@@ -407,27 +407,18 @@ def _allow_problems() -> list[str]:
     """The ``COMPATSHIM_ALLOW`` (and allow file) entries every load skips, malformed or
     denied, and an allow file every load ignores: read as a load reads them (nothing they name
     is imported), each warning the job's first load would give said here instead."""
-    path = _settings.allow_file()
-    if not _settings.allow_text().strip() and path is None:
+    if not _settings.allow_text().strip() and _settings.allow_file() is None:
         return []
     import warnings
 
     from .checkpoint import process_allow
 
-    problems = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         process_allow._from_environment()
-        if path is not None:
-            try:
-                process_allow._read_file(path)
-            except (OSError, ValueError) as exc:
-                problems.append(
-                    f"{_settings.ALLOW_FILE}={path!r} is ignored by every checkpoint load (its "
-                    f"entries admit nothing): {type(exc).__name__}: {exc}"
-                )
+        process_allow._from_file()  # a file every load ignores: its own warning, the job's words
     said = [str(warning.message) for warning in caught]
-    return problems + [t.removeprefix("compatshim: ") for t in said if t.startswith("compatshim: ")]
+    return [text.removeprefix("compatshim: ") for text in said if text.startswith("compatshim: ")]
 
 
 def _disable_problems() -> list[str]:

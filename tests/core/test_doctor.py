@@ -112,8 +112,7 @@ def test_settings_the_job_would_reject_or_ignore_fail_the_verdict(tmp_path: Path
     reason = payload["reason"]
     assert reason.startswith("3 COMPATSHIM_* setting(s) the job will not honour"), reason
     assert "COMPATSHIM_DESYNC_TIMEOUT='5m' is not a number of seconds" in reason, reason
-    assert f"COMPATSHIM_ALLOW_FILE={missing!r} is ignored by every checkpoint load" in reason
-    assert "FileNotFoundError" in reason, reason
+    assert f"COMPATSHIM_ALLOW_FILE={missing!r} is ignored: FileNotFoundError" in reason, reason
     assert "did you mean COMPATSHIM_SAFE_LOAD?" in reason, reason
     assert len(payload["report"]["settings"]) == 3
 
@@ -203,14 +202,12 @@ def test_an_allow_file_every_load_ignores_is_said_ignored_with_the_loads_reason(
     the reason the loads give; an empty file admits nothing."""
     big = tmp_path / "big.txt"
     big.write_text("collections.Counter\n" + "# padding\n" * 120_000)
-    fifo = tmp_path / "fifo"
-    if hasattr(os, "mkfifo"):
-        os.mkfifo(fifo)
-    empty = tmp_path / "empty.txt"
-    empty.write_text("")
     cases = [(big, "SettingError: larger than 1048576 bytes"), (tmp_path, "not a regular file")]
     if hasattr(os, "mkfifo"):
-        cases.append((fifo, "SettingError: not a regular file"))
+        os.mkfifo(tmp_path / "fifo")
+        cases.append((tmp_path / "fifo", "SettingError: not a regular file"))
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
     for path, why in cases:
         code, out = _doctor("--json", COMPATSHIM_AUTO="1", COMPATSHIM_ALLOW_FILE=str(path))
         payload = json.loads(out)
